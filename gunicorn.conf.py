@@ -1,0 +1,22 @@
+"""gunicorn settings for the proxy, used by the container and the tests alike.
+
+Run: gunicorn --config gunicorn.conf.py proxy-passthrough:app
+"""
+import os
+
+bind = os.environ.get("PROXY_BIND", "0.0.0.0:11433")
+# An evented worker: every open stream is a cheap greenlet, not a thread, so 64 agents
+# streaming at once never queue behind a fixed thread count (gthread's ceiling).
+worker_class = "gevent"
+workers = int(os.environ.get("PROXY_WORKERS", "1"))
+worker_connections = int(os.environ.get("PROXY_WORKER_CONNECTIONS", "1000"))
+# The gevent worker heartbeats from its own greenlet, so this only kills a worker that is
+# truly stuck; a 10-minute generation keeps yielding and is never cut off.
+timeout = 120
+graceful_timeout = 30
+keepalive = 75
+accesslog = None  # the proxy logs one line per request itself
+loglevel = os.environ.get("LOG_LEVEL", "info").lower()
+# gunicorn 27's runtime control socket sits at a fixed path under $HOME; the proxy needs no
+# remote control, and two proxies on one host (or in the tests) would fight over the path.
+control_socket_disable = True

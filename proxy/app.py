@@ -1,0 +1,194 @@
+"""The Flask app: routes, the transparent relay, auth, request limits and the access log.
+
+Built by create_app(config); proxy-passthrough.py reads the environment and serves it.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from . import chat
+from .config import Config
+from .exchange import ClientWatch, Exchange, shutdown
+from .errors import error_response, upstream_error_status
+from .search import SearXNG
+from .upstream import Backend, UpstreamError, end_to_end_headers
+
+log = logging.getLogger("proxy")
+
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+# Paths a load balancer or compose healthcheck may probe without a key.
+OPEN_PATHS = frozenset({"/health", "/proxy/health"})
+# Client credentials are for the proxy; vLLM gets BACKEND_API_KEY or nothing in their place.
+CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key"})
+
+
+class AccessLog:
+    """WSGI wrapper: one log line per request, written when its body has been sent.
+
+    Never logs prompt or completion text; handlers add the number of searches to the environ.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        started = time.monotonic()
+        environ["proxy.searches"] = 0
+        state = {"status": "-"}
+
+        def sr(status, headers, exc_info=None):
+            state["status"] = status.split(" ", 1)[0]
+            return start_response(status, headers, exc_info)
+
+        body = self.app(environ, sr)
+        return _CountingIterable(body, lambda sent: log.info(
+            "%s %s %s %.0fms searches=%d bytes=%d", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"),
+            state["status"], (time.monotonic() - started) * 1000, environ["proxy.searches"], sent))
+
+
+class _CountingIterable:
+    def __init__(self, body, done):
+        self._body = body
+        self._done = done
+        self._sent = 0
+
+    def __iter__(self):
+        for chunk in self._body:
+            self._sent += len(chunk)
+            yield chunk
+
+    def close(self):
+        try:
+            if hasattr(self._body, "close"):
+                self._body.close()
+        finally:
+            self._done(self._sent)
+
+
+def outbound_headers(headers, cfg: Config) -> list[tuple[str, str]]:
+    """The client's headers as vLLM should see them. Pure.
+
+    Hop-by-hop and Host belong to the client's connection. Credentials: with BACKEND_API_KEY
+    the proxy's own key replaces the client's; with PROXY_API_KEY the client's key was for
+    the proxy and stays here; with neither the proxy is transparent and passes it on.
+    """
+    out = [(n, v) for n, v in end_to_end_headers(headers)
+           if n.lower() not in ("host", "content-length")]
+    if cfg.backend_api_key or cfg.proxy_api_keys:
+        out = [(n, v) for n, v in out if n.lower() not in CREDENTIAL_HEADERS]
+    if cfg.backend_api_key:
+        out.append(("Authorization", f"Bearer {cfg.backend_api_key}"))
+    return out
+
+
+def presented_key(headers) -> str | None:
+    """The key a client sent: `Authorization: Bearer K` (OpenAI) or `x-api-key: K` (Anthropic)."""
+    auth = headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return headers.get("x-api-key") or None
+
+
+def key_ok(key: str | None, keys: tuple[str, ...]) -> bool:
+    """Constant-time check against every configured key (no early exit on a match)."""
+    if key is None:
+        return False
+    ok = False
+    for k in keys:
+        ok |= hmac.compare_digest(key.encode(), k.encode())
+    return ok
+
+
+def create_app(cfg: Config) -> Flask:
+    app = Flask("proxy")
+    app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
+    backend = Backend(cfg.backend_url, cfg.connect_timeout, cfg.read_timeout, cfg.backend_api_key)
+    searxng = SearXNG(cfg.searxng_url, cfg.searxng_results, cfg.searxng_timeout)
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def too_large(_e):
+        return error_response(413, f"Request body is larger than the proxy's limit of {cfg.max_body_bytes} bytes (MAX_BODY_BYTES).")
+
+    @app.errorhandler(HTTPException)
+    def http_error(e):
+        return error_response(e.code or 400, e.description or e.name)
+
+    @app.before_request
+    def check_key():
+        if cfg.proxy_api_keys and request.path not in OPEN_PATHS:
+            if not key_ok(presented_key(request.headers), cfg.proxy_api_keys):
+                return error_response(401, "Missing or invalid API key: send `Authorization: Bearer <key>` with a key from PROXY_API_KEY.")
+        return None
+
+    @app.route("/proxy/health")
+    def proxy_health():
+        # The proxy's own liveness, independent of vLLM's four-minute boot.
+        return Response('{"status":"ok"}', mimetype="application/json")
+
+    def exchange() -> Exchange:
+        # get_data reads at most MAX_CONTENT_LENGTH bytes; more raises 413.
+        body = request.get_data(cache=False)
+        # RAW_URI keeps the client's exact path and query encoding (gunicorn sets it).
+        raw = request.environ.get("RAW_URI")
+        if not (raw and raw.startswith("/")):
+            qs = request.environ.get("QUERY_STRING", "")
+            raw = request.path + ("?" + qs if qs else "")
+        ex = Exchange(cfg, backend, searxng, body, outbound_headers(request.headers.items(), cfg),
+                      raw, request.environ, relay=None)
+        ex.relay = lambda b=None: relay(ex, ex.body if b is None else b)
+        return ex
+
+    @app.route("/v1/chat/completions", methods=["POST"])
+    def chat_completions():
+        return chat.handle(exchange())
+
+    @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
+    @app.route("/<path:path>", methods=ALL_METHODS)
+    def passthrough(path):
+        return exchange().relay()
+
+    app.wsgi_app = AccessLog(app.wsgi_app)
+    return app
+
+
+def relay(ex: Exchange, body: bytes) -> Response:
+    """Send the request on unchanged and the answer back unchanged, streaming if it streams."""
+    method = ex.environ["REQUEST_METHOD"]
+    watch = ClientWatch(ex.environ)
+    send_body = body if body or method in ("POST", "PUT", "PATCH") else None
+    try:
+        up = ex.backend.request(method, ex.target, send_body, ex.headers,
+                                on_open=lambda conn: watch.attach(lambda: shutdown(conn)))
+    except UpstreamError as e:
+        watch.stop()
+        return gateway_error(e, method, ex.target)
+    headers = [(n, v) for n, v in end_to_end_headers(up.headers) if n.lower() != "content-length"]
+    if up.header("content-length") and not up.is_event_stream:
+        try:
+            data = up.read()
+        except UpstreamError as e:
+            return gateway_error(e, method, ex.target)
+        finally:
+            watch.stop()
+        return Response(data, status=up.status, headers=headers)
+
+    def stream():
+        # Bytes go out exactly as they came in. A backend that dies mid-body makes this
+        # raise, so the client sees a broken chunked body rather than a clean end.
+        try:
+            yield from up.iter_raw()
+        finally:
+            watch.stop()
+            up.abort()
+    return Response(stream(), status=up.status, headers=headers, direct_passthrough=True)
+
+
+def gateway_error(e: UpstreamError, method: str, target: str) -> Response:
+    status, msg = upstream_error_status(e)
+    log.warning("%s %s: %s", method, target.split("?", 1)[0], msg)
+    return error_response(status, msg)

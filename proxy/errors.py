@@ -1,0 +1,41 @@
+"""Error bodies in OpenAI's shape, the one vLLM and the openai SDK speak.
+
+Used by the handlers; not run on its own.
+"""
+from __future__ import annotations
+
+import json
+
+from flask import Response
+
+from .upstream import UpstreamError
+
+# The type names OpenAI's API uses; the SDK only reads message/status, humans read type.
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+         413: "invalid_request_error", 422: "invalid_request_error", 502: "bad_gateway",
+         503: "service_unavailable", 504: "gateway_timeout"}
+
+
+def error_body(status: int, message: str, type_: str | None = None, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_ or TYPES.get(status, "server_error"),
+                      "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, type_: str | None = None, param: str | None = None) -> Response:
+    return Response(json.dumps(error_body(status, message, type_, param)), status=status,
+                    mimetype="application/json")
+
+
+def upstream_error_status(e: UpstreamError) -> tuple[int, str]:
+    """Map a backend failure to the gateway status and the message the client reads."""
+    if e.kind == "timeout":
+        return 504, f"vLLM timed out: {e}"
+    msg = f"vLLM is unreachable: {e}"
+    if e.refused:
+        msg += " (the model may still be loading: check `docker compose logs -f vllm`)"
+    return 502, msg
+
+
+def sse_error(status: int, message: str, type_: str | None = None) -> bytes:
+    """An error inside a stream that already answered 200, framed as vLLM frames it."""
+    return b"data: " + json.dumps(error_body(status, message, type_)).encode() + b"\n\ndata: [DONE]\n\n"

@@ -1,0 +1,103 @@
+"""One client request on its way through the proxy: what the search loops need to talk to
+vLLM on the client's behalf, and to notice when the client has gone.
+
+Used by proxy.app and the per-API loops; not run on its own.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import select
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .config import Config
+from .search import SearXNG, SearchSession
+from .upstream import Backend, UpstreamResponse
+
+log = logging.getLogger("proxy")
+
+
+class ClientWatch:
+    """Notices a client that hangs up while the proxy waits on vLLM, and aborts vLLM's work.
+
+    WSGI has no disconnect signal, so a helper (a greenlet under gunicorn's gevent worker)
+    waits for the client socket to turn readable: a peek that returns b"" means the client
+    closed. Anything else (a pipelined request) ends the watch without consuming a byte.
+    """
+
+    def __init__(self, environ):
+        self._sock = environ.get("gunicorn.socket")
+        self._aborts = []
+        self._stop = threading.Event()
+        self.gone = False
+        if self._sock is not None:
+            threading.Thread(target=self._run, daemon=True, name="client-watch").start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                readable, _, _ = select.select([self._sock], [], [], 0.5)
+                if not readable:
+                    continue
+                data = self._sock.recv(1, socket.MSG_PEEK)
+            except (OSError, ValueError):
+                data = b""
+            if data or self._stop.is_set():
+                return
+            self.gone = True
+            log.info("client went away; aborting the backend request")
+            for abort in list(self._aborts):
+                abort()
+            return
+
+    def attach(self, abort):
+        """Register something to abort; aborts it at once if the client already left."""
+        self._aborts.append(abort)
+        if self.gone:
+            abort()
+
+    def stop(self):
+        self._stop.set()
+
+
+
+@dataclass
+class Exchange:
+    cfg: Config
+    backend: Backend
+    searxng: SearXNG
+    body: bytes                      # the client's body, as sent
+    headers: list                    # the client's headers as vLLM should see them
+    target: str                      # path and query string, as sent
+    environ: dict
+    relay: Callable                  # relay(body_bytes) -> Response: the transparent path
+    watch: ClientWatch = field(default=None)
+
+    def session(self) -> SearchSession:
+        def count(n):
+            self.environ["proxy.searches"] = self.environ.get("proxy.searches", 0) + n
+        return SearchSession(self.searxng, self.cfg.max_search_iter, on_search=count)
+
+    def post(self, path: str, payload: dict) -> UpstreamResponse:
+        """POST a JSON body to vLLM for one turn of a loop; the watch can abort it."""
+        body = json.dumps(payload, ensure_ascii=False).encode()
+        headers = [(n, v) for n, v in self.headers if n.lower() != "content-type"]
+        headers.append(("Content-Type", "application/json"))
+        return self.backend.request("POST", path, body, headers, on_open=self._attach)
+
+    def _attach(self, conn):
+        if self.watch is not None:
+            self.watch.attach(lambda: shutdown(conn))
+
+
+def shutdown(conn):
+    """Cut a backend connection from any greenlet; a reader blocked on it wakes with an error."""
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed: the abort has nothing left to do

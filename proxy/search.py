@@ -1,0 +1,294 @@
+"""The one search core behind every API's web_search: SearXNG calls, the text the model
+reads, failure reporting, repeated-query and iteration bookkeeping.
+
+Used by the chat-completions, Messages and Responses loops; not run on its own. The
+functions that build and read SearXNG traffic are pure so they are tested without a network.
+"""
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.parse
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+log = logging.getLogger("proxy.search")
+
+USER_AGENT = "coding-stack-proxy/1.0 (web_search tool of a self-hosted LLM stack)"
+# SearXNG's bot limiter rejects requests without a browser-like Accept, Accept-Encoding and
+# Accept-Language, so send all three; the limiter is explained in the README.
+REQUEST_HEADERS = (
+    ("Accept", "application/json, */*;q=0.5"),
+    ("Accept-Encoding", "gzip, deflate"),
+    ("Accept-Language", "en-US,en;q=0.9"),
+    ("User-Agent", USER_AGENT),
+)
+MAX_QUERY_CHARS = 400
+SNIPPET_CHARS = 400
+
+
+@dataclass
+class Hit:
+    title: str
+    url: str
+    snippet: str = ""
+    date: str | None = None
+
+
+@dataclass
+class SearchOutcome:
+    """What one search produced, in a form every API can render.
+
+    status: "ok" (hits, answers or infoboxes), "empty" (SearXNG answered with nothing),
+    "failed" (no usable answer). error_code names the failure in Anthropic's vocabulary
+    (unavailable, too_many_requests, invalid_tool_input, query_too_long), which is also a
+    fine machine-readable reason for the other APIs.
+    """
+    query: str
+    status: str
+    hits: list[Hit] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+    infoboxes: list[str] = field(default_factory=list)
+    message: str = ""
+    error_code: str | None = None
+    repeated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def clean_query(raw) -> tuple[str | None, SearchOutcome | None]:
+    """Turn a model-written query into one safe to send, or a failed outcome saying why.
+
+    A leading `!`/`!!` is a SearXNG bang (engine selection or a redirect away), never what
+    the model meant, so it is stripped along with surrounding whitespace.
+    """
+    if not isinstance(raw, str):
+        return None, SearchOutcome(str(raw), "failed", message="Search failed: the query must be a string.", error_code="invalid_tool_input")
+    query = raw.strip()
+    while query.startswith("!"):
+        query = query.lstrip("!").lstrip()
+    query = " ".join(query.split())
+    if not query:
+        return None, SearchOutcome(raw, "failed", message="Search failed: the query is empty. Call web_search with a non-empty \"query\".", error_code="invalid_tool_input")
+    if len(query) > MAX_QUERY_CHARS:
+        return None, SearchOutcome(query[:80] + "...", "failed", message=f"Search failed: the query is longer than {MAX_QUERY_CHARS} characters; use a few keywords.", error_code="query_too_long")
+    return query, None
+
+
+def parse_arguments(arguments) -> tuple[str | None, SearchOutcome | None]:
+    """Read the `query` out of a tool call's arguments (a JSON string or an object)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return None, SearchOutcome(arguments[:80], "failed", message='Search failed: the arguments are not valid JSON. Call web_search with {"query": "..."}.', error_code="invalid_tool_input")
+    if not isinstance(arguments, dict) or "query" not in arguments:
+        return None, SearchOutcome(str(arguments)[:80], "failed", message='Search failed: missing "query". Call web_search with {"query": "..."}.', error_code="invalid_tool_input")
+    return clean_query(arguments["query"])
+
+
+def search_url(base_url: str, query: str, language: str | None = None) -> str:
+    params = {"q": query, "format": "json"}
+    if language:
+        params["language"] = language
+    return base_url.rstrip("/") + "/search?" + urllib.parse.urlencode(params)
+
+
+def _decode_body(body: bytes, encoding: str) -> bytes:
+    encoding = encoding.lower().strip()
+    if encoding == "gzip":
+        return gzip.decompress(body)
+    if encoding == "deflate":
+        try:
+            return zlib.decompress(body)
+        except zlib.error:
+            return zlib.decompress(body, -zlib.MAX_WBITS)  # raw deflate, as some servers send
+    return body
+
+
+def outcome_from_response(query: str, url: str, status: int, body: bytes, limit: int) -> SearchOutcome:
+    """Read SearXNG's answer (status and decoded body) into an outcome. Pure."""
+    if status == 403:
+        return SearchOutcome(query, "failed", error_code="unavailable", message=(
+            f"Search failed: {url} answered 403 Forbidden. The SearXNG instance does not allow "
+            "JSON output (add `json` to search.formats in its settings.yml)."))
+    if status == 429:
+        return SearchOutcome(query, "failed", error_code="too_many_requests", message=(
+            f"Search failed: {url} answered 429 Too Many Requests (rate-limited by SearXNG's "
+            "limiter). Do not retry right away; answer from what you know."))
+    if 300 <= status < 400:
+        return SearchOutcome(query, "failed", error_code="unavailable",
+                             message=f"Search failed: {url} answered with a redirect ({status}), which the proxy does not follow.")
+    if status != 200:
+        return SearchOutcome(query, "failed", error_code="unavailable",
+                             message=f"Search failed: {url} answered HTTP {status}.")
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return SearchOutcome(query, "failed", error_code="unavailable",
+                             message=f"Search failed: {url} did not answer with JSON (is format=json enabled?).")
+    if not isinstance(data, dict):
+        return SearchOutcome(query, "failed", error_code="unavailable",
+                             message=f"Search failed: {url} answered JSON that is not an object.")
+    hits = []
+    for r in data.get("results") or []:
+        if not isinstance(r, dict) or not r.get("url"):
+            continue
+        snippet = " ".join(str(r.get("content") or "").split())
+        if len(snippet) > SNIPPET_CHARS:
+            snippet = snippet[:SNIPPET_CHARS].rstrip() + "..."
+        date = r.get("publishedDate") or r.get("pubdate") or None
+        hits.append(Hit(title=" ".join(str(r.get("title") or r["url"]).split()), url=str(r["url"]),
+                        snippet=snippet, date=str(date)[:10] if date else None))
+        if len(hits) >= limit:
+            break
+    answers = [a if isinstance(a, str) else str(a.get("answer", "")) for a in data.get("answers") or []
+               if isinstance(a, (str, dict))]
+    answers = [a for a in answers if a]
+    infoboxes = []
+    for box in data.get("infoboxes") or []:
+        if isinstance(box, dict):
+            text = " ".join(str(box.get("content") or "").split())
+            name = box.get("infobox") or box.get("id") or ""
+            if text or name:
+                infoboxes.append(f"{name}: {text[:SNIPPET_CHARS]}" if name else text[:SNIPPET_CHARS])
+    if hits or answers or infoboxes:
+        return SearchOutcome(query, "ok", hits=hits, answers=answers, infoboxes=infoboxes)
+    dead = [e for e in data.get("unresponsive_engines") or [] if isinstance(e, (list, tuple)) and e]
+    if dead:
+        names = ", ".join(f"{e[0]} ({e[1]})" if len(e) > 1 else str(e[0]) for e in dead)
+        return SearchOutcome(query, "failed", error_code="unavailable", message=(
+            f"Search failed: every search engine behind {url} failed: {names}. This says nothing "
+            "about whether information exists; try again later or answer from what you know."))
+    return SearchOutcome(query, "empty", message=f'No results for "{query}". Try different keywords.')
+
+
+def format_for_model(outcome: SearchOutcome) -> str:
+    """The compact text a model reads as the tool result. Pure."""
+    if outcome.status != "ok":
+        text = outcome.message
+    else:
+        lines = [f'Search results for "{outcome.query}":']
+        for a in outcome.answers:
+            lines.append(f"Answer: {a}")
+        for box in outcome.infoboxes:
+            lines.append(f"Infobox: {box}")
+        for i, h in enumerate(outcome.hits, 1):
+            lines.append("")
+            lines.append(f"[{i}] {h.title}")
+            lines.append(f"URL: {h.url}")
+            if h.date:
+                lines.append(f"Date: {h.date}")
+            if h.snippet:
+                lines.append(f"Snippet: {h.snippet}")
+        text = "\n".join(lines)
+    if outcome.repeated:
+        text = ("You already searched for exactly this; it was not searched again. "
+                "Use these results or answer now.\n\n" + text)
+    return text
+
+
+class SearXNG:
+    """A SearXNG instance. `search()` never raises: every failure is an outcome."""
+
+    def __init__(self, base_url: str, results: int, timeout: float):
+        self.base_url = base_url.rstrip("/")
+        self.results = results
+        self.timeout = timeout
+
+    def search(self, query: str, language: str | None = None, limit: int | None = None) -> SearchOutcome:
+        url = search_url(self.base_url, query, language)
+        parts = urllib.parse.urlsplit(url)
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        # A fresh connection per search: searches are seconds apart and few, and the
+        # client's X-Forwarded-For never rides along (SearXNG would rate-limit by it).
+        conn = cls(parts.hostname, parts.port, timeout=self.timeout)
+        started = time.monotonic()
+        try:
+            conn.request("GET", parts.path + "?" + parts.query, headers=dict(REQUEST_HEADERS))
+            resp = conn.getresponse()
+            body = _decode_body(resp.read(), resp.getheader("Content-Encoding", ""))
+            outcome = outcome_from_response(query, self.base_url, resp.status, body, limit or self.results)
+        except socket.timeout:
+            outcome = SearchOutcome(query, "failed", error_code="unavailable",
+                                    message=f"Search failed: {self.base_url} did not answer within {self.timeout:g} s.")
+        except (OSError, http.client.HTTPException, zlib.error, EOFError) as e:
+            outcome = SearchOutcome(query, "failed", error_code="unavailable",
+                                    message=f"Search failed: cannot reach SearXNG at {self.base_url}: {e}")
+        finally:
+            conn.close()
+        log.info("search %r -> %s (%d hits, %.0f ms)", query, outcome.status, len(outcome.hits),
+                 (time.monotonic() - started) * 1000)
+        return outcome
+
+
+class SearchSession:
+    """The searches of one client request: runs them, remembers them, counts them.
+
+    Repeating an identical query is the usual loop of local models, so a repeat is answered
+    from memory with a note instead of hitting SearXNG again.
+    """
+
+    def __init__(self, searxng: SearXNG, max_rounds: int, on_search=None):
+        self.searxng = searxng
+        self.max_rounds = max_rounds
+        self.rounds = 0
+        self.searches = 0
+        self.empty = 0
+        self.failed = 0
+        self._seen: dict[str, SearchOutcome] = {}
+        self._on_search = on_search
+        self._lock = threading.Lock()
+
+    @property
+    def exhausted(self) -> bool:
+        return self.rounds >= self.max_rounds
+
+    def run(self, queries: list[tuple[str | None, SearchOutcome | None]], limit: int | None = None,
+            language: str | None = None) -> list[SearchOutcome]:
+        """Run one round: each item is a parse_arguments() result; searches go concurrently."""
+        self.rounds += 1
+
+        def one(item):
+            query, early = item
+            if early is not None:
+                return early
+            key = query.casefold()
+            with self._lock:
+                if key in self._seen:
+                    prev = self._seen[key]
+                    return SearchOutcome(**{**prev.__dict__, "repeated": True})
+            outcome = self.searxng.search(query, language=language, limit=limit)
+            with self._lock:
+                self._seen[key] = outcome
+            return outcome
+
+        if len(queries) == 1:
+            outcomes = [one(queries[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=min(8, len(queries))) as pool:
+                outcomes = list(pool.map(one, queries))
+        for o in outcomes:
+            if o.repeated:
+                continue
+            self.searches += 1
+            self.empty += o.status == "empty"
+            self.failed += o.status == "failed"
+        if self._on_search:
+            self._on_search(len([o for o in outcomes if not o.repeated]))
+        return outcomes
+
+    def cap_message(self) -> str:
+        """The error the client reads when the model wants more rounds than allowed."""
+        msg = f"Exceeded max search iterations ({self.searches} searches, {self.empty + self.failed} empty)"
+        if self.searches and self.empty + self.failed == self.searches:
+            msg += " — SearXNG returned no usable results"
+        return msg

@@ -1,0 +1,53 @@
+"""Server-sent-event framing: split a byte stream into whole events without touching them.
+
+Used by the streaming search loops; not run on its own.
+"""
+from __future__ import annotations
+
+
+def iter_frames(chunks):
+    """Yield each complete event (its bytes, blank-line terminator included) as it completes.
+
+    Network reads split and merge events freely; relaying whole events unchanged keeps the
+    client's bytes identical to vLLM's while letting the proxy look at each one. A tail
+    without its blank line (a stream cut short) is yielded as it is, last.
+    """
+    buf = b""
+    for chunk in chunks:
+        buf += chunk
+        while True:
+            cut = buf.find(b"\n\n")
+            if cut < 0:
+                break
+            yield buf[:cut + 2]
+            buf = buf[cut + 2:]
+    if buf:
+        yield buf
+
+
+def data_of(frame: bytes) -> bytes | None:
+    """The payload of a one-line `data:` event, or None for comments and other fields."""
+    if frame.startswith(b"data: "):
+        return frame[6:].rstrip(b"\r\n")
+    if frame.startswith(b"data:"):
+        return frame[5:].rstrip(b"\r\n")
+    return None
+
+
+def event_and_data(frame: bytes) -> tuple[str | None, bytes | None]:
+    """The `event:` name and `data:` payload of a named event (Anthropic and Responses style)."""
+    event = data = None
+    for line in frame.split(b"\n"):
+        line = line.rstrip(b"\r")
+        if line.startswith(b"event:"):
+            event = line[6:].strip().decode("utf-8", "replace")
+        elif line.startswith(b"data:"):
+            part = line[5:]
+            part = part[1:] if part.startswith(b" ") else part
+            data = part if data is None else data + b"\n" + part
+    return event, data
+
+
+def comment(text: str) -> bytes:
+    """An SSE comment line: every client ignores it, and it keeps idle timeouts at bay."""
+    return b": " + text.replace("\n", " ").encode() + b"\n\n"

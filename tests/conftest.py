@@ -1,0 +1,131 @@
+"""Shared fixtures: the stand-in vLLM and SearXNG on loopback, and the real proxy under real
+gunicorn with the shipped gunicorn.conf.py. Run the suite with tests/run.sh.
+
+`start_proxy(**env)` gives a proxy whose BACKEND_URL and SEARXNG_URL point at the stand-ins
+(override either through env); proxies are reused across tests with the same settings.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from standins.scripted_backend import ScriptedBackend  # noqa: E402
+from standins.searxng import SearxngStandIn  # noqa: E402
+
+WORK = Path(__file__).resolve().parent / ".work"
+
+
+class ProxyProcess:
+    """gunicorn serving proxy-passthrough:app on an ephemeral loopback port."""
+
+    def __init__(self, env: dict, log_path: Path):
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        full_env = {**os.environ, "PROXY_BIND": "127.0.0.1:0", "LOG_LEVEL": "info", **env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "--config", "gunicorn.conf.py", "proxy-passthrough:app"],
+            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.url = self._wait_listening()
+
+    def _wait_listening(self) -> str:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            text = self.log()
+            m = re.search(r"Listening at: (http://127\.0\.0\.1:\d+)", text)
+            if m and "Booting worker" in text:
+                url = m.group(1)
+                try:
+                    urllib.request.urlopen(url + "/proxy/health", timeout=2).read()
+                    return url
+                except OSError:
+                    pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gunicorn exited:\n{text}")
+            time.sleep(0.05)
+        raise RuntimeError(f"gunicorn did not start:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            # QUIT: gunicorn's quick shutdown; TERM would wait out idle keep-alive clients.
+            os.killpg(self.proc.pid, signal.SIGQUIT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def _backend_server():
+    server = ScriptedBackend()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def _searxng_server():
+    server = SearxngStandIn()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def backend(_backend_server):
+    """The scripted vLLM stand-in, emptied for each test."""
+    _backend_server.reset()
+    yield _backend_server
+    _backend_server.reset()
+
+
+@pytest.fixture
+def searxng(_searxng_server):
+    """The SearXNG stand-in, back to default results for each test."""
+    _searxng_server.reset()
+    yield _searxng_server
+    _searxng_server.reset()
+
+
+@pytest.fixture(scope="session")
+def _proxies(_backend_server, _searxng_server):
+    WORK.mkdir(exist_ok=True)
+    running: dict[tuple, ProxyProcess] = {}
+
+    def start(**env) -> ProxyProcess:
+        env = {"BACKEND_URL": _backend_server.url, "SEARXNG_URL": _searxng_server.url,
+               **{k: str(v) for k, v in env.items()}}
+        key = tuple(sorted(env.items()))
+        if key not in running or running[key].proc.poll() is not None:
+            running[key] = ProxyProcess(env, WORK / f"proxy-{len(running)}.log")
+        return running[key]
+
+    yield start
+    for p in running.values():
+        p.stop()
+
+
+@pytest.fixture
+def start_proxy(_proxies, backend, searxng):
+    """start_proxy(**env) -> ProxyProcess; the stand-ins are reset for the test."""
+    return _proxies
+
+
+@pytest.fixture
+def proxy(start_proxy):
+    """The proxy with its default settings, pointed at the stand-ins."""
+    return start_proxy(KEEPALIVE_INTERVAL="0.2")

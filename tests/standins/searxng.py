@@ -1,0 +1,134 @@
+"""A stand-in SearXNG on loopback serving /search?format=json as a real instance does
+(tests/data and SearXNG's API notes), plus every failure mode the proxy must survive.
+
+Used from tests/conftest.py (`searxng` fixture). By default a query gets three results made
+from its own words; `searxng.behave(query_or_None, mode, ...)` changes that per query.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class SearchRequest:
+    path: str
+    params: dict
+    headers: dict
+
+    @property
+    def query(self) -> str:
+        return self.params.get("q", "")
+
+
+def result(url: str, title: str, content: str = "", date=None) -> dict:
+    """One result with every key a real instance sends (see tests/data notes)."""
+    parsed = urllib.parse.urlsplit(url)
+    return {"url": url, "title": title, "content": content, "engine": "localfixture", "template": "default.html",
+            "parsed_url": [parsed.scheme, parsed.netloc, parsed.path, "", parsed.query, ""],
+            "img_src": "", "thumbnail": "", "priority": "", "engines": ["localfixture"], "positions": [1],
+            "score": 1.0, "category": "general", "publishedDate": date}
+
+
+def default_results(query: str) -> list[dict]:
+    slug = "-".join(query.lower().split())[:40] or "q"
+    return [result(f"https://example.org/{slug}/{i}", f"{query} — result {i}",
+                   f"Snippet {i} about {query}.", "2026-11-0%dT00:00:00" % i if i == 1 else None)
+            for i in (1, 2, 3)]
+
+
+def page(query: str, results: list, unresponsive=(), answers=(), infoboxes=()) -> dict:
+    return {"query": query, "results": list(results), "answers": list(answers), "corrections": [],
+            "infoboxes": list(infoboxes), "suggestions": [], "unresponsive_engines": [list(u) for u in unresponsive]}
+
+
+class SearxngStandIn:
+    def __init__(self):
+        self.requests: list[SearchRequest] = []
+        self._modes: dict = {}
+        self._lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def reset(self):
+        with self._lock:
+            self.requests.clear()
+            self._modes.clear()
+
+    def behave(self, query: str | None, mode: str, **kw):
+        """mode: results (results=[...]), empty, dead (every engine failed), status (code=,
+        body=), nonjson, redirect, slow (seconds=, then results), gzip (results, gzipped)."""
+        with self._lock:
+            self._modes[query] = (mode, kw)
+
+    @property
+    def queries(self) -> list[str]:
+        return [r.query for r in self.requests]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handler(self):
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def send(self, status, body: bytes, ctype="application/json", extra=()):
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in extra:
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                path, _, qs = self.path.partition("?")
+                params = dict(urllib.parse.parse_qsl(qs, keep_blank_values=True))
+                with outer._lock:
+                    outer.requests.append(SearchRequest(path, params, {k.lower(): v for k, v in self.headers.items()}))
+                    q = params.get("q", "")
+                    mode, kw = outer._modes.get(q) or outer._modes.get(None) or ("results", {})
+                if path != "/search":
+                    return self.send(404, b"Not Found", "text/plain")
+                if not q:
+                    return self.send(400, b'{"error": "No query"}')
+                if mode == "slow":
+                    time.sleep(kw.get("seconds", 1.0))
+                    mode = "results"
+                if mode == "results":
+                    body = page(q, kw.get("results", default_results(q)), answers=kw.get("answers", ()),
+                                infoboxes=kw.get("infoboxes", ()))
+                    return self.send(200, json.dumps(body).encode())
+                if mode == "gzip":
+                    body = gzip.compress(json.dumps(page(q, default_results(q))).encode())
+                    return self.send(200, body, extra=[("Content-Encoding", "gzip")])
+                if mode == "empty":
+                    return self.send(200, json.dumps(page(q, [])).encode())
+                if mode == "dead":
+                    return self.send(200, json.dumps(page(q, [], unresponsive=[
+                        ("duckduckgo", "HTTP connection error"), ("brave", "Suspended: too many requests")])).encode())
+                if mode == "status":
+                    code = kw["code"]
+                    default = {403: b"<html>Forbidden</html>", 429: b"Too Many Requests",
+                               500: b'{"error": "search error"}'}.get(code, b"error")
+                    return self.send(code, kw.get("body", default), "text/html" if code == 403 else "text/plain")
+                if mode == "nonjson":
+                    return self.send(200, b"<!DOCTYPE html><html><body>results</body></html>", "text/html")
+                if mode == "redirect":
+                    return self.send(302, b"", "text/html", extra=[("Location", "https://duckduckgo.com/?q=x")])
+                raise AssertionError(f"unknown mode {mode}")
+
+        return Handler
