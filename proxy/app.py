@@ -11,10 +11,10 @@ import time
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from . import chat
+from . import chat, messages, responses
 from .config import Config
 from .exchange import ClientWatch, Exchange, shutdown
-from .errors import error_response, upstream_error_status
+from .errors import anthropic_error, error_response, upstream_error_status
 from .search import SearXNG
 from .upstream import Backend, UpstreamError, end_to_end_headers
 
@@ -122,6 +122,9 @@ def create_app(cfg: Config) -> Flask:
     def check_key():
         if cfg.proxy_api_keys and request.path not in OPEN_PATHS:
             if not key_ok(presented_key(request.headers), cfg.proxy_api_keys):
+                if request.path.startswith("/v1/messages"):
+                    # Claude Code and the Anthropic SDK read Anthropic's error shape here.
+                    return anthropic_error(401, "authentication_error", "Missing or invalid API key: send `x-api-key: <key>` with a key from PROXY_API_KEY.")
                 return error_response(401, "Missing or invalid API key: send `Authorization: Bearer <key>` with a key from PROXY_API_KEY.")
         return None
 
@@ -146,6 +149,15 @@ def create_app(cfg: Config) -> Flask:
     @app.route("/v1/chat/completions", methods=["POST"])
     def chat_completions():
         return chat.handle(exchange())
+
+    @app.route("/v1/messages", methods=["POST"])
+    @app.route("/v1/messages/count_tokens", methods=["POST"])
+    def anthropic_messages():
+        return messages.handle(exchange())
+
+    @app.route("/v1/responses", methods=["POST"])
+    def openai_responses():
+        return responses.handle(exchange())
 
     @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
     @app.route("/<path:path>", methods=ALL_METHODS)

@@ -39,3 +39,9 @@ def upstream_error_status(e: UpstreamError) -> tuple[int, str]:
 def sse_error(status: int, message: str, type_: str | None = None) -> bytes:
     """An error inside a stream that already answered 200, framed as vLLM frames it."""
     return b"data: " + json.dumps(error_body(status, message, type_)).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+def anthropic_error(status: int, type_: str, message: str) -> Response:
+    """Anthropic's error shape, which the Anthropic SDK and Claude Code parse."""
+    return Response(json.dumps({"type": "error", "error": {"type": type_, "message": message}}),
+                    status=status, mimetype="application/json")

@@ -171,6 +171,31 @@ def outcome_from_response(query: str, url: str, status: int, body: bytes, limit:
     return SearchOutcome(query, "empty", message=f'No results for "{query}". Try different keywords.')
 
 
+def host_matches(url: str, domains) -> bool:
+    """True when the URL's host is one of `domains` or a subdomain of one. Pure."""
+    host = (urllib.parse.urlsplit(url).hostname or "").lower().rstrip(".")
+    for d in domains:
+        d = str(d).lower().strip().rstrip(".")
+        d = urllib.parse.urlsplit(d).hostname or d if "//" in d else d.split("/")[0]
+        if d and (host == d or host.endswith("." + d)):
+            return True
+    return False
+
+
+def filter_domains(outcome: SearchOutcome, allowed=None, blocked=None) -> SearchOutcome:
+    """Keep only hits from allowed domains and none from blocked ones (a client's filters). Pure."""
+    if outcome.status != "ok" or not (allowed or blocked):
+        return outcome
+    hits = [h for h in outcome.hits
+            if (not allowed or host_matches(h.url, allowed)) and not (blocked and host_matches(h.url, blocked))]
+    # Answers and infoboxes name no source page, so an allow-list can't vouch for them.
+    answers, infoboxes = ([], []) if allowed else (outcome.answers, outcome.infoboxes)
+    if hits or answers or infoboxes:
+        return SearchOutcome(**{**outcome.__dict__, "hits": hits, "answers": answers, "infoboxes": infoboxes})
+    return SearchOutcome(outcome.query, "empty",
+                         message=f'No results for "{outcome.query}" from the allowed domains. Try different keywords.')
+
+
 def format_for_model(outcome: SearchOutcome) -> str:
     """The compact text a model reads as the tool result. Pure."""
     if outcome.status != "ok":

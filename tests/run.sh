@@ -21,16 +21,35 @@ mkdir -p "$CACHE"
 # unchanged tree reuses the old one (CI runs on a fresh clone, not a fresh cache).
 key=$(cat requirements.txt tests/requirements.txt | sha256sum | cut -c1-12)
 VENV=$CACHE/venv-$key
-if [ ! -x "$VENV/.complete" ]; then
+if [ ! -e "$VENV/.complete" ]; then
   echo "run.sh: creating test environment $VENV" >&2
   rm -rf "$VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --upgrade pip==25.3
-  (cd tests && "$VENV/bin/pip" install --quiet -r requirements.txt)
-  printf '#!/bin/sh\n' >"$VENV/.complete" && chmod +x "$VENV/.complete"
+  # pip's output goes to a log, shown only if the install fails.
+  if ! { "$VENV/bin/pip" install --upgrade pip==25.3 &&
+         (cd tests && "$VENV/bin/pip" install -r requirements.txt); } >"$CACHE/pip.log" 2>&1; then
+    tail -n 40 "$CACHE/pip.log" >&2
+    die "installing the test requirements failed (full log: $CACHE/pip.log)"
+  fi
+  touch "$VENV/.complete"
 else
   echo "run.sh: test environment already built: $VENV" >&2
 fi
+
+# The real coding agents (each ships a native binary in its npm package), pinned to the
+# versions whose wire traffic tests/data describes; tests find them via $AGENTS_BIN.
+AGENTS=$CACHE/agents-claude-2.1.328-codex-0.169.0
+if [ ! -e "$AGENTS/.complete" ]; then
+  command -v npm >/dev/null || die "npm not found (needed for the Claude Code and Codex tests)"
+  echo "run.sh: installing Claude Code and Codex into $AGENTS" >&2
+  rm -rf "$AGENTS" && mkdir -p "$AGENTS"
+  npm install --prefix "$AGENTS" --no-audit --no-fund --loglevel=error \
+    @anthropic-ai/claude-code@2.1.328 @openai/codex@0.169.0 >&2
+  touch "$AGENTS/.complete"
+else
+  echo "run.sh: coding agents already installed: $AGENTS" >&2
+fi
+export AGENTS_BIN=$AGENTS/node_modules/.bin
 
 export PATH="$VENV/bin:$PATH"
 # pytest.ini names tests/ as the default, so arguments may be paths, options, or both.

@@ -48,6 +48,9 @@ class ScriptedBackend:
         self.received: list[Received] = []
         self.hangups: list[int] = []       # indexes into received whose client left early
         self.open_connections = 0
+        # Called as responder(received) -> Reply when no queued reply fits: for clients such as
+        # Claude Code whose exact request sequence a test can't queue up front.
+        self.responder = None
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -59,6 +62,7 @@ class ScriptedBackend:
         with self._lock:
             self.replies.clear()
             self.received.clear()
+            self.responder = None
             self.hangups.clear()
 
     def script(self, *replies: Reply):
@@ -141,6 +145,8 @@ class ScriptedBackend:
                     index = len(outer.received) - 1
                     outer._changed.notify_all()
                 reply = outer._take(path)
+                if reply is None and outer.responder is not None:
+                    reply = outer.responder(outer.received[index])
                 if reply is None:
                     reply = Reply(status=500, body=json.dumps({"error": {
                         "message": f"stand-in: no scripted reply for {self.command} {path}",
