@@ -25,6 +25,7 @@ HOP_BY_HOP = frozenset({
 
 def end_to_end_headers(headers):
     """Drop hop-by-hop headers, including any the Connection header itself names."""
+    headers = list(headers)
     named = set()
     for name, value in headers:
         if name.lower() == "connection":

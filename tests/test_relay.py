@@ -1,0 +1,245 @@
+"""Everything the proxy does not rewrite is relayed exactly: method, path, query, body,
+headers and status, streamed when vLLM streams; its own errors are OpenAI-shaped.
+
+Run: tests/run.sh tests/test_relay.py
+"""
+import http.client
+import json
+import socket
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from standins.scripted_backend import Reply
+from standins.vllm_wire import SSE_HEADERS, error_reply, sse_reply
+
+SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"
+
+
+def raw_request(base_url, method, target, body=None, headers=None, timeout=30):
+    """One request over a fresh connection, returning (status, headers, body bytes)."""
+    u = urllib.parse.urlsplit(base_url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    conn.putrequest(method, target, skip_accept_encoding=True)
+    for k, v in (headers or {}).items():
+        conn.putheader(k, v)
+    if body is not None:
+        conn.putheader("Content-Length", str(len(body)))
+    conn.endheaders(body)
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+
+
+MODELS = (SAMPLES / "models.json").read_bytes()
+
+
+@pytest.mark.parametrize("method, target, body, reply", [
+    ("GET", "/v1/models", None, Reply(body=MODELS)),
+    ("GET", "/health", None, Reply(status=200, body=b"", headers=[])),
+    ("GET", "/health", None, Reply(status=503, body=b"", headers=[])),
+    ("GET", "/version", None, Reply(body=b'{"version":"0.32.0"}')),
+    ("GET", "/metrics", None, Reply(body=b"# HELP vllm:num_requests_running x\nvllm:num_requests_running 0.0\n",
+                                    headers=[("Content-Type", "text/plain; version=0.0.4")])),
+    ("POST", "/v1/completions?x=1&y=%20z", b'{"model":"foundation","prompt":"a","max_tokens":2}', Reply(body=b'{"id":"cmpl-1"}')),
+    ("POST", "/v1/embeddings", b'{"input":"a"}', Reply(status=404, body=b'{"error":{"message":"no","type":"NotFoundError","param":null,"code":404}}')),
+    ("POST", "/tokenize", b'{"prompt":"\xc3\xa9"}', Reply(body=b'{"tokens":[1]}')),
+    ("DELETE", "/unknown/path/%7Ethere?q=%2F", None, Reply(status=405, body=b"nope", headers=[("Content-Type", "text/plain")])),
+    ("PUT", "/v1/whatever", b"\x00\x01binary", Reply(status=201, body=b"\xff\xfe")),
+    ("POST", "/v1/messages?beta=true", b'{"model":"foundation","max_tokens":5,"messages":[]}', Reply(body=b'{"type":"message"}')),
+    ("POST", "/v1/responses", b'{"model":"foundation","input":"hi"}', Reply(body=b'{"object":"response"}')),
+])
+def test_transparent_relay(proxy, backend, method, target, body, reply):
+    backend.script(reply)
+    status, headers, data = raw_request(proxy.url, method, target, body,
+                                        {"X-Custom": "kept", "Content-Type": "application/octet-stream"})
+    assert (status, data) == (reply.status, reply.body)
+    for name, value in reply.headers:
+        assert headers[name.lower()] == value
+    got = backend.received[0]
+    path, _, query = target.partition("?")
+    assert (got.method, got.path, got.query, got.body) == (method, path, query, body or b"")
+    assert got.headers["x-custom"] == "kept" and got.headers["content-type"] == "application/octet-stream"
+    assert got.headers["host"] == urllib.parse.urlsplit(backend.url).netloc
+
+
+def test_hop_by_hop_headers_are_dropped_both_ways(proxy, backend):
+    backend.script(Reply(body=b"{}", headers=[("Content-Type", "application/json"), ("X-Up", "1"),
+                                               ("Keep-Alive", "timeout=5"), ("Proxy-Authenticate", "Basic"),
+                                               ("Upgrade", "h2c")]))
+    status, headers, _ = raw_request(proxy.url, "GET", "/v1/models", None, {
+        "Connection": "keep-alive, X-Hop", "X-Hop": "secret", "Keep-Alive": "5", "TE": "trailers",
+        "Proxy-Authorization": "Basic x", "Upgrade": "h2c", "X-End": "e"})
+    assert status == 200 and headers["x-up"] == "1"
+    assert "keep-alive" not in headers and "proxy-authenticate" not in headers and "upgrade" not in headers
+    sent = backend.received[0].headers
+    assert sent["x-end"] == "e"
+    for hop in ("x-hop", "te", "proxy-authorization", "upgrade", "keep-alive"):
+        assert hop not in sent
+    assert sent.get("connection", "keep-alive").lower() == "keep-alive"  # the proxy's own, not the client's
+
+
+def test_streamed_response_is_relayed_as_it_arrives(proxy, backend):
+    frames = (SAMPLES / "stream-include-usage.sse").read_bytes().split(b"\n\n")[:-1]
+    frames = [f + b"\n\n" for f in frames]
+    backend.script(sse_reply(frames, gap=0.3, path="/v1/completions"))
+    u = urllib.parse.urlsplit(proxy.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.request("POST", "/v1/completions", body=b'{"stream":true}')
+    resp = conn.getresponse()
+    started = time.monotonic()
+    first = resp.read1(65536)
+    assert time.monotonic() - started < 0.25, "the first event must not wait for the rest"
+    assert frames[0].startswith(first[:20])
+    rest = resp.read()
+    assert first + rest == b"".join(frames)
+    assert resp.getheader("content-type") == SSE_HEADERS[0][1]
+
+
+def test_backend_dying_mid_body_is_not_a_clean_end(proxy, backend):
+    backend.script(Reply(headers=list(SSE_HEADERS), chunks=[b"data: {}\n\n"], drop=True, path="/v1/completions"))
+    with pytest.raises(http.client.IncompleteRead):
+        raw_request(proxy.url, "POST", "/v1/completions", b"{}")
+
+
+def test_vllm_errors_are_relayed_unchanged(proxy, backend):
+    body = b'{"error":{"message":"The model `nope` does not exist. Valid aliases: foundation.","type":"NotFoundError","param":"model","code":404}}'
+    backend.script(Reply(status=404, body=body))
+    status, _, data = raw_request(proxy.url, "POST", "/v1/chat/completions",
+                                  b'{"model":"nope","messages":[{"role":"user","content":"x"}]}')
+    assert (status, data) == (404, body)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SilentServer:
+    """Accepts connections and never answers: what a hung vLLM looks like."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def silent():
+    s = SilentServer()
+    yield s
+    s.close()
+
+
+CHAT = b'{"model":"foundation","messages":[{"role":"user","content":"x"}]}'
+
+
+@pytest.mark.parametrize("target, body", [("/v1/models", None), ("/v1/chat/completions", CHAT),
+                                          ("/v1/chat/completions", CHAT[:-1] + b',"stream":true}')])
+def test_backend_refusing_is_502_naming_the_url(start_proxy, target, body):
+    url = f"http://127.0.0.1:{free_port()}"
+    p = start_proxy(BACKEND_URL=url)
+    status, _, data = raw_request(p.url, "POST" if body else "GET", target, body)
+    err = json.loads(data)["error"]
+    assert status == 502 and url in err["message"] and "still be loading" in err["message"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert "vLLM is unreachable" in p.log()
+
+
+@pytest.mark.parametrize("target, body", [("/v1/models", None), ("/v1/chat/completions", CHAT)])
+def test_backend_silent_is_504(start_proxy, silent, target, body):
+    p = start_proxy(BACKEND_URL=silent.url, READ_TIMEOUT="0.5")
+    status, _, data = raw_request(p.url, "POST" if body else "GET", target, body)
+    assert status == 504 and "timed out" in json.loads(data)["error"]["message"]
+
+
+@pytest.mark.parametrize("body, status, phrase", [
+    (b"{bad json", 400, "not valid JSON"),
+    (b"", 400, "not valid JSON"),
+    (b"\xff\xfe\x00garbage", 400, "not valid JSON"),
+    (b"[1,2]", 400, "JSON object"),
+    (b'"text"', 400, "JSON object"),
+    (b"{}", 400, "messages"),
+    (b'{"messages": {"role": "user"}}', 400, "messages"),
+    (b'{"messages": [], "tools": "web"}', 400, "tools"),
+    (b'{"messages": [], "stream": "yes"}', 400, "stream"),
+])
+def test_bad_chat_bodies_never_reach_vllm(proxy, backend, body, status, phrase):
+    got, _, data = raw_request(proxy.url, "POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    err = json.loads(data)["error"]
+    assert got == status and phrase in err["message"] and err["code"] == status
+    assert backend.received == []
+
+
+def test_body_over_the_limit_is_413(start_proxy, backend):
+    p = start_proxy(MAX_BODY_BYTES="1000")
+    for target in ("/v1/chat/completions", "/v1/completions"):
+        status, _, data = raw_request(p.url, "POST", target, b'{"messages":[],"x":"' + b"a" * 2000 + b'"}')
+        assert status == 413 and "MAX_BODY_BYTES" in json.loads(data)["error"]["message"]
+    assert backend.received == []
+
+
+def test_a_large_prompt_passes(proxy, backend):
+    from standins.vllm_wire import completion, json_reply
+    backend.script(json_reply(completion(content="ok")))
+    prompt = "word " * 250_000  # about a 250k-token prompt
+    body = json.dumps({"model": "foundation", "messages": [{"role": "user", "content": prompt}]}).encode()
+    status, _, data = raw_request(proxy.url, "POST", "/v1/chat/completions", body)
+    assert status == 200 and json.loads(data)["choices"][0]["message"]["content"] == "ok"
+    assert backend.received[0].json()["messages"][0]["content"] == prompt
+
+
+@pytest.mark.parametrize("target, headers, status", [
+    ("/v1/models", {}, 401),
+    ("/v1/models", {"Authorization": "Bearer wrong"}, 401),
+    ("/v1/models", {"Authorization": "Bearer k2"}, 200),
+    ("/v1/models", {"x-api-key": "k1"}, 200),
+    ("/health", {}, 200),
+    ("/proxy/health", {}, 200),
+    ("/v1/chat/completions", {"Authorization": "Bearer nope"}, 401),
+])
+def test_proxy_api_key(start_proxy, backend, target, headers, status):
+    p = start_proxy(PROXY_API_KEY="k1, k2", BACKEND_API_KEY="vllm-key")
+    if target != "/proxy/health":
+        backend.script(Reply(body=b"{}"))
+    got, _, data = raw_request(p.url, "POST" if "chat" in target else "GET", target,
+                               CHAT if "chat" in target else None, headers)
+    assert got == status
+    if status == 401:
+        assert json.loads(data)["error"]["type"] == "authentication_error"
+        assert backend.received == []
+    elif target != "/proxy/health":
+        sent = backend.received[0].headers
+        assert sent["authorization"] == "Bearer vllm-key" and "x-api-key" not in sent
+        assert b"vllm-key" not in data
+
+
+def test_client_key_passes_through_when_the_proxy_has_none(proxy, backend):
+    backend.script(Reply(body=b"{}"))
+    raw_request(proxy.url, "GET", "/v1/models", None, {"Authorization": "Bearer client-key"})
+    assert backend.received[0].headers["authorization"] == "Bearer client-key"
+
+
+def test_access_log_has_one_line_without_prompt_text(proxy, backend):
+    from standins.vllm_wire import completion, json_reply
+    backend.script(json_reply(completion(content="SECRET-ANSWER")))
+    raw_request(proxy.url, "POST", "/v1/chat/completions",
+                b'{"messages":[{"role":"user","content":"SECRET-PROMPT"}]}')
+    time.sleep(0.2)
+    log = proxy.log()
+    assert "POST /v1/chat/completions 200" in log and "searches=0" in log
+    assert "SECRET-PROMPT" not in log and "SECRET-ANSWER" not in log
+
+
+def test_vllm_error_reply_status_mapping_on_chat(proxy, backend):
+    backend.script(error_reply(400, "max_tokens is too large", "BadRequestError", "max_tokens"))
+    status, _, data = raw_request(proxy.url, "POST", "/v1/chat/completions", CHAT)
+    assert status == 400 and json.loads(data)["error"]["param"] == "max_tokens"

@@ -1,0 +1,301 @@
+"""The proxy's pure rules, table by table, with no network: injection, tool-call parsing,
+SearXNG answers, result formatting, headers, keys and error mapping.
+
+Run: tests/run.sh tests/test_rules.py
+"""
+import gzip
+import json
+
+import pytest
+
+from proxy import chat
+from proxy.app import key_ok, outbound_headers, presented_key
+from proxy.config import Config
+from proxy.errors import upstream_error_status
+from proxy.search import (SearchOutcome, SearchSession, Hit, clean_query, filter_domains, format_for_model,
+                          outcome_from_response, parse_arguments, search_url, _decode_body)
+from proxy.sse import data_of, event_and_data, iter_frames
+from proxy.upstream import UpstreamError, end_to_end_headers
+from standins.searxng import default_results, page, result
+
+USER = [{"role": "user", "content": "hi"}]
+CLIENT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+CLIENT_WEB_SEARCH = {"type": "function", "function": {"name": "web_search", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("body, enabled, expected", [
+    ({"messages": USER}, True, True),
+    ({"messages": USER, "tools": [CLIENT_TOOL]}, True, True),
+    ({"messages": USER, "tool_choice": "auto"}, True, True),
+    ({"messages": USER, "tool_choice": "required", "tools": [CLIENT_TOOL]}, True, True),
+    ({"messages": USER, "tool_choice": "none"}, True, False),
+    ({"messages": USER, "tools": [CLIENT_WEB_SEARCH]}, True, False),
+    ({"messages": USER, "tools": [CLIENT_TOOL, CLIENT_WEB_SEARCH]}, True, False),
+    ({"messages": USER, "n": 2}, True, False),
+    ({"messages": USER, "n": 1}, True, True),
+    ({"messages": USER}, False, False),
+])
+def test_should_inject(body, enabled, expected):
+    assert chat.should_inject(body, enabled) is expected
+
+
+def test_with_web_search_keeps_every_other_field():
+    body = {"messages": USER, "tools": [CLIENT_TOOL], "temperature": 0.3, "chat_template_kwargs": {"enable_thinking": False},
+            "structured_outputs": {"regex": "x"}, "stream_options": {"include_usage": True}, "vendor_x": [1]}
+    out = chat.with_web_search(body)
+    assert out["tools"] == [CLIENT_TOOL, chat.WEB_SEARCH_TOOL]
+    assert {k: v for k, v in out.items() if k != "tools"} == {k: v for k, v in body.items() if k != "tools"}
+    assert body["tools"] == [CLIENT_TOOL]  # the client's request is not mutated
+    fn = chat.WEB_SEARCH_TOOL["function"]
+    assert fn["parameters"]["required"] == ["query"] and fn["parameters"]["properties"]["query"]["type"] == "string"
+
+
+@pytest.mark.parametrize("body, param", [
+    ([], None),
+    ("text", None),
+    ({}, "messages"),
+    ({"messages": "hi"}, "messages"),
+    ({"messages": ["hi"]}, "messages"),
+    ({"messages": USER, "tools": {"a": 1}}, "tools"),
+    ({"messages": USER, "tools": ["x"]}, "tools"),
+    ({"messages": USER, "stream": "yes"}, "stream"),
+    ({"messages": USER, "stream_options": []}, "stream_options"),
+    ({"messages": USER, "tool_choice": 3}, "tool_choice"),
+])
+def test_validate_rejects(body, param):
+    problem = chat.validate(body)
+    assert problem is not None and problem[1] == param
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": USER}, {"messages": USER, "tools": None, "stream": None},
+    {"messages": USER, "stream": True, "tools": [CLIENT_TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+])
+def test_validate_accepts(body):
+    assert chat.validate(body) is None
+
+
+@pytest.mark.parametrize("arguments, query, code", [
+    ('{"query": "vllm docs"}', "vllm docs", None),
+    ({"query": "  spaced   out  "}, "spaced out", None),
+    ('{"query": "!!g python"}', "g python", None),  # the bang mark goes, the word stays
+    ('{"query": "! wp  rust"}', "wp rust", None),
+    ('{"query": ""}', None, "invalid_tool_input"),
+    ('{"query": "!!"}', None, "invalid_tool_input"),
+    ('{"q": "x"}', None, "invalid_tool_input"),
+    ("{not json", None, "invalid_tool_input"),
+    ("", None, "invalid_tool_input"),
+    ('["query"]', None, "invalid_tool_input"),
+    ('{"query": 5}', None, "invalid_tool_input"),
+    (json.dumps({"query": "x" * 401}), None, "query_too_long"),
+])
+def test_parse_arguments(arguments, query, code):
+    q, early = parse_arguments(arguments)
+    assert q == query
+    assert (early.error_code if early else None) == code
+    if early:
+        assert early.status == "failed" and early.message.startswith("Search failed")
+
+
+def test_search_url_encodes_the_query():
+    assert search_url("http://s:8080/", "a&b c") == "http://s:8080/search?q=a%26b+c&format=json"
+    assert search_url("http://s", "x", "de").endswith("&language=de")
+
+
+OK_PAGE = json.dumps(page("q", default_results("q"))).encode()
+
+
+@pytest.mark.parametrize("status, body, expected_status, code, phrase", [
+    (200, OK_PAGE, "ok", None, None),
+    (200, json.dumps(page("q", [])).encode(), "empty", None, "No results"),
+    (200, json.dumps(page("q", [], unresponsive=[("duckduckgo", "HTTP connection error")])).encode(), "failed",
+     "unavailable", "duckduckgo (HTTP connection error)"),
+    (403, b"<html>Forbidden</html>", "failed", "unavailable", "search.formats"),
+    (429, b"Too Many Requests", "failed", "too_many_requests", "rate-limited"),
+    (500, b'{"error": "search error"}', "failed", "unavailable", "HTTP 500"),
+    (502, b"bad gateway", "failed", "unavailable", "HTTP 502"),
+    (302, b"", "failed", "unavailable", "redirect"),
+    (200, b"<html>not json</html>", "failed", "unavailable", "not answer with JSON"),
+    (200, b"[1, 2]", "failed", "unavailable", "not an object"),
+])
+def test_outcome_from_response(status, body, expected_status, code, phrase):
+    o = outcome_from_response("q", "http://searx", status, body, 5)
+    assert o.status == expected_status and o.error_code == code
+    if phrase:
+        assert phrase in o.message
+    if status == 403 or status == 429:
+        assert "http://searx" in o.message
+
+
+def test_outcome_keeps_top_n_and_reads_dates_answers_infoboxes():
+    results = [result(f"https://e.org/{i}", f"T{i}", "  lots \n of   space ", "2025-01-02T03:04:05") for i in range(9)]
+    body = json.dumps(page("q", results, answers=["42"], infoboxes=[{"infobox": "Python", "content": "A language."}]))
+    o = outcome_from_response("q", "u", 200, body.encode(), 3)
+    assert [h.url for h in o.hits] == ["https://e.org/0", "https://e.org/1", "https://e.org/2"]
+    assert o.hits[0].snippet == "lots of space" and o.hits[0].date == "2025-01-02"
+    text = format_for_model(o)
+    assert "Answer: 42" in text and "Infobox: Python: A language." in text
+    assert "[1] T0\nURL: https://e.org/0\nDate: 2025-01-02\nSnippet: lots of space" in text
+
+
+def test_number_of_results_is_optional_and_missing_keys_tolerated():
+    body = json.dumps({"query": "q", "number_of_results": 0, "results": [{"url": "https://a.b/", "title": "A"}]})
+    o = outcome_from_response("q", "u", 200, body.encode(), 5)
+    assert o.ok and o.hits == [Hit("A", "https://a.b/", "", None)]
+
+
+@pytest.mark.parametrize("encoding, body", [
+    ("gzip", gzip.compress(OK_PAGE)), ("", OK_PAGE), ("identity", OK_PAGE)])
+def test_decode_body(encoding, body):
+    assert _decode_body(body, encoding) == OK_PAGE
+
+
+def test_format_for_model_failure_and_repeat():
+    failed = SearchOutcome("q", "failed", message="Search failed: nope")
+    assert format_for_model(failed) == "Search failed: nope"
+    rep = SearchOutcome("q", "ok", hits=[Hit("t", "https://u")], repeated=True)
+    assert format_for_model(rep).startswith("You already searched for exactly this")
+
+
+@pytest.mark.parametrize("allowed, blocked, urls, status", [
+    (["python.org"], None, ["https://docs.python.org/3/"], "ok"),
+    (None, ["evil.com"], ["https://docs.python.org/3/", "https://x.org/", "https://notpython.org/"], "ok"),
+    (["python.org"], ["docs.python.org"], [], "empty"),
+    (["nowhere.org"], None, [], "empty"),
+    (["https://docs.python.org/"], None, ["https://docs.python.org/3/"], "ok"),
+])
+def test_filter_domains(allowed, blocked, urls, status):
+    o = SearchOutcome("q", "ok", hits=[Hit("a", "https://docs.python.org/3/"), Hit("b", "https://evil.com/x"),
+                                       Hit("c", "https://x.org/"), Hit("d", "https://notpython.org/")])
+    out = filter_domains(o, allowed, blocked)
+    assert out.status == status and [h.url for h in out.hits] == urls
+
+
+class FakeSearxng:
+    """Counts calls; stands in for the HTTP side of SearXNG in session bookkeeping tests."""
+    base_url = "http://s"
+
+    def __init__(self, status="ok"):
+        self.calls = []
+        self.status = status
+
+    def search(self, query, language=None, limit=None):
+        self.calls.append(query)
+        return SearchOutcome(query, self.status, hits=[Hit("t", "https://u")] if self.status == "ok" else [],
+                             message="No results" if self.status != "ok" else "")
+
+
+def test_session_repeats_are_not_searched_again_and_counts_add_up():
+    s = FakeSearxng()
+    session = SearchSession(s, max_rounds=3)
+    first = session.run([("rust", None), ("Rust", None), parse_arguments("{bad")])
+    assert s.calls.count("rust") + s.calls.count("Rust") == 1 and session.rounds == 1
+    assert sum(o.repeated for o in first) == 1 and first[2].status == "failed"
+    again = session.run([("rust", None)])
+    assert again[0].repeated and len(s.calls) == 1
+    assert not session.exhausted
+    session.run([("go", None)])
+    assert session.exhausted and session.searches == 3 and session.failed == 1
+
+
+@pytest.mark.parametrize("status, expected", [
+    ("empty", "Exceeded max search iterations (2 searches, 2 empty) — SearXNG returned no usable results"),
+    ("ok", "Exceeded max search iterations (2 searches, 0 empty)"),
+])
+def test_cap_message(status, expected):
+    session = SearchSession(FakeSearxng(status), max_rounds=2)
+    session.run([("a", None)])
+    session.run([("b", None)])
+    assert session.cap_message() == expected
+
+
+def test_add_usage_sums_turns():
+    a = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "completion_tokens_details": {"reasoning_tokens": 2}}
+    b = {"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 37, "completion_tokens_details": {"reasoning_tokens": 1},
+         "prompt_tokens_details": None}
+    total = chat.add_usage(chat.add_usage(None, a), b)
+    assert total == {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52,
+                     "completion_tokens_details": {"reasoning_tokens": 3}, "prompt_tokens_details": None}
+    assert chat.add_usage(total, None) is total
+
+
+def test_tool_results_answer_every_call_in_order():
+    calls = [{"id": "a", "function": {"name": "web_search", "arguments": "{}"}},
+             {"id": "b", "function": {"name": "get_weather", "arguments": "{}"}},
+             {"id": "c", "function": {"name": "web_search", "arguments": "{}"}}]
+    outs = [SearchOutcome("x", "empty", message="none x"), SearchOutcome("y", "empty", message="none y")]
+    msgs = chat.tool_results(calls, outs)
+    assert [m["tool_call_id"] for m in msgs] == ["a", "b", "c"]
+    assert msgs[0]["content"] == "none x" and msgs[2]["content"] == "none y"
+    assert msgs[1]["content"] == chat.NOT_EXECUTED
+
+
+def test_assistant_turn_keeps_reasoning_and_drops_response_only_fields():
+    msg = {"role": "assistant", "content": None, "refusal": None, "annotations": None, "audio": None,
+           "function_call": None, "reasoning": "think", "tool_calls": [
+               {"id": "t1", "type": "function", "function": {"name": "web_search", "arguments": '{"query": "q"}'}}]}
+    assert chat.assistant_turn(msg) == {"role": "assistant", "content": None, "reasoning": "think", "tool_calls": [
+        {"id": "t1", "type": "function", "function": {"name": "web_search", "arguments": '{"query": "q"}'}}]}
+
+
+def test_next_request_forces_web_search_only_once():
+    forced = {"type": "function", "function": {"name": "web_search"}}
+    assert chat.next_request({"messages": [], "tool_choice": forced}, USER)["tool_choice"] == "auto"
+    assert chat.next_request({"messages": [], "tool_choice": "required"}, USER)["tool_choice"] == "required"
+
+
+@pytest.mark.parametrize("headers, expected", [
+    ([("Connection", "keep-alive, X-Secret"), ("X-Secret", "1"), ("Keep-Alive", "5"), ("TE", "trailers"),
+      ("Transfer-Encoding", "chunked"), ("Upgrade", "h2c"), ("Proxy-Authorization", "p"), ("X-Keep", "y")],
+     [("X-Keep", "y")]),
+    ([("Content-Type", "application/json"), ("Trailer", "x")], [("Content-Type", "application/json")]),
+])
+def test_end_to_end_headers(headers, expected):
+    assert end_to_end_headers(headers) == expected
+
+
+@pytest.mark.parametrize("cfg, expected_auth", [
+    (Config(), [("Authorization", "Bearer client"), ("x-api-key", "ck")]),
+    (Config(backend_api_key="vk"), [("Authorization", "Bearer vk")]),
+    (Config(proxy_api_keys=("pk",)), []),
+    (Config(proxy_api_keys=("pk",), backend_api_key="vk"), [("Authorization", "Bearer vk")]),
+])
+def test_outbound_headers_credentials(cfg, expected_auth):
+    incoming = [("Host", "proxy:11433"), ("Authorization", "Bearer client"), ("x-api-key", "ck"),
+                ("Content-Length", "5"), ("Connection", "close"), ("X-Request-Id", "r1")]
+    out = outbound_headers(incoming, cfg)
+    assert [h for h in out if h[0].lower() in ("authorization", "x-api-key")] == expected_auth
+    assert ("X-Request-Id", "r1") in out
+    assert not any(h[0].lower() in ("host", "content-length", "connection") for h in out)
+
+
+@pytest.mark.parametrize("headers, key", [
+    ({"Authorization": "Bearer abc"}, "abc"), ({"Authorization": "bearer abc "}, "abc"),
+    ({"x-api-key": "xyz"}, "xyz"), ({"Authorization": "Basic abc"}, None), ({}, None)])
+def test_presented_key(headers, key):
+    assert presented_key(headers) == key
+
+
+@pytest.mark.parametrize("key, keys, ok", [
+    ("a", ("a",), True), ("b", ("a", "b"), True), ("c", ("a", "b"), False), (None, ("a",), False), ("", ("a",), False)])
+def test_key_ok(key, keys, ok):
+    assert key_ok(key, keys) is ok
+
+
+@pytest.mark.parametrize("error, status, phrase", [
+    (UpstreamError("timeout", "t"), 504, "timed out"),
+    (UpstreamError("unreachable", "x", refused=True), 502, "still be loading"),
+    (UpstreamError("unreachable", "x"), 502, "unreachable"),
+])
+def test_upstream_error_status(error, status, phrase):
+    got, msg = upstream_error_status(error)
+    assert got == status and phrase in msg
+
+
+def test_iter_frames_reassembles_events_split_across_reads():
+    stream = b"data: {\"a\":1}\n\ndata: [DONE]\n\n"
+    pieces = [stream[i:i + 3] for i in range(0, len(stream), 3)]
+    assert list(iter_frames(pieces)) == [b'data: {"a":1}\n\n', b"data: [DONE]\n\n"]
+    assert list(iter_frames([b"data: x\n\ndata: cut"])) == [b"data: x\n\n", b"data: cut"]
+    assert data_of(b"data: [DONE]\n\n") == b"[DONE]" and data_of(b": keep-alive\n\n") is None
+    assert event_and_data(b"event: ping\ndata: {\"type\":\"ping\"}\n\n") == ("ping", b'{"type":"ping"}')
