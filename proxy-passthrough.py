@@ -33,8 +33,8 @@ CONNECT_TIMEOUT = float(os.environ.get("CONNECT_TIMEOUT", "10"))
 # Longest silence tolerated from vLLM; a 250k-token prefill is minutes of it.
 READ_TIMEOUT = float(os.environ.get("READ_TIMEOUT", "900"))
 KEEPALIVE_INTERVAL = float(os.environ.get("KEEPALIVE_INTERVAL", "5"))
-# 64 MiB: a 253,952-token prompt is about 1 MB of text, so this is headroom, not a limit.
-MAX_BODY_BYTES = int(os.environ.get("MAX_BODY_BYTES", str(64 * 1024 * 1024)))
+# 64 MiB: a 253,952-token prompt is about 1 MB of JSON, so this is headroom, not a squeeze.
+MAX_BODY_BYTES = int(os.environ.get("MAX_BODY_BYTES", "67108864"))
 # Comma-separated keys clients must present; empty leaves the proxy open.
 PROXY_API_KEY = os.environ.get("PROXY_API_KEY", "")
 # Answer unknown model names on /v1/messages (Claude Code's claude-...) with the served model.
