@@ -114,6 +114,12 @@ def create_app(cfg: Config) -> Flask:
     def too_large(_e):
         return error_response(413, f"Request body is larger than the proxy's limit of {cfg.max_body_bytes} bytes (MAX_BODY_BYTES).")
 
+    @app.errorhandler(RecursionError)
+    def nested_too_deeply(_e):
+        # json.loads of `[[[[...` thousands deep raises this, not ValueError, in any handler
+        # (chat, messages, responses); the proxy's own code does not recurse that deep.
+        return error_response(400, "Request body is not valid JSON: it is nested too deeply.")
+
     @app.errorhandler(HTTPException)
     def http_error(e):
         return error_response(e.code or 400, e.description or e.name)
@@ -134,8 +140,13 @@ def create_app(cfg: Config) -> Flask:
         return Response('{"status":"ok"}', mimetype="application/json")
 
     def exchange() -> Exchange:
-        # get_data reads at most MAX_CONTENT_LENGTH bytes; more raises 413.
+        # get_data reads at most MAX_CONTENT_LENGTH bytes; a Content-Length over it raises 413.
         body = request.get_data(cache=False)
+        if len(body) >= cfg.max_body_bytes and request.content_length is None:
+            # A chunked body is cut at the limit without an error (Werkzeug 3.1's LimitedStream),
+            # and the cut body went to vLLM as if whole: one byte more means it was too large.
+            if request.environ["wsgi.input"].read(1):
+                raise RequestEntityTooLarge()
         # RAW_URI keeps the client's exact path and query encoding (gunicorn sets it).
         raw = request.environ.get("RAW_URI")
         if not (raw and raw.startswith("/")):
@@ -178,16 +189,21 @@ def relay(ex: Exchange, body: bytes) -> Response:
                                 on_open=lambda conn: watch.attach(lambda: shutdown(conn)))
     except UpstreamError as e:
         watch.stop()
+        if watch.gone:
+            # Not vLLM's failure: the watch cut the connection for a client that left.
+            return error_response(499, "client closed the request")
         return gateway_error(e, method, ex.target)
     headers = [(n, v) for n, v in end_to_end_headers(up.headers) if n.lower() != "content-length"]
     if up.header("content-length") and not up.is_event_stream:
         try:
             data = up.read()
         except UpstreamError as e:
+            if watch.gone:
+                return error_response(499, "client closed the request")
             return gateway_error(e, method, ex.target)
         finally:
             watch.stop()
-        return Response(data, status=up.status, headers=headers)
+        return _without_default_type(Response(data, status=up.status, headers=headers), up)
 
     def stream():
         # Bytes go out exactly as they came in. A backend that dies mid-body makes this
@@ -197,7 +213,14 @@ def relay(ex: Exchange, body: bytes) -> Response:
         finally:
             watch.stop()
             up.abort()
-    return Response(stream(), status=up.status, headers=headers, direct_passthrough=True)
+    return _without_default_type(Response(stream(), status=up.status, headers=headers, direct_passthrough=True), up)
+
+
+def _without_default_type(resp: Response, up) -> Response:
+    """Flask gives every response a Content-Type; a relayed one has vLLM's or none at all."""
+    if not up.header("content-type"):
+        del resp.headers["Content-Type"]
+    return resp
 
 
 def gateway_error(e: UpstreamError, method: str, target: str) -> Response:

@@ -13,7 +13,7 @@ from flask import Response
 
 from .background import run_with_keepalive
 from .errors import error_response, sse_error
-from .exchange import ClientWatch, Exchange
+from .exchange import ClientWatch, Exchange, encode_json
 from .search import format_for_model, parse_arguments
 from .sse import comment, data_of, iter_frames
 from .upstream import UpstreamError, end_to_end_headers
@@ -154,6 +154,9 @@ def handle(ex: Exchange) -> Response:
         body = json.loads(ex.body)
     except (ValueError, UnicodeDecodeError) as e:
         return error_response(400, f"Request body is not valid JSON: {e}")
+    except RecursionError:
+        # `[[[[...` a few thousand deep: the client's mistake, not a 500.
+        return error_response(400, "Request body is not valid JSON: it is nested too deeply.")
     problem = validate(body)
     if problem:
         return error_response(400, problem[0], param=problem[1])
@@ -162,7 +165,7 @@ def handle(ex: Exchange) -> Response:
     body = with_web_search(body)
     if body.get("stream"):
         if ex.cfg.stream_search == "client":
-            return ex.relay(json.dumps(body, ensure_ascii=False).encode())
+            return ex.relay(encode_json(body))
         return stream_loop(ex, body)
     return plain_loop(ex, body)
 
@@ -188,9 +191,13 @@ def plain_loop(ex: Exchange, body: dict) -> Response:
             if up.status != 200:
                 # vLLM's own error, on any turn: the client reads it as vLLM wrote it.
                 return Response(raw, status=up.status, headers=_json_headers(up))
-            data = json.loads(raw)
-            choice = (data.get("choices") or [{}])[0]
-            calls = (choice.get("message") or {}).get("tool_calls") or []
+            data, calls = _read_completion(raw)
+            if data is None:
+                # A 200 that is not a chat completion (a truncated or foreign body) used to
+                # be a 500 from the proxy; it is vLLM's fault, so it is a gateway error.
+                log.warning("chat turn %d: vLLM answered 200 with a body that is not a chat completion", session.rounds + 1)
+                return error_response(502, "vLLM answered 200 with a body that is not a chat completion.")
+            choice = data["choices"][0] if data.get("choices") else {}
             if not any(is_search(c) for c in calls):
                 if session.rounds == 0:
                     return Response(raw, status=200, headers=_json_headers(up))  # untouched
@@ -204,6 +211,19 @@ def plain_loop(ex: Exchange, body: dict) -> Response:
             request = next_request(body, messages)
     finally:
         ex.watch.stop()
+
+
+def _read_completion(raw: bytes) -> tuple[dict | None, list]:
+    """(completion, its tool calls), or (None, []) when the body is not a readable completion."""
+    try:
+        data = json.loads(raw)
+        choice = (data.get("choices") or [{}])[0]
+        calls = (choice.get("message") or {}).get("tool_calls") or []
+        if not all(isinstance(c, dict) for c in calls):
+            return None, []
+        return data, calls
+    except (ValueError, AttributeError, TypeError, IndexError, KeyError, RecursionError):
+        return None, []
 
 
 def _json_headers(up):

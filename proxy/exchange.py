@@ -37,12 +37,21 @@ class ClientWatch:
             threading.Thread(target=self._run, daemon=True, name="client-watch").start()
 
     def _run(self):
+        # Peek through the OS socket, never gevent's wrapper: a gevent recv that finds nothing
+        # parks on the socket's single read event, the one gunicorn waits on for the client's
+        # next keep-alive request, and the two waiters collide (ConcurrentObjectUseError, a
+        # 500 for that next request; scripts/load_test.py found it). MSG_DONTWAIT never parks.
+        raw = getattr(self._sock, "_sock", self._sock)
         while not self._stop.is_set():
             try:
                 readable, _, _ = select.select([self._sock], [], [], 0.5)
+                if self._stop.is_set():
+                    return  # the request is over: what arrived is the client's next request
                 if not readable:
                     continue
-                data = self._sock.recv(1, socket.MSG_PEEK)
+                data = raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue  # gunicorn read it first
             except (OSError, ValueError):
                 data = b""
             if data or self._stop.is_set():
@@ -75,6 +84,7 @@ class Exchange:
     environ: dict
     relay: Callable                  # relay(body_bytes) -> Response: the transparent path
     watch: ClientWatch = field(default=None)
+    last: UpstreamResponse | None = field(default=None, repr=False)  # the latest turn's response
 
     def session(self) -> SearchSession:
         def count(n):
@@ -83,14 +93,35 @@ class Exchange:
 
     def post(self, path: str, payload: dict) -> UpstreamResponse:
         """POST a JSON body to vLLM for one turn of a loop; the watch can abort it."""
-        body = json.dumps(payload, ensure_ascii=False).encode()
+        body = encode_json(payload)
         headers = [(n, v) for n, v in self.headers if n.lower() != "content-type"]
         headers.append(("Content-Type", "application/json"))
-        return self.backend.request("POST", path, body, headers, on_open=self._attach)
+        # Asking for the next turn means the last one is over. A stream loop stops reading a
+        # turn at [DONE] and used to drop it unclosed, so its connection stayed open to vLLM
+        # until garbage collection (scripts/load_test.py: twice the clients' connections left
+        # open). Aborting here covers every loop; a turn read to its end is left in the pool.
+        if self.last is not None:
+            self.last.abort()
+        self.last = self.backend.request("POST", path, body, headers, on_open=self._attach)
+        return self.last
 
     def _attach(self, conn):
         if self.watch is not None:
             self.watch.attach(lambda: shutdown(conn))
+
+
+def encode_json(obj) -> bytes:
+    """JSON bytes for vLLM, non-ASCII kept as UTF-8 as clients send it.
+
+    A client may legally send a lone surrogate as a `\\ud800` escape; it decodes to a str
+    that UTF-8 cannot encode, which used to be a 500. Escaping everything in that one case
+    hands vLLM the same escape the client wrote and lets vLLM judge it.
+    """
+    text = json.dumps(obj, ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj).encode()
 
 
 def shutdown(conn):

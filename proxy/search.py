@@ -250,8 +250,10 @@ class SearXNG:
                                     message=f"Search failed: cannot reach SearXNG at {self.base_url}: {e}")
         finally:
             conn.close()
-        log.info("search %r -> %s (%d hits, %.0f ms)", query, outcome.status, len(outcome.hits),
+        # The query is model-written from the prompt, so its text is logged only at DEBUG.
+        log.info("search -> %s (%d hits, %.0f ms)", outcome.status, len(outcome.hits),
                  (time.monotonic() - started) * 1000)
+        log.debug("search query %r -> %s", query, outcome.message or outcome.status)
         return outcome
 
 

@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from standins.scripted_backend import ScriptedBackend  # noqa: E402
 from standins.searxng import SearxngStandIn  # noqa: E402
 
-WORK = Path(__file__).resolve().parent / ".work"
+# Each run logs into a folder of its own, so two runs on one checkout never share a log file.
+WORK = Path(__file__).resolve().parent / ".work" / f"run-{os.getpid()}"
 
 
 class ProxyProcess:
@@ -103,7 +104,7 @@ def searxng(_searxng_server):
 
 @pytest.fixture(scope="session")
 def _proxies(_backend_server, _searxng_server):
-    WORK.mkdir(exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
     running: dict[tuple, ProxyProcess] = {}
 
     def start(**env) -> ProxyProcess:
