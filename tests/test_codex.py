@@ -1,0 +1,122 @@
+"""End to end with the real Codex CLI (`@openai/codex` 0.169.0, installed by tests/run.sh into
+$AGENTS_BIN): `codex exec --json` against the proxy with a provider using wire_api =
+"responses"; the stand-in model calls web_search, the proxy searches the SearXNG stand-in, and
+Codex shows its own web_search item. Run: tests/run.sh tests/test_codex.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from standins import responses_wire as w
+
+CODEX = Path(os.environ.get("AGENTS_BIN", "/nonexistent")) / "codex"
+ANSWER = "Per the search, vLLM 0.32 shipped the Responses loop."
+QUERY = "vllm 0.32 release notes"
+
+
+def codex_config(proxy_url: str) -> str:
+    """A provider at the proxy and every switch that would make Codex reach past loopback off."""
+    return f"""
+model = "foundation"
+model_provider = "stack"
+model_reasoning_summary = "auto"
+approval_policy = "never"
+sandbox_mode = "read-only"
+check_for_update_on_startup = false
+web_search = "cached"
+
+[model_providers.stack]
+name = "coding stack proxy"
+base_url = "{proxy_url}/v1"
+wire_api = "responses"
+env_key = "STACK_API_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+stream_idle_timeout_ms = 60000
+supports_websockets = false
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[history]
+persistence = "none"
+"""
+
+
+def stand_in_model(received):
+    """Codex's main turn: search first; once a web_search result is in the input, answer."""
+    if received.path != "/v1/responses":
+        return None
+    request = received.json()
+    searched = any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in request.get("input") or [])
+    has_search = any(t.get("name") == "web_search" and t.get("type") == "function" for t in request.get("tools") or [])
+    if searched or not has_search:
+        return w.answer(request, [w.reasoning("The results answer it."), w.message(ANSWER)])
+    return w.answer(request, [w.reasoning("I need to look this up."), w.call("web_search", {"query": QUERY})])
+
+
+def run_codex(proxy, tmp_path, *args) -> tuple[subprocess.CompletedProcess, list, str]:
+    home = tmp_path / "codex-home"
+    home.mkdir(exist_ok=True)
+    (home / "config.toml").write_text(codex_config(proxy.url))
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "CODEX_HOME": str(home),
+           "STACK_API_KEY": "sk-local", "NO_COLOR": "1", "RUST_LOG": "error",
+           # Loopback only: no proxy may route Codex's calls elsewhere.
+           "NO_PROXY": "*", "no_proxy": "*"}
+    # A generous timeout that still cannot hang the suite.
+    proc = subprocess.run([str(CODEX), "exec", "--json", "--skip-git-repo-check", "-C", str(work), *args],
+                          env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    diagnostics = (f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}\n"
+                   f"proxy log:\n{proxy.log()[-3000:]}")
+    return proc, [e["item"] for e in events if e.get("type") == "item.completed"], diagnostics
+
+
+needs_codex = pytest.mark.skipif(not CODEX.exists(), reason="Codex is installed by tests/run.sh ($AGENTS_BIN)")
+
+
+@needs_codex
+def test_codex_exec_searches_through_the_proxy(proxy, backend, searxng, tmp_path):
+    backend.responder = stand_in_model
+    proc, items, diagnostics = run_codex(proxy, tmp_path, "--ephemeral", "What changed in vLLM 0.32? Search the web.")
+    assert proc.returncode == 0, diagnostics
+    searches = [i for i in items if i.get("type") == "web_search"]
+    assert len(searches) == 1 and searches[0].get("query") == QUERY, diagnostics
+    messages = [i.get("text") for i in items if i.get("type") == "agent_message"]
+    assert messages and messages[-1] == ANSWER, diagnostics
+    assert searxng.queries == [QUERY]
+
+    sent = [r.json() for r in backend.received if r.path == "/v1/responses"]
+    assert len(sent) == 2, diagnostics
+    assert not any(t.get("type") == "web_search" for t in sent[0]["tools"])
+    assert [t["name"] for t in sent[0]["tools"] if t.get("name") == "web_search"] == ["web_search"]
+    assert sent[1]["input"][-1]["type"] == "function_call_output" and QUERY in sent[1]["input"][-1]["output"]
+    assert all(r.headers.get("authorization") == "Bearer sk-local" for r in backend.received)
+
+
+@needs_codex
+def test_codex_resume_replays_its_web_search_call(proxy, backend, searxng, tmp_path):
+    """The second turn's history holds Codex's web_search_call (no id), which vLLM alone rejects."""
+    backend.responder = stand_in_model
+    proc, _, diagnostics = run_codex(proxy, tmp_path, "What changed in vLLM 0.32? Search the web.")
+    assert proc.returncode == 0, diagnostics
+    first_turn = len(backend.received)
+    backend.responder = lambda r: w.answer(r.json(), [w.message("Nothing else.")]) if r.path == "/v1/responses" else None
+    proc, items, diagnostics = run_codex(proxy, tmp_path, "resume", "--last", "Anything else?")
+    assert proc.returncode == 0, diagnostics
+    assert [i.get("text") for i in items if i.get("type") == "agent_message"][-1] == "Nothing else.", diagnostics
+    resumed = backend.received[first_turn].json()["input"]
+    assert not any(i.get("type") == "web_search_call" for i in resumed), diagnostics
+    replayed = [i for i in resumed if i.get("type") == "function_call" and i.get("name") == "web_search"]
+    assert [json.loads(i["arguments"]) for i in replayed] == [{"query": QUERY}], diagnostics
+    assert searxng.queries == [QUERY]  # the replay itself searches nothing
