@@ -6,11 +6,11 @@ how turns and usage add up) are pure functions at the top, tested without a netw
 """
 from __future__ import annotations
 
-import json
 import logging
 
 from flask import Response
 
+from . import jsonio
 from .background import run_with_keepalive
 from .errors import error_response, sse_error
 from .exchange import ClientWatch, Exchange, encode_json
@@ -104,7 +104,7 @@ def add_usage(total: dict | None, turn: dict | None) -> dict | None:
     if not turn:
         return total
     if not total:
-        return json.loads(json.dumps(turn))
+        return jsonio.loads(jsonio.dumps(turn))
     out = dict(turn)
     for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
         out[key] = (total.get(key) or 0) + (turn.get(key) or 0)
@@ -151,7 +151,7 @@ def next_request(body: dict, messages: list[dict]) -> dict:
 
 def handle(ex: Exchange) -> Response:
     try:
-        body = json.loads(ex.body)
+        body = jsonio.loads(ex.body)
     except (ValueError, UnicodeDecodeError) as e:
         return error_response(400, f"Request body is not valid JSON: {e}")
     except RecursionError:
@@ -202,7 +202,7 @@ def plain_loop(ex: Exchange, body: dict) -> Response:
                 if session.rounds == 0:
                     return Response(raw, status=200, headers=_json_headers(up))  # untouched
                 data["usage"] = add_usage(usage, data.get("usage"))
-                return Response(json.dumps(data, ensure_ascii=False), status=200, mimetype="application/json")
+                return Response(jsonio.dumps(data), status=200, mimetype="application/json")
             usage = add_usage(usage, data.get("usage"))
             if session.exhausted:
                 return error_response(422, session.cap_message(), type_="search_iterations_exceeded")
@@ -216,7 +216,7 @@ def plain_loop(ex: Exchange, body: dict) -> Response:
 def _read_completion(raw: bytes) -> tuple[dict | None, list]:
     """(completion, its tool calls), or (None, []) when the body is not a readable completion."""
     try:
-        data = json.loads(raw)
+        data = jsonio.loads(raw)
         choice = (data.get("choices") or [{}])[0]
         calls = (choice.get("message") or {}).get("tool_calls") or []
         if not all(isinstance(c, dict) for c in calls):
@@ -266,7 +266,7 @@ class _Turn:
     def calls(self) -> list[dict]:
         calls: dict[int, dict] = {}
         for frame in self.held:
-            chunk = json.loads(data_of(frame))
+            chunk = jsonio.loads(data_of(frame))
             for choice in chunk.get("choices") or []:
                 for tc in (choice.get("delta") or {}).get("tool_calls") or []:
                     c = calls.setdefault(tc.get("index", 0), {"id": None, "type": "function",
@@ -282,7 +282,7 @@ class _Turn:
     def message(self, calls) -> dict:
         content, reasoning = [], []
         for payload in self.text_payloads:
-            for choice in json.loads(payload).get("choices") or []:
+            for choice in jsonio.loads(payload).get("choices") or []:
                 delta = choice.get("delta") or {}
                 if delta.get("content"):
                     content.append(delta["content"])
@@ -296,7 +296,7 @@ class _Turn:
 def _restamp(payload: bytes, ident, created, usage=None) -> bytes | None:
     """A later turn's chunk as part of the first turn's completion: its id and created, no
     second role announcement. Touching the bytes is needed only here, after a search."""
-    chunk = json.loads(payload)
+    chunk = jsonio.loads(payload)
     chunk["id"], chunk["created"] = ident, created
     if usage is not None:
         chunk["usage"] = usage
@@ -306,7 +306,7 @@ def _restamp(payload: bytes, ident, created, usage=None) -> bytes | None:
             delta.pop("role")
             if delta in ({}, {"content": ""}) and choice.get("finish_reason") is None:
                 return None
-    return b"data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + jsonio.dumps(chunk) + b"\n\n"
 
 
 def _stream_events(ex: Exchange, body: dict, up):
@@ -328,7 +328,7 @@ def _stream_events(ex: Exchange, body: dict, up):
                         yield frame  # comments and anything unknown pass as they are
                         continue
                     if ident is None:
-                        head = json.loads(payload)
+                        head = jsonio.loads(payload)
                         ident, created = head.get("id"), head.get("created")
                     if payload.startswith(b'{"error"'):
                         yield frame
@@ -366,13 +366,13 @@ def _stream_events(ex: Exchange, body: dict, up):
                     if turn_no == 1:
                         yield turn.usage_frame
                     else:
-                        total = add_usage(usage, json.loads(data_of(turn.usage_frame)).get("usage"))
+                        total = add_usage(usage, jsonio.loads(data_of(turn.usage_frame)).get("usage"))
                         yield _restamp(data_of(turn.usage_frame), ident, created, usage=total)
                 yield b"data: [DONE]\n\n"
                 return
 
             if turn.usage_frame is not None:
-                usage = add_usage(usage, json.loads(data_of(turn.usage_frame)).get("usage"))
+                usage = add_usage(usage, jsonio.loads(data_of(turn.usage_frame)).get("usage"))
             if session.exhausted:
                 yield sse_error(422, session.cap_message(), "search_iterations_exceeded")
                 return

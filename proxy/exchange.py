@@ -5,7 +5,6 @@ Used by proxy.app and the per-API loops; not run on its own.
 """
 from __future__ import annotations
 
-import json
 import logging
 import select
 import socket
@@ -13,6 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+from . import jsonio
 from .config import Config
 from .search import SearXNG, SearchSession
 from .upstream import Backend, UpstreamResponse
@@ -111,17 +111,8 @@ class Exchange:
 
 
 def encode_json(obj) -> bytes:
-    """JSON bytes for vLLM, non-ASCII kept as UTF-8 as clients send it.
-
-    A client may legally send a lone surrogate as a `\\ud800` escape; it decodes to a str
-    that UTF-8 cannot encode, which used to be a 500. Escaping everything in that one case
-    hands vLLM the same escape the client wrote and lets vLLM judge it.
-    """
-    text = json.dumps(obj, ensure_ascii=False)
-    try:
-        return text.encode()
-    except UnicodeEncodeError:
-        return json.dumps(obj).encode()
+    """JSON bytes for vLLM: compact UTF-8, lone surrogates kept as the client's escapes."""
+    return jsonio.dumps(obj)
 
 
 def shutdown(conn):
