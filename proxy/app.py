@@ -14,7 +14,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from . import chat, messages, responses
 from .config import Config
 from .exchange import ClientWatch, Exchange, shutdown
-from .errors import anthropic_error, error_response, upstream_error_status
+from .errors import error_for_path, upstream_error_status
 from .search import SearXNG
 from .upstream import Backend, UpstreamError, end_to_end_headers
 
@@ -112,26 +112,24 @@ def create_app(cfg: Config) -> Flask:
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_e):
-        return error_response(413, f"Request body is larger than the proxy's limit of {cfg.max_body_bytes} bytes (MAX_BODY_BYTES).")
+        return error_for_path(request.path, 413, f"Request body is larger than the proxy's limit of {cfg.max_body_bytes} bytes (MAX_BODY_BYTES).")
 
     @app.errorhandler(RecursionError)
     def nested_too_deeply(_e):
         # json.loads of `[[[[...` thousands deep raises this, not ValueError, in any handler
         # (chat, messages, responses); the proxy's own code does not recurse that deep.
-        return error_response(400, "Request body is not valid JSON: it is nested too deeply.")
+        return error_for_path(request.path, 400, "Request body is not valid JSON: it is nested too deeply.")
 
     @app.errorhandler(HTTPException)
     def http_error(e):
-        return error_response(e.code or 400, e.description or e.name)
+        return error_for_path(request.path, e.code or 400, e.description or e.name)
 
     @app.before_request
     def check_key():
         if cfg.proxy_api_keys and request.path not in OPEN_PATHS:
             if not key_ok(presented_key(request.headers), cfg.proxy_api_keys):
-                if request.path.startswith("/v1/messages"):
-                    # Claude Code and the Anthropic SDK read Anthropic's error shape here.
-                    return anthropic_error(401, "authentication_error", "Missing or invalid API key: send `x-api-key: <key>` with a key from PROXY_API_KEY.")
-                return error_response(401, "Missing or invalid API key: send `Authorization: Bearer <key>` with a key from PROXY_API_KEY.")
+                return error_for_path(request.path, 401, "Missing or invalid API key: send it as `Authorization: Bearer <key>` "
+                                      "(or `x-api-key: <key>`) with a key from PROXY_API_KEY.", "authentication_error")
         return None
 
     @app.route("/proxy/health")
@@ -191,7 +189,7 @@ def relay(ex: Exchange, body: bytes) -> Response:
         watch.stop()
         if watch.gone:
             # Not vLLM's failure: the watch cut the connection for a client that left.
-            return error_response(499, "client closed the request")
+            return error_for_path(ex.target, 499, "client closed the request")
         return gateway_error(e, method, ex.target)
     headers = [(n, v) for n, v in end_to_end_headers(up.headers) if n.lower() != "content-length"]
     if up.header("content-length") and not up.is_event_stream:
@@ -199,7 +197,7 @@ def relay(ex: Exchange, body: bytes) -> Response:
             data = up.read()
         except UpstreamError as e:
             if watch.gone:
-                return error_response(499, "client closed the request")
+                return error_for_path(ex.target, 499, "client closed the request")
             return gateway_error(e, method, ex.target)
         finally:
             watch.stop()
@@ -226,4 +224,4 @@ def _without_default_type(resp: Response, up) -> Response:
 def gateway_error(e: UpstreamError, method: str, target: str) -> Response:
     status, msg = upstream_error_status(e)
     log.warning("%s %s: %s", method, target.split("?", 1)[0], msg)
-    return error_response(status, msg)
+    return error_for_path(target, status, msg)

@@ -41,7 +41,25 @@ def sse_error(status: int, message: str, type_: str | None = None) -> bytes:
     return b"data: " + json.dumps(error_body(status, message, type_)).encode() + b"\n\ndata: [DONE]\n\n"
 
 
-def anthropic_error(status: int, type_: str, message: str) -> Response:
+# Anthropic's error types by status, which the Anthropic SDK maps to its exception classes.
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error",
+                   429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error_bytes(status: int, message: str, type_: str | None = None) -> bytes:
+    return json.dumps({"type": "error", "error": {"type": type_ or ANTHROPIC_TYPES.get(status, "api_error"),
+                                                  "message": message}}, ensure_ascii=False).encode()
+
+
+def anthropic_error(status: int, message: str, type_: str | None = None) -> Response:
     """Anthropic's error shape, which the Anthropic SDK and Claude Code parse."""
-    return Response(json.dumps({"type": "error", "error": {"type": type_, "message": message}}),
-                    status=status, mimetype="application/json")
+    return Response(anthropic_error_bytes(status, message, type_), status=status, mimetype="application/json")
+
+
+def error_for_path(path: str, status: int, message: str, type_: str | None = None) -> Response:
+    """The proxy's own error in the shape the route's clients parse: Anthropic's under
+    /v1/messages (Claude Code, the Anthropic SDK), OpenAI's everywhere else."""
+    if path.startswith("/v1/messages"):
+        return anthropic_error(status, message, type_ if type_ in ANTHROPIC_TYPES.values() else None)
+    return error_response(status, message, type_)

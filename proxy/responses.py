@@ -103,7 +103,8 @@ def validate(body) -> tuple[str, str | None] | None:
 
 def needs_rewrite(body: dict) -> bool:
     """A hosted web search tool is offered, or the history replays a web_search_call."""
-    if any(is_hosted(t) for t in body.get("tools") or []):
+    tools = body.get("tools")
+    if isinstance(tools, list) and any(is_hosted(t) for t in tools):
         return True
     return isinstance(body.get("input"), list) and any(is_replayed_search(i) for i in body["input"])
 
@@ -114,7 +115,8 @@ def refusal(body: dict) -> tuple[str, str] | None:
     The loop's turns are separate vLLM responses; the one the client receives exists nowhere
     as a whole, so nothing can continue from it or run it detached.
     """
-    if not any(is_hosted(t) for t in body.get("tools") or []):
+    tools = body.get("tools")
+    if not (isinstance(tools, list) and any(is_hosted(t) for t in tools)):
         return None
     if body.get("previous_response_id"):
         return ("`previous_response_id` can't be used with the web_search tool: the proxy runs the "

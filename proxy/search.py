@@ -298,7 +298,9 @@ class SearchSession:
                 self._seen[key] = outcome
             return outcome
 
-        if len(queries) == 1:
+        if not queries:
+            outcomes = []  # a round of calls all refused before searching still counts as a round
+        elif len(queries) == 1:
             outcomes = [one(queries[0])]
         else:
             with ThreadPoolExecutor(max_workers=min(8, len(queries))) as pool:

@@ -12,7 +12,6 @@ import openai
 import pytest
 
 from proxy.chat import NOT_EXECUTED, WEB_SEARCH_TOOL
-from standins.searxng import result
 from standins.vllm_wire import completion, error_reply, json_reply, tool_call
 
 USER = [{"role": "user", "content": "What is new in vLLM?"}]

@@ -12,7 +12,7 @@ from proxy import chat
 from proxy.app import key_ok, outbound_headers, presented_key
 from proxy.config import Config
 from proxy.errors import upstream_error_status
-from proxy.search import (SearchOutcome, SearchSession, Hit, clean_query, filter_domains, format_for_model,
+from proxy.search import (SearchOutcome, SearchSession, Hit, filter_domains, format_for_model,
                           outcome_from_response, parse_arguments, search_url, _decode_body)
 from proxy.sse import data_of, event_and_data, iter_frames
 from proxy.upstream import UpstreamError, end_to_end_headers

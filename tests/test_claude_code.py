@@ -1,0 +1,149 @@
+"""End to end with the real Claude Code (npm @anthropic-ai/claude-code 2.1.328, installed by
+tests/run.sh into $AGENTS_BIN): `claude -p` against the proxy, a stand-in model that answers
+each request by its shape, and the SearXNG stand-in; Claude Code's WebSearch must really search.
+
+Run: tests/run.sh tests/test_claude_code.py -q
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from standins import anthropic_wire as W
+from standins.scripted_backend import Reply
+
+SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"
+QUERY = "vllm 0.32 release notes"
+ANSWER = "vLLM 0.32 is out; see the release notes."
+SUMMARY = "The results say vLLM 0.32 shipped."
+RUN_TIMEOUT = 120  # seconds; a run takes a few, and a hang must fail the test, not the suite
+
+
+def claude_env(proxy_url: str, home: str) -> dict:
+    """Claude Code talking to the proxy and nothing else: every non-essential call off, and
+    an unreachable loopback proxy for anything that would still leave the machine."""
+    return {"PATH": os.environ["PATH"], "HOME": home, "TMPDIR": home,
+            "ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_API_KEY": "dummy-key",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_BUG_COMMAND": "1",
+            "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+            "NO_PROXY": "127.0.0.1,localhost"}
+
+
+class StandInModel:
+    """Answers Claude Code's requests by their shape, as agent-apis.md describes them."""
+
+    def __init__(self):
+        self.shapes: list[str] = []
+
+    def __call__(self, r):
+        if r.path == "/v1/models":
+            return Reply(body=(SAMPLES / "models.json").read_bytes())
+        body = r.json()
+        if r.path.endswith("/count_tokens"):
+            self.shapes.append("count_tokens")
+            return Reply(body=b'{"input_tokens":42}')
+        shape, blocks = self.answer(body)
+        self.shapes.append(shape)
+        return W.stream_reply(blocks) if body.get("stream") else W.message_reply(blocks)
+
+    def answer(self, body):
+        tools = [t.get("name") for t in body.get("tools") or []]
+        msgs = body.get("messages") or []
+        first_user = json.dumps(msgs[0].get("content")) if msgs else ""
+        last = json.dumps(msgs[-1].get("content")) if msgs else ""
+        if tools == ["web_search"] and "Perform a web search for the query:" in first_user:
+            if '"tool_result"' in last:
+                return "subrequest-summary", [W.text(SUMMARY)]
+            return "subrequest-call", [W.tool_use("web_search", {"query": QUERY})]
+        previous = json.dumps(msgs[-2].get("content")) if len(msgs) > 1 else ""
+        if "WebSearch" in tools:
+            if '"WebSearch"' in previous and '"tool_result"' in last:
+                return "final", [W.text(ANSWER)]
+            return "call-websearch", [W.tool_use("WebSearch", {"query": QUERY})]
+        if "ToolSearch" in tools:
+            return "load-websearch", [W.tool_use("ToolSearch", {"query": "select:WebSearch", "max_results": 1})]
+        return "background", [W.text("ok")]
+
+
+def run_claude(proxy_url: str, prompt: str, extra_env: dict | None = None) -> list[dict]:
+    claude = os.environ.get("AGENTS_BIN")
+    if not claude:
+        pytest.skip("AGENTS_BIN is unset: run the suite with tests/run.sh, which installs Claude Code")
+    home = tempfile.mkdtemp(prefix="claude-home-")
+    proc = subprocess.Popen([claude + "/claude", "-p", prompt, "--output-format", "stream-json", "--verbose",
+                             "--allowedTools", "WebSearch"],
+                            env={**claude_env(proxy_url, home), **(extra_env or {})}, cwd=home, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"claude -p did not finish within {RUN_TIMEOUT} s:\n{out[-3000:]}\n{err[-3000:]}")
+    assert proc.returncode == 0, f"claude exited {proc.returncode}:\n{out[-3000:]}\n{err[-3000:]}"
+    return [json.loads(line) for line in out.splitlines() if line.strip().startswith("{")]
+
+
+def search_tool_result(lines) -> dict:
+    (hit,) = [ln["tool_use_result"] for ln in lines if ln.get("type") == "user"
+              and isinstance(ln.get("tool_use_result"), dict) and "searchCount" in ln["tool_use_result"]]
+    return hit
+
+
+# Two ways to make Claude Code's `claude-...` model names reach vLLM as the served model.
+MODEL_NAMES = {
+    "client-env": ({}, {"ANTHROPIC_MODEL": "foundation", "ANTHROPIC_SMALL_FAST_MODEL": "foundation"}),
+    "proxy-any-model": ({"ANTHROPIC_ANY_MODEL": "1"}, {}),
+}
+
+
+@pytest.mark.parametrize("names", MODEL_NAMES)
+def test_claude_code_web_search_end_to_end(start_proxy, backend, searxng, names):
+    proxy_env, client_env = MODEL_NAMES[names]
+    proxy = start_proxy(KEEPALIVE_INTERVAL="0.2", **proxy_env)
+    model = StandInModel()
+    backend.responder = model
+    lines = run_claude(proxy.url, "Search the web: what is new in vLLM 0.32?", client_env)
+    result = lines[-1]
+    assert result["type"] == "result" and result["is_error"] is False
+    assert result["result"] == ANSWER
+    (usage,) = result["modelUsage"].values()
+    assert usage["webSearchRequests"] == 1
+    assert searxng.queries == [QUERY]
+    # Claude Code's own reading of the blocks: one search, the stand-in's three links.
+    found = search_tool_result(lines)
+    assert found["searchCount"] == 1 and found["query"] == QUERY
+    links = [r for r in found["results"] if isinstance(r, dict)][0]["content"]
+    assert [x["url"] for x in links] == [f"https://example.org/vllm-0.32-release-notes/{i}" for i in (1, 2, 3)]
+    assert SUMMARY in found["results"]
+    # The shortcut: the sub-request reached the model once, already holding the results.
+    assert "subrequest-call" not in model.shapes and model.shapes.count("subrequest-summary") == 1
+    assert {"load-websearch", "call-websearch", "final"} <= set(model.shapes)
+    turns = [r for r in backend.received if r.path.startswith("/v1/messages")]
+    assert all(r.query == "beta=true" and r.json()["model"] == "foundation" for r in turns)
+    assert all("x-api-key" not in r.headers or r.headers["x-api-key"] == "dummy-key" for r in turns)
+    sub = [r.json() for r in turns if [t.get("name") for t in r.json().get("tools") or []] == ["web_search"]][0]
+    assert "input_schema" in sub["tools"][0] and "type" not in sub["tools"][0]
+    assert "Snippet 1 about vllm 0.32 release notes" in sub["messages"][-1]["content"][0]["content"]
+
+
+def test_claude_code_sees_a_failed_search_as_an_error(start_proxy, backend, searxng):
+    proxy = start_proxy(ANTHROPIC_ANY_MODEL="1", KEEPALIVE_INTERVAL="0.2")
+    searxng.behave(None, "status", code=429)
+    backend.responder = StandInModel()
+    lines = run_claude(proxy.url, "Search the web: what is new in vLLM 0.32?")
+    assert lines[-1]["result"] == ANSWER
+    (usage,) = lines[-1]["modelUsage"].values()
+    assert usage["webSearchRequests"] == 0
+    found = search_tool_result(lines)
+    # Claude Code 2.1.328's searchCount counts attempts; the billed count above stays 0.
+    assert found["searchCount"] == 1
+    assert found["results"] == ["Web search error: too_many_requests", SUMMARY]
+    assert searxng.queries == [QUERY]
