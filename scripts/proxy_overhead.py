@@ -1,0 +1,760 @@
+"""Benchmark of the proxy's own overhead, direct vs through the proxy side by side in one run (issue 7); run `~/.cache/coding-stack-tests/venv-*/bin/python scripts/proxy_overhead.py [--json out.json]` after `tests/run.sh --co -q` has built that venv (`--help` lists the counts and worker options).
+
+It starts tests/standins/fast_backend.py (a gevent vLLM + SearXNG stand-in on loopback), the
+proxy under the shipped gunicorn.conf.py (and a second one with INJECT_WEB_SEARCH=false),
+then measures each case interleaved, direct and proxied, from one client process:
+  1 non-streaming latency p50/p99      2 a 200-chunk unpaced stream: TTFT, total, proxy CPU/chunk
+  3 64 concurrent 1 s paced streams    4 a 1 MB body, with and without web_search injection
+  5 a two-search loop: the proxy's own time    6 the proxy's peak RSS during 3
+It prints a table against issue 7's targets and, with --json PATH, writes every figure.
+This is a benchmark, not a test: it never fails on a missed target, it reports it.
+
+`--variant noreuse` / `--variant orjson` run the proxy with a patch applied in the worker
+(no backend connection reuse / orjson for the request-body JSON) to compare designs without
+editing proxy/; gunicorn then loads this file as its app module (see __getattr__ below).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import selectors
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TICK = os.sysconf("SC_CLK_TCK")
+FAILURES: list[str] = []  # answers that were not a clean 200, reported with the figures
+
+SMALL = {"model": "foundation", "max_tokens": 64, "messages": [
+    {"role": "system", "content": "You are a helpful coding assistant."},
+    {"role": "user", "content": "Say hello in one short sentence."}]}
+
+
+def big_body(size: int) -> bytes:
+    """A chat request of about `size` bytes: code-like text, so JSON has quotes and newlines to escape."""
+    unit = 'def handler_%d(request):\n    return {"status": "ok", "path": request.path}  # see docs\n'
+    parts, n, total = [], 0, 0
+    while total < size:
+        line = unit % n
+        parts.append(line)
+        total += len(line) + 4  # about what escaping the newlines and quotes adds
+        n += 1
+    return json.dumps({**SMALL, "messages": [{"role": "user", "content": "".join(parts)}]}).encode()
+
+
+# ---- a minimal HTTP/1.1 client: the same code measures direct and proxied, so its own cost cancels
+
+class ResponseParser:
+    """Incremental response reader: feed bytes as they arrive; notes when the first body bytes came."""
+
+    def __init__(self, keep_body: bool = False):
+        self.buf = bytearray()
+        self.state = "head"
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.keep_body = keep_body
+        self.body: list[bytes] = []
+        self.first = None       # perf_counter() when the first body chunk was complete
+        self.chunks = 0
+        self.done = False
+        self._left = 0
+
+    def feed(self, data: bytes, now: float):
+        self.buf += data
+        buf = self.buf
+        while not self.done:
+            if self.state == "head":
+                end = buf.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+                del buf[:end + 4]
+                self.status = int(lines[0].split(" ", 2)[1])
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    self.headers[name.strip().lower()] = value.strip()
+                if self.headers.get("transfer-encoding", "").lower() == "chunked":
+                    self.state = "size"
+                else:
+                    self.state, self._left = "fixed", int(self.headers.get("content-length", "0"))
+                    if self._left == 0:
+                        self.done = True
+            elif self.state == "fixed":
+                take = min(self._left, len(buf))
+                if not take:
+                    return
+                if self.first is None:
+                    self.first = now
+                if self.keep_body:
+                    self.body.append(bytes(buf[:take]))
+                del buf[:take]
+                self._left -= take
+                self.done = self._left == 0
+            elif self.state == "size":
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    return
+                self._left = int(bytes(buf[:end]).split(b";")[0], 16)
+                del buf[:end + 2]
+                self.state = "data" if self._left else "trailer"
+            elif self.state == "data":
+                if len(buf) < self._left + 2:
+                    return
+                if self.keep_body:
+                    self.body.append(bytes(buf[:self._left]))
+                del buf[:self._left + 2]
+                self.chunks += 1
+                if self.first is None:
+                    self.first = now
+                self.state = "size"
+            elif self.state == "trailer":
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    return
+                del buf[:end + 2]
+                self.done = end == 0  # the blank line after (no) trailers ends the body
+
+    def json(self):
+        return json.loads(b"".join(self.body))
+
+
+def request_bytes(host: str, method: str, path: str, body: bytes = b"", headers=()) -> bytes:
+    head = [f"{method} {path} HTTP/1.1", f"Host: {host}", "User-Agent: proxy-overhead/1",
+            "Accept: */*"]
+    if body or method == "POST":
+        head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    head += [f"{n}: {v}" for n, v in headers]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+
+
+class Client:
+    """One keep-alive connection, as an agent's HTTP client keeps one to the proxy."""
+
+    def __init__(self, url: str):
+        parts = urllib.parse.urlsplit(url)
+        self.addr = (parts.hostname, parts.port)
+        self.host = parts.netloc
+        self.sock = None
+
+    def _connect(self):
+        self.sock = socket.create_connection(self.addr, timeout=60)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def request(self, method: str, path: str, body: bytes = b"", headers=(), keep_body: bool = False):
+        """-> (parser, seconds from send to the last byte); a stale keep-alive is retried once."""
+        req = request_bytes(self.host, method, path, body, headers)
+        for attempt in (0, 1):
+            if self.sock is None:
+                self._connect()
+            p = ResponseParser(keep_body)
+            t0 = time.perf_counter()
+            try:
+                self.sock.sendall(req)
+                while not p.done:
+                    data = self.sock.recv(262144)
+                    if not data:
+                        raise ConnectionResetError("server closed the connection")
+                    p.feed(data, time.perf_counter())
+            except (ConnectionResetError, BrokenPipeError):
+                self.close()
+                if attempt == 0 and p.status == 0:
+                    continue
+                raise
+            t1 = time.perf_counter()
+            p.t0 = t0
+            if p.headers.get("connection", "").lower() == "close":
+                self.close()
+            if p.status != 200:
+                raise RuntimeError(f"{method} {self.host}{path}: HTTP {p.status}")
+            return p, t1 - t0
+        raise AssertionError("unreachable")
+
+    def retrying(self, *a, **kw):
+        """request(), but a failed answer is counted in FAILURES and asked again (up to 3 times):
+        one bad answer among hundreds must show in the report, not end the run."""
+        for attempt in range(3):
+            try:
+                return self.request(*a, **kw)
+            except (RuntimeError, OSError) as e:
+                FAILURES.append(f"{self.host}: {e}")
+                self.close()
+                if attempt == 2:
+                    raise
+
+    def close(self):
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def stream_batch(url: str, n: int, req_headers, body: bytes, timeout: float) -> dict:
+    """n streams at once from one selector loop (a thread per stream would time the GIL)."""
+    parts = urllib.parse.urlsplit(url)
+    req = request_bytes(parts.netloc, "POST", "/v1/chat/completions", body, req_headers)
+    socks = []
+    for _ in range(n):  # connected beforehand: the batch times streaming, not n handshakes
+        s = socket.create_connection((parts.hostname, parts.port), timeout=timeout)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        socks.append(s)
+    sel = selectors.DefaultSelector()
+    state = {}
+    start = time.perf_counter()
+    for s in socks:
+        t = time.perf_counter()
+        s.sendall(req)
+        state[s] = (ResponseParser(), t)
+        sel.register(s, selectors.EVENT_READ)
+    ends, ttfts, chunks = [], [], 0
+    deadline = start + timeout
+    while state and time.perf_counter() < deadline:
+        for key, _ in sel.select(1.0):
+            s = key.fileobj
+            data = s.recv(262144)  # readable, so this returns at once
+            now = time.perf_counter()
+            p, sent = state[s]
+            if data:
+                p.feed(data, now)
+            if p.done or not data:
+                sel.unregister(s)
+                del state[s]
+                if not p.done or p.status != 200:
+                    FAILURES.append(f"{url}: a concurrent stream broke (status {p.status})")
+                    continue
+                ends.append(now)
+                ttfts.append(p.first - sent)
+                chunks += p.chunks
+    for s in socks:
+        s.close()
+    if state:
+        raise RuntimeError(f"{len(state)} of {n} streams through {url} did not finish within {timeout:g} s")
+    return {"wall": max(ends) - start, "worst_ttft": max(ttfts), "median_ttft": statistics.median(ttfts),
+            "chunks": chunks}
+
+
+# ---- the processes under test
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, deadline: float, proc: subprocess.Popen, log: Path):
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited:\n{log.read_text(errors='replace')[-3000:]}")
+        try:
+            c = Client(url)
+            c.request("GET", "/proxy/health")
+            c.close()
+            return
+        except (OSError, RuntimeError):
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+class Backend:
+    def __init__(self, workdir: Path):
+        self.log = workdir / "fast_backend.log"
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests/standins/fast_backend.py")],
+                                     stdout=subprocess.PIPE, stderr=open(self.log, "wb"), text=True,
+                                     start_new_session=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("backend="):
+            raise RuntimeError(f"fast_backend.py did not start:\n{self.log.read_text(errors='replace')}")
+        fields = dict(f.split("=", 1) for f in line.split())
+        self.url, self.searxng_url = fields["backend"], fields["searxng"]
+
+    def stop(self):
+        _stop(self.proc)
+
+
+class Proxy:
+    """gunicorn with the shipped gunicorn.conf.py; `args` override settings as on a command line."""
+
+    def __init__(self, name: str, env: dict, args: list[str], variant: str, workdir: Path):
+        self.name = name
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log = workdir / f"proxy-{name}.log"
+        app = "proxy-passthrough:app"
+        full_env = {**os.environ, **env, "PROXY_BIND": self.url[7:]}
+        if variant:
+            full_env["PROXY_OVERHEAD_VARIANT"] = variant
+            args = [*args, "--pythonpath", str(Path(__file__).resolve().parent)]
+            app = "proxy_overhead:app"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "--config", "gunicorn.conf.py", *args, app],
+            cwd=ROOT, env=full_env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
+            start_new_session=True)
+        wait_http(self.url, time.monotonic() + 30, self.proc, self.log)
+        # On stderr, so a profiler (py-spy record -p PID) can be pointed at this run's worker.
+        print(f"proxy {name}: {self.url}, gunicorn master {self.proc.pid}, workers {self.workers()}",
+              file=sys.stderr, flush=True)
+
+    def workers(self) -> list[int]:
+        try:
+            kids = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+            return [int(k) for k in kids]
+        except OSError:
+            return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == self.proc.pid]
+
+    def cpu(self) -> float:
+        """CPU seconds of the workers: schedstat's nanoseconds (stat's 10 ms ticks are too coarse)."""
+        total = 0.0
+        for pid in self.workers():
+            try:
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    total += int((task / "schedstat").read_text().split()[0]) / 1e9
+            except (OSError, ValueError):
+                total += _stat_cpu(pid)
+        return total
+
+    def rss(self, field: str = "VmRSS") -> int:
+        """Resident bytes of the workers (the master only forks and waits, so it is left out)."""
+        total = 0
+        for pid in self.workers():
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith(field + ":"):
+                    total += int(line.split()[1]) * 1024
+        return total
+
+    def reset_peak(self):
+        for pid in self.workers():
+            try:
+                Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM (Linux >= 4.0)
+            except OSError:
+                pass
+
+    def stop(self):
+        _stop(self.proc, signal.SIGQUIT)  # gunicorn's quick shutdown; TERM waits out keep-alives
+
+
+def _ppid(p: Path) -> int:
+    try:
+        return int(p.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def _stat_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def _stop(proc: subprocess.Popen, sig=signal.SIGTERM):
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# ---- the measurements
+
+def pct(values, p: float) -> float:
+    """Nearest-rank percentile: with a few hundred samples p99 is one of the few worst, not an interpolation."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(p / 100 * len(s) + 0.5)) - 1))]
+
+
+def interleaved(n: int, pairs):
+    """Run each (name, fn) n times, rotating the order so neither side always goes first."""
+    out = {name: [] for name, _ in pairs}
+    for i in range(n):
+        k = i % len(pairs)
+        for name, fn in pairs[k:] + pairs[:k]:
+            out[name].append(fn())
+    return out
+
+
+def phase_nonstreaming(backend, proxy, n: int) -> dict:
+    body = json.dumps(SMALL).encode()
+    d, p = Client(backend.url), Client(proxy.url)
+    hdr = [("X-Bench-Mode", "plain")]
+    for c in (d, p):
+        for _ in range(20):
+            c.retrying("POST", "/v1/chat/completions", body, hdr)
+    cpu0 = proxy.cpu()
+    r = interleaved(n, [("direct", lambda: d.retrying("POST", "/v1/chat/completions", body, hdr)[1]),
+                        ("proxy", lambda: p.retrying("POST", "/v1/chat/completions", body, hdr)[1])])
+    cpu = (proxy.cpu() - cpu0) / n
+    d.close(), p.close()
+    return {"n": n, "body_bytes": len(body),
+            **{f"{side}_{q}_ms": pct(r[side], q2) * 1e3 for side in ("direct", "proxy")
+               for q, q2 in (("p50", 50), ("p99", 99))},
+            "added_p50_ms": (pct(r["proxy"], 50) - pct(r["direct"], 50)) * 1e3,
+            "added_p99_ms": (pct(r["proxy"], 99) - pct(r["direct"], 99)) * 1e3,
+            "proxy_cpu_per_request_us": cpu * 1e6}
+
+
+def phase_stream(backend, proxy, n: int, chunks: int) -> dict:
+    body = json.dumps({**SMALL, "stream": True}).encode()
+    d, p = Client(backend.url), Client(proxy.url)
+
+    def run(c, k):
+        hdr = [("X-Bench-Mode", "stream"), ("X-Bench-Chunks", str(k)), ("X-Bench-Gap", "0")]
+        resp, total = c.retrying("POST", "/v1/chat/completions", body, hdr)
+        if resp.chunks < k:
+            raise RuntimeError(f"stream gave {resp.chunks} chunks, wanted {k}")
+        return resp.first - resp.t0, total
+
+    for c in (d, p):
+        for _ in range(3):
+            run(c, chunks)
+    cpu0 = proxy.cpu()
+    r = interleaved(n, [("direct", lambda: run(d, chunks)), ("proxy", lambda: run(p, chunks))])
+    cpu_long = (proxy.cpu() - cpu0) / n
+    # The same with a 3-event stream: the difference is what each further event costs,
+    # without the per-request work (routing, JSON, the upstream request) spread over it.
+    cpu0 = proxy.cpu()
+    for _ in range(n):
+        run(p, 3)
+    cpu_short = (proxy.cpu() - cpu0) / n
+    d.close(), p.close()
+    out = {"n": n, "chunks": chunks}
+    for side in ("direct", "proxy"):
+        out[f"{side}_ttft_ms"] = statistics.median(t for t, _ in r[side]) * 1e3
+        out[f"{side}_total_ms"] = statistics.median(t for _, t in r[side]) * 1e3
+    out["added_ttft_ms"] = out["proxy_ttft_ms"] - out["direct_ttft_ms"]
+    out["added_total_ms"] = out["proxy_total_ms"] - out["direct_total_ms"]
+    out["proxy_cpu_per_stream_ms"] = cpu_long * 1e3
+    out["proxy_cpu_per_chunk_us"] = cpu_long / chunks * 1e6
+    out["proxy_cpu_per_extra_chunk_us"] = (cpu_long - cpu_short) / (chunks - 3) * 1e6
+    return out
+
+
+def phase_concurrent(backend, proxy, streams: int, rounds: int, chunks: int, seconds: float) -> dict:
+    body = json.dumps({**SMALL, "stream": True}).encode()
+    hdr = [("X-Bench-Mode", "stream"), ("X-Bench-Chunks", str(chunks)), ("X-Bench-Gap", f"{seconds / chunks:.6f}")]
+    timeout = 30 + 10 * seconds * streams  # a thread-capped worker serialises; still bounded
+    samples, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            try:
+                samples.append(proxy.rss())
+            except OSError:
+                pass
+            stop.wait(0.01)
+
+    idle_rss = proxy.rss()
+    proxy.reset_peak()
+    res = {"direct": [], "proxy": []}
+    cpu = 0.0
+    for i in range(rounds):
+        for side in (("direct", "proxy") if i % 2 == 0 else ("proxy", "direct")):
+            if side == "proxy":
+                sampler = threading.Thread(target=sample, daemon=True)
+                stop.clear()
+                sampler.start()
+                cpu0 = proxy.cpu()
+            res[side].append(stream_batch(backend.url if side == "direct" else proxy.url, streams, hdr, body, timeout))
+            if side == "proxy":
+                cpu += proxy.cpu() - cpu0
+                stop.set()
+                sampler.join()
+    out = {"streams": streams, "rounds": rounds, "chunks_per_stream": chunks, "stream_seconds": seconds}
+    for side in ("direct", "proxy"):
+        out[f"{side}_wall_s"] = statistics.median(b["wall"] for b in res[side])
+        out[f"{side}_worst_ttft_ms"] = max(b["worst_ttft"] for b in res[side]) * 1e3
+    out["wall_ratio"] = out["proxy_wall_s"] / out["direct_wall_s"]
+    out["added_worst_ttft_ms"] = out["proxy_worst_ttft_ms"] - out["direct_worst_ttft_ms"]
+    out["proxy_cpu_per_paced_chunk_us"] = cpu / sum(b["chunks"] for b in res["proxy"]) * 1e6
+    out["proxy_rss_idle_mb"] = idle_rss / 2**20
+    out["proxy_rss_peak_mb"] = max(samples + [proxy.rss("VmHWM")]) / 2**20
+    return out
+
+
+def phase_big(backend, proxy, proxy_noinject, n: int, size: int) -> dict:
+    body = big_body(size)
+    hdr = [("X-Bench-Mode", "plain")]
+    clients = {"direct": Client(backend.url), "proxy": Client(proxy.url), "noinject": Client(proxy_noinject.url)}
+    for c in clients.values():
+        for _ in range(2):
+            c.retrying("POST", "/v1/chat/completions", body, hdr)
+    r = interleaved(n, [(k, lambda c=c: c.retrying("POST", "/v1/chat/completions", body, hdr)[1])
+                        for k, c in clients.items()])
+    for c in clients.values():
+        c.close()
+    med = {k: statistics.median(v) * 1e3 for k, v in r.items()}
+    return {"n": n, "body_bytes": len(body), "direct_ms": med["direct"], "proxy_inject_ms": med["proxy"],
+            "proxy_noinject_ms": med["noinject"], "added_inject_ms": med["proxy"] - med["direct"],
+            "added_noinject_ms": med["noinject"] - med["direct"]}
+
+
+def record_search_loop(backend, searxng_url: str, searches: int):
+    """The exact wire exchanges the proxy makes for one search loop, built once with the proxy's
+    own pure functions, so the direct replay times wire + stand-ins and nothing else."""
+    sys.path.insert(0, str(ROOT))
+    from proxy import chat, search  # noqa: PLC0415 (only the benchmark's client needs it)
+    body = chat.with_web_search(SMALL)
+    messages = list(body["messages"])
+    hdr = [("X-Bench-Mode", "search"), ("X-Bench-Searches", str(searches))]
+    c, steps, request = Client(backend.url), [], body
+    while True:
+        raw = json.dumps(request, ensure_ascii=False).encode()
+        steps.append(("backend", raw))
+        resp, _ = c.retrying("POST", "/v1/chat/completions", raw, hdr, keep_body=True)
+        msg = resp.json()["choices"][0]["message"]
+        if not msg.get("tool_calls"):
+            break
+        outcomes = []
+        for call in msg["tool_calls"]:
+            q, _ = search.parse_arguments(call["function"]["arguments"])
+            url = search.search_url(searxng_url, q)
+            target = url[len(searxng_url):]
+            steps.append(("searxng", target))
+            s = Client(searxng_url)  # the proxy opens one connection per search, and so does this
+            sr, _ = s.retrying("GET", target, keep_body=True)
+            s.close()
+            outcomes.append(search.outcome_from_response(q, searxng_url, 200, b"".join(sr.body), 5))
+        messages = messages + [chat.assistant_turn(msg)] + chat.tool_results(msg["tool_calls"], outcomes)
+        request = chat.next_request(body, messages)
+    c.close()
+    return steps, hdr
+
+
+def phase_search(backend, proxy, n: int, searches: int) -> dict:
+    steps, hdr = record_search_loop(backend, backend.searxng_url, searches)
+    d, p = Client(backend.url), Client(proxy.url)
+    raw = json.dumps(SMALL).encode()
+
+    def direct():
+        t0 = time.perf_counter()
+        for kind, data in steps:
+            if kind == "backend":
+                d.retrying("POST", "/v1/chat/completions", data, hdr)
+            else:
+                s = Client(backend.searxng_url)
+                s.retrying("GET", data)
+                s.close()
+        return time.perf_counter() - t0
+
+    def proxied():
+        resp, total = p.retrying("POST", "/v1/chat/completions", raw, hdr, keep_body=True)
+        if "searches" not in resp.json()["choices"][0]["message"]["content"]:
+            raise RuntimeError("the search loop did not end with the final answer")
+        return total
+
+    for _ in range(3):
+        direct(), proxied()
+    r = interleaved(n, [("direct", direct), ("proxy", proxied)])
+    d.close(), p.close()
+    med = {k: statistics.median(v) * 1e3 for k, v in r.items()}
+    return {"n": n, "searches": searches, "backend_turns": sum(k == "backend" for k, _ in steps),
+            "direct_ms": med["direct"], "proxy_ms": med["proxy"], "proxy_itself_ms": med["proxy"] - med["direct"]}
+
+
+# ---- report
+
+def rows(r: dict):
+    """(label, direct, proxy, difference, ratio, target text, met or None) for the table."""
+    ns, st, cc, bg, se = r["nonstreaming"], r["stream"], r["concurrent"], r["big_body"], r["search_loop"]
+    yield ("(1) non-streaming p50, ms", ns["direct_p50_ms"], ns["proxy_p50_ms"], ns["added_p50_ms"], None,
+           "added <= 0.5 ms", ns["added_p50_ms"] <= 0.5)
+    yield ("(1) non-streaming p99, ms", ns["direct_p99_ms"], ns["proxy_p99_ms"], ns["added_p99_ms"], None, "", None)
+    yield ("(1) proxy CPU per request, us", None, ns["proxy_cpu_per_request_us"], None, None, "", None)
+    yield (f"(2) {st['chunks']}-chunk stream TTFT, ms", st["direct_ttft_ms"], st["proxy_ttft_ms"], st["added_ttft_ms"],
+           None, "added <= 1 ms", st["added_ttft_ms"] <= 1.0)
+    yield (f"(2) {st['chunks']}-chunk stream total, ms", st["direct_total_ms"], st["proxy_total_ms"], st["added_total_ms"],
+           None, "", None)
+    yield ("(2) proxy CPU per chunk (all), us", None, st["proxy_cpu_per_chunk_us"], None, None, "<= 20 us",
+           st["proxy_cpu_per_chunk_us"] <= 20)
+    yield ("(2) proxy CPU per extra chunk, us", None, st["proxy_cpu_per_extra_chunk_us"], None, None, "", None)
+    yield (f"(3) {cc['streams']} x {cc['stream_seconds']:g} s streams wall, s", cc["direct_wall_s"], cc["proxy_wall_s"],
+           cc["proxy_wall_s"] - cc["direct_wall_s"], cc["wall_ratio"], "<= 1.2x direct", cc["wall_ratio"] <= 1.2)
+    yield ("(3) worst TTFT in the batch, ms", cc["direct_worst_ttft_ms"], cc["proxy_worst_ttft_ms"],
+           cc["added_worst_ttft_ms"], None, "", None)
+    yield ("(3) proxy CPU per paced chunk, us", None, cc["proxy_cpu_per_paced_chunk_us"], None, None, "<= 20 us",
+           cc["proxy_cpu_per_paced_chunk_us"] <= 20)
+    yield (f"(4) {bg['body_bytes'] / 1e6:.1f} MB body, web_search injected, ms", bg["direct_ms"], bg["proxy_inject_ms"],
+           bg["added_inject_ms"], None, "added <= 10 ms", bg["added_inject_ms"] <= 10)
+    yield (f"(4) {bg['body_bytes'] / 1e6:.1f} MB body, INJECT_WEB_SEARCH=false, ms", bg["direct_ms"],
+           bg["proxy_noinject_ms"], bg["added_noinject_ms"], None, "added <= 10 ms", bg["added_noinject_ms"] <= 10)
+    yield (f"(5) search loop ({se['searches']} searches, {se['backend_turns']} turns), ms", se["direct_ms"],
+           se["proxy_ms"], se["proxy_itself_ms"], None, "(proxy itself)", None)
+    yield ("(6) proxy RSS idle -> peak during (3), MB", cc["proxy_rss_idle_mb"], cc["proxy_rss_peak_mb"],
+           cc["proxy_rss_peak_mb"] - cc["proxy_rss_idle_mb"], None, "", None)
+
+
+def table(r: dict) -> str:
+    def f(v, plus=False):
+        if v is None:
+            return ""
+        return (f"{v:+.3f}" if plus else f"{v:.3f}") if abs(v) < 10 else (f"{v:+.1f}" if plus else f"{v:.1f}")
+    out = [f"{'measure':48} {'direct':>9} {'proxy':>9} {'added':>9} {'ratio':>6}  target"]
+    for label, d, p, diff, ratio, target, met in rows(r):
+        if ratio is None and d and p is not None and d > 0:
+            ratio = p / d
+        verdict = "" if met is None else ("  met" if met else "  NOT MET")
+        out.append(f"{label:48} {f(d):>9} {f(p):>9} {f(diff, True):>9} "
+                   f"{(f'{ratio:.2f}x' if ratio else ''):>6}  {target}{verdict}")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--json", metavar="PATH", help="also write every figure as JSON here")
+    ap.add_argument("--requests", type=int, default=300, help="(1) non-streaming requests per side (default 300)")
+    ap.add_argument("--streams", type=int, default=30, help="(2) 200-chunk streams per side (default 30)")
+    ap.add_argument("--chunks", type=int, default=200, help="(2) events per unpaced stream (default 200)")
+    ap.add_argument("--concurrent", type=int, default=64, help="(3) streams at once (default 64)")
+    ap.add_argument("--rounds", type=int, default=2, help="(3) batches per side (default 2)")
+    ap.add_argument("--paced-chunks", type=int, default=50, help="(3) events per paced stream (default 50)")
+    ap.add_argument("--paced-seconds", type=float, default=1.0, help="(3) length of a paced stream (default 1)")
+    ap.add_argument("--big", type=int, default=15, help="(4) 1 MB requests per side (default 15)")
+    ap.add_argument("--big-bytes", type=int, default=1_000_000, help="(4) body size (default 1000000)")
+    ap.add_argument("--loops", type=int, default=30, help="(5) search loops per side (default 30)")
+    ap.add_argument("--worker-class", help="override gunicorn.conf.py's worker_class (e.g. gthread)")
+    ap.add_argument("--threads", type=int, help="gunicorn --threads (for gthread)")
+    ap.add_argument("--workers", type=int, help="gunicorn --workers")
+    ap.add_argument("--variant", default="", help="comma list of worker-side patches: noreuse, orjson, watchfix")
+    ap.add_argument("--log-level", default="info", help="the proxy's LOG_LEVEL (default info, as shipped)")
+    ap.add_argument("--only", default="1,2,3,4,5", help="comma list of phases to run (default all)")
+    args = ap.parse_args()
+
+    gargs = []
+    if args.worker_class:
+        gargs += ["--worker-class", args.worker_class]
+    if args.threads:
+        gargs += ["--threads", str(args.threads)]
+    if args.workers:
+        gargs += ["--workers", str(args.workers)]
+    only = set(args.only.split(","))
+    # Logs go to a temp dir, not the work tree; its path is printed if something fails.
+    workdir = Path(tempfile.mkdtemp(prefix="proxy-overhead-"))
+    started = time.monotonic()
+    backend = Backend(workdir)
+    procs = [backend]
+    try:
+        env = {"BACKEND_URL": backend.url, "SEARXNG_URL": backend.searxng_url, "LOG_LEVEL": args.log_level}
+        proxy = Proxy("inject", env, gargs, args.variant, workdir)
+        procs.append(proxy)
+        results = {}
+        if "1" in only:
+            results["nonstreaming"] = phase_nonstreaming(backend, proxy, args.requests)
+        if "2" in only:
+            results["stream"] = phase_stream(backend, proxy, args.streams, args.chunks)
+        if "3" in only:
+            results["concurrent"] = phase_concurrent(backend, proxy, args.concurrent, args.rounds,
+                                                     args.paced_chunks, args.paced_seconds)
+        if "4" in only:
+            noinject = Proxy("noinject", {**env, "INJECT_WEB_SEARCH": "false"}, gargs, args.variant, workdir)
+            procs.append(noinject)
+            results["big_body"] = phase_big(backend, proxy, noinject, args.big, args.big_bytes)
+        if "5" in only:
+            results["search_loop"] = phase_search(backend, proxy, args.loops, 2)
+    except BaseException:
+        print(f"proxy_overhead.py: logs of the processes are in {workdir}", file=sys.stderr)
+        raise
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    import gunicorn  # noqa: PLC0415 (only for the version in the report)
+    meta = {"python": platform.python_version(), "gunicorn": gunicorn.__version__, "cpus": os.cpu_count(),
+            "worker_class": args.worker_class or "gevent (gunicorn.conf.py)", "threads": args.threads,
+            "workers": args.workers, "variant": args.variant, "log_level": args.log_level,
+            "seconds": round(time.monotonic() - started, 1),
+            "note": "loopback stand-ins (tests/standins/fast_backend.py) on this machine; not a GPU server"}
+    print(f"proxy overhead: worker {meta['worker_class']}"
+          + (f", threads {args.threads}" if args.threads else "") + (f", workers {args.workers}" if args.workers else "")
+          + (f", variant {args.variant}" if args.variant else "") + f"; {meta['cpus']} CPUs, Python {meta['python']},"
+          f" gunicorn {meta['gunicorn']}; {meta['seconds']} s")
+    if FAILURES:
+        print(f"FAILED ANSWERS: {len(FAILURES)} (each retried on a new connection); first: {FAILURES[0]}")
+    meta["failures"] = FAILURES
+    if set(results) == {"nonstreaming", "stream", "concurrent", "big_body", "search_loop"}:
+        print(table(results))
+    else:
+        print(json.dumps(results, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+
+
+# ---- worker-side variants (imported by gunicorn, never by the benchmark's own process)
+
+def _variant_app():
+    import importlib  # noqa: PLC0415
+    variants = set(filter(None, os.environ.get("PROXY_OVERHEAD_VARIANT", "").split(",")))
+    sys.path.insert(0, str(ROOT))
+    from proxy import chat, exchange, upstream  # noqa: PLC0415
+    if "noreuse" in variants:
+        # Every backend request on a fresh connection: what a pool-less client would cost.
+        upstream.Backend._release = lambda self, conn: conn.close()
+    if "orjson" in variants:
+        import orjson  # noqa: PLC0415
+
+        class _Json:
+            """stdlib json's surface as chat.py uses it, backed by orjson (str out for dumps)."""
+            loads = staticmethod(orjson.loads)
+
+            @staticmethod
+            def dumps(obj, **_kw):
+                return orjson.dumps(obj).decode()
+
+        chat.json = _Json
+
+        def post(self, path, payload):
+            # orjson gives bytes straight away: no str round trip for a 1 MB body.
+            headers = [(n, v) for n, v in self.headers if n.lower() != "content-type"]
+            headers.append(("Content-Type", "application/json"))
+            return self.backend.request("POST", path, orjson.dumps(payload), headers, on_open=self._attach)
+        exchange.Exchange.post = post
+    if "watchfix" in variants:
+        exchange.ClientWatch._run = _watch_run_fixed
+    unknown = variants - {"noreuse", "orjson", "watchfix"}
+    if unknown:
+        raise SystemExit(f"proxy_overhead.py: unknown variant(s) {sorted(unknown)}")
+    return importlib.import_module("proxy-passthrough").app
+
+
+def _watch_run_fixed(self):
+    """ClientWatch._run with the peek that can't park on gunicorn's socket (the suggested fix).
+
+    gevent lets one greenlet at a time wait on a socket object. When gunicorn's handler reads
+    the client's next keep-alive request between this watcher's select and its peek, the
+    peek finds nothing and gevent parks it on the socket; gunicorn's next recv on that socket
+    then raises ConcurrentObjectUseError and the client gets a 500. Peeking on the real
+    socket underneath with MSG_DONTWAIT never waits: EAGAIN means gunicorn took the bytes,
+    so the client is there.
+    """
+    import select  # noqa: PLC0415
+    raw = getattr(self._sock, "_sock", self._sock)  # gevent's wrapper keeps the OS socket here
+    while not self._stop.is_set():
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0.5)
+            if not readable:
+                continue
+            data = raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except (OSError, ValueError):
+            data = b""
+        if data or self._stop.is_set():
+            return
+        self.gone = True
+        for abort in list(self._aborts):
+            abort()
+        return
+
+
+def __getattr__(name):
+    if name == "app":
+        return _variant_app()
+    raise AttributeError(name)
+
+
+if __name__ == "__main__":
+    main()
