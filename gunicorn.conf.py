@@ -20,3 +20,12 @@ loglevel = os.environ.get("LOG_LEVEL", "info").lower()
 # gunicorn 27's runtime control socket sits at a fixed path under $HOME; the proxy needs no
 # remote control, and two proxies on one host (or in the tests) would fight over the path.
 control_socket_disable = True
+
+
+def when_ready(server):
+    # Small SSE events must leave at once: with Nagle's algorithm a second small write waits
+    # for the first one's ACK. Accepted sockets inherit TCP_NODELAY from the listener on Linux.
+    import socket
+    for listener in server.LISTENERS:
+        if listener.sock.family in (socket.AF_INET, socket.AF_INET6):
+            listener.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -19,6 +19,13 @@ from .upstream import Backend, UpstreamResponse
 
 log = logging.getLogger("proxy")
 
+try:  # gunicorn's gevent worker patches the socket module before it loads the app
+    import gevent
+    from gevent import monkey
+    _GEVENT = monkey.is_module_patched("socket")
+except ImportError:  # the development server (python proxy-passthrough.py) has plain threads
+    _GEVENT = False
+
 
 class ClientWatch:
     """Notices a client that hangs up while the proxy waits on vLLM, and aborts vLLM's work.
@@ -33,7 +40,14 @@ class ClientWatch:
         self._aborts = []
         self._stop = threading.Event()
         self.gone = False
-        if self._sock is not None:
+        self._task = None
+        if self._sock is None:
+            return
+        if _GEVENT:
+            # A bare greenlet: a threading.Thread, even a patched one, waits for its start
+            # handshake, which cost every request a hub round trip (scripts/proxy_overhead.py).
+            self._task = gevent.spawn(self._run)
+        else:
             threading.Thread(target=self._run, daemon=True, name="client-watch").start()
 
     def _run(self):
@@ -70,6 +84,8 @@ class ClientWatch:
 
     def stop(self):
         self._stop.set()
+        if self._task is not None:
+            self._task.kill(block=False)  # don't leave it polling for up to half a second
 
 
 
