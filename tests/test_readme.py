@@ -1,0 +1,90 @@
+"""The README's commands must stay true: every script, port, model name, path and variable
+its quick start and verify sections use exists, and CI runs its one test command.
+
+Run: tests/run.sh tests/test_readme.py
+"""
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
+
+
+def section(title: str) -> str:
+    start = README.index(f"## {title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start:end]
+
+
+def shell_blocks(text: str) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", text, re.S)
+
+
+QUICK = "\n".join(shell_blocks(section("Quick start")))
+VERIFY = "\n".join(shell_blocks(section("Verify")))
+
+
+def published_port(service: str) -> str:
+    (port,) = COMPOSE["services"][service]["ports"]
+    return re.search(r"\$\{[A-Z_]+:-(\d+)\}:\d+$", port).group(1)
+
+
+def test_quick_start_scripts_exist_and_are_executable():
+    scripts = re.findall(r"\./([\w.-]+\.sh)", QUICK)
+    assert scripts == ["download-model.sh"]
+    for s in scripts:
+        assert os.access(ROOT / s, os.X_OK), s
+    assert "docker compose up -d --wait" in QUICK
+
+
+@pytest.mark.parametrize("port, service", [("18080", "vllm"), ("11433", "proxy")])
+def test_verify_ports_are_the_published_ones(port, service):
+    assert f"localhost:{port}" in VERIFY
+    assert published_port(service) == port
+
+
+def test_verify_uses_only_the_two_published_ports():
+    assert set(re.findall(r"localhost:(\d+)", VERIFY)) == {"18080", "11433"}
+
+
+def test_model_name_is_the_served_one():
+    cmd = COMPOSE["services"]["vllm"]["command"]
+    served = cmd[cmd.index("--served-model-name") + 1]
+    assert served == "foundation"
+    assert set(re.findall(r'"model": "([^"]+)"', VERIFY)) == {served}
+
+
+def test_verify_proxy_health_is_the_proxys_own_route():
+    from proxy.app import create_app
+    from proxy.config import Config
+    own = {p for p in re.findall(r"localhost:11433(/[\w/.-]+)", VERIFY) if p.startswith("/proxy/")}
+    assert own == {"/proxy/health"}
+    rules = {r.rule for r in create_app(Config()).url_map.iter_rules()}
+    assert own <= rules  # the rest (/v1/...) is relayed to vLLM or handled per API
+
+
+def test_container_names_in_the_readme_exist():
+    names = {s["container_name"] for s in COMPOSE["services"].values()}
+    mentioned = set(re.findall(r"`(coding-stack-[a-z]+)`", README))
+    assert mentioned and mentioned <= names
+
+
+def test_every_proxy_variable_is_documented():
+    source = (ROOT / "proxy-passthrough.py").read_text()
+    names = set(re.findall(r'os\.environ\.get\("([A-Z_]+)"', source)) | set(re.findall(r'_flag\("([A-Z_]+)"', source))
+    proxy_table = section("Configuration")
+    missing = [n for n in sorted(names) if f"`{n}`" not in proxy_table]
+    assert not missing, f"README's configuration section does not explain {missing}"
+
+
+def test_ci_runs_the_readme_test_command():
+    (command,) = shell_blocks(section("Tests"))
+    command = command.strip()
+    assert command == "tests/run.sh"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(rf"^exec {re.escape(command)}\b", ci, re.M)
