@@ -12,12 +12,11 @@ from flask import Response
 
 from . import jsonio
 from .background import run_with_keepalive
-from .errors import error_response, sse_error
-from .exchange import ClientWatch, Exchange, encode_json
+from .errors import error_response, sse_error, upstream_error_status
+from .exchange import ClientWatch, Exchange, ask, encode_json, response_headers, start_stream
 from .search import format_for_model, parse_arguments
 from .sse import comment, data_of, iter_frames
-from .upstream import UpstreamError, end_to_end_headers
-from .errors import upstream_error_status
+from .upstream import UpstreamError
 
 log = logging.getLogger("proxy.chat")
 
@@ -179,28 +178,20 @@ def plain_loop(ex: Exchange, body: dict) -> Response:
     request = body
     try:
         while True:
-            try:
-                up = ex.post(PATH, request)
-                raw = up.read()
-            except UpstreamError as e:
-                if ex.watch.gone:
-                    return error_response(499, "client closed the request")
-                status, msg = upstream_error_status(e)
-                log.warning("chat turn %d: %s", session.rounds + 1, msg)
-                return error_response(status, msg)
-            if up.status != 200:
-                # vLLM's own error, on any turn: the client reads it as vLLM wrote it.
-                return Response(raw, status=up.status, headers=_json_headers(up))
-            data, calls = _read_completion(raw)
-            if data is None:
-                # A 200 that is not a chat completion (a truncated or foreign body) used to
-                # be a 500 from the proxy; it is vLLM's fault, so it is a gateway error.
+            turn = ask(ex, PATH, request, f"chat turn {session.rounds + 1}")
+            if isinstance(turn, Response):
+                return turn
+            up, raw, data = turn
+            calls = completion_calls(data)
+            if calls is None:
+                # A 200 that is not a chat completion (a truncated or foreign body) is vLLM's
+                # fault, so it is a gateway error, not a 500 from the proxy.
                 log.warning("chat turn %d: vLLM answered 200 with a body that is not a chat completion", session.rounds + 1)
                 return error_response(502, "vLLM answered 200 with a body that is not a chat completion.")
             choice = data["choices"][0] if data.get("choices") else {}
             if not any(is_search(c) for c in calls):
                 if session.rounds == 0:
-                    return Response(raw, status=200, headers=_json_headers(up))  # untouched
+                    return Response(raw, status=200, headers=response_headers(up))  # untouched
                 data["usage"] = add_usage(usage, data.get("usage"))
                 return Response(jsonio.dumps(data), status=200, mimetype="application/json")
             usage = add_usage(usage, data.get("usage"))
@@ -213,45 +204,24 @@ def plain_loop(ex: Exchange, body: dict) -> Response:
         ex.watch.stop()
 
 
-def _read_completion(raw: bytes) -> tuple[dict | None, list]:
-    """(completion, its tool calls), or (None, []) when the body is not a readable completion."""
+def completion_calls(data: dict) -> list | None:
+    """The tool calls of a chat completion's first choice, or None when it isn't one. Pure."""
     try:
-        data = jsonio.loads(raw)
         choice = (data.get("choices") or [{}])[0]
         calls = (choice.get("message") or {}).get("tool_calls") or []
-        if not all(isinstance(c, dict) for c in calls):
-            return None, []
-        return data, calls
-    except (ValueError, AttributeError, TypeError, IndexError, KeyError, RecursionError):
-        return None, []
-
-
-def _json_headers(up):
-    return [(n, v) for n, v in end_to_end_headers(up.headers) if n.lower() != "content-length"]
+    except (AttributeError, TypeError, IndexError, KeyError):
+        return None
+    return calls if isinstance(calls, list) and all(isinstance(c, dict) for c in calls) else None
 
 
 def stream_loop(ex: Exchange, body: dict) -> Response:
     """Streaming: relay each event as it comes, hold back tool-call events until the turn
     ends, and when its calls are searches, search and go on in the same client stream."""
-    ex.watch = ClientWatch(ex.environ)
-    try:
-        first = ex.post(PATH, body)
-    except UpstreamError as e:
-        ex.watch.stop()
-        status, msg = upstream_error_status(e)
-        log.warning("chat stream: %s", msg)
-        return error_response(status, msg)
-    if first.status != 200 or not first.is_event_stream:
-        try:
-            raw = first.read()
-        except UpstreamError as e:
-            status, msg = upstream_error_status(e)
-            return error_response(status, msg)
-        finally:
-            ex.watch.stop()
-        return Response(raw, status=first.status, headers=_json_headers(first))
-    headers = [(n, v) for n, v in end_to_end_headers(first.headers) if n.lower() != "content-length"]
-    return Response(_stream_events(ex, body, first), status=200, headers=headers, direct_passthrough=True)
+    first, answer = start_stream(ex, PATH, body)
+    if answer is not None:
+        return answer
+    return Response(_stream_events(ex, body, first), status=200, headers=response_headers(first),
+                    direct_passthrough=True)
 
 
 class _Turn:

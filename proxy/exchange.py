@@ -15,7 +15,10 @@ from typing import Callable
 from . import jsonio
 from .config import Config
 from .search import SearXNG, SearchSession
-from .upstream import Backend, UpstreamResponse
+from flask import Response
+
+from .errors import error_response, upstream_error_status
+from .upstream import Backend, UpstreamError, UpstreamResponse, end_to_end_headers
 
 log = logging.getLogger("proxy")
 
@@ -139,3 +142,67 @@ def shutdown(conn):
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass  # already closed: the abort has nothing left to do
+
+
+def response_headers(up: UpstreamResponse) -> list:
+    """vLLM's response headers as the client should get them: end to end only, and no
+    Content-Length, which whoever writes the body next computes."""
+    return [(n, v) for n, v in end_to_end_headers(up.headers) if n.lower() != "content-length"]
+
+
+def start_stream(ex: Exchange, path: str, payload: dict, error=error_response, translate=None):
+    """Open the first turn of a streamed search loop, watching the client meanwhile.
+
+    Returns (upstream, None) when vLLM streams, or (None, response) to send as it is: a
+    gateway error (shaped by `error`), or vLLM's own non-streamed answer, its errors
+    re-shaped by `translate(status, raw)` when the API's clients expect another shape.
+    """
+    ex.watch = ClientWatch(ex.environ)
+    try:
+        up = ex.post(path, payload)
+    except UpstreamError as e:
+        ex.watch.stop()
+        status, msg = upstream_error_status(e)
+        log.warning("%s stream: %s", path.split("?", 1)[0], msg)
+        return None, error(status, msg)
+    if up.status == 200 and up.is_event_stream:
+        return up, None
+    try:
+        raw = up.read()
+    except UpstreamError as e:
+        status, msg = upstream_error_status(e)
+        return None, error(status, msg)
+    finally:
+        ex.watch.stop()
+    if up.status != 200 and translate is not None:
+        return None, Response(translate(up.status, raw), status=up.status, mimetype="application/json")
+    return None, Response(raw, status=up.status, headers=response_headers(up))
+
+
+def ask(ex: Exchange, path: str, payload: dict, what: str, error=error_response, translate=None):
+    """One whole non-streamed turn of a search loop: (upstream, raw body, parsed dict), or a
+    Response to send as it is: the client left (499), a gateway error, vLLM's own error
+    (re-shaped by `translate(status, raw)` if given), or a 200 that is not a JSON object
+    (vLLM's fault, so 502, never a 500 from the proxy)."""
+    try:
+        up = ex.post(path, payload)
+        raw = up.read()
+    except UpstreamError as e:
+        if ex.watch is not None and ex.watch.gone:
+            return error(499, "client closed the request")
+        status, msg = upstream_error_status(e)
+        log.warning("%s: %s", what, msg)
+        return error(status, msg)
+    if up.status != 200:
+        # vLLM's own error, on any turn: the client reads it as vLLM wrote it.
+        if translate is not None:
+            return Response(translate(up.status, raw), status=up.status, mimetype="application/json")
+        return Response(raw, status=up.status, headers=response_headers(up))
+    try:
+        data = jsonio.loads(raw)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        log.warning("%s: vLLM answered 200 with a body that is not a JSON object", what)
+        return error(502, "vLLM answered 200 with a body that is not a JSON object.")
+    return up, raw, data

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from flask import Response
 
 from .chat import NOT_EXECUTED
-from .exchange import ClientWatch, Exchange, encode_json
+from .exchange import ClientWatch, Exchange, ask, encode_json, response_headers
 from .errors import anthropic_error, anthropic_error_bytes, upstream_error_status
 from .search import Hit, SearchOutcome, filter_domains, format_for_model, parse_arguments
-from .upstream import UpstreamError, end_to_end_headers
+from .upstream import UpstreamError
 
 log = logging.getLogger("proxy.messages")
 
@@ -468,11 +468,9 @@ def count_tokens(ex: Exchange, vbody: dict) -> Response:
         ex.watch.stop()
     if up.status != 200:
         return Response(as_anthropic_error(up.status, raw), status=up.status, mimetype="application/json")
-    return Response(raw, status=200, headers=json_headers(up))
+    return Response(raw, status=200, headers=response_headers(up))
 
 
-def json_headers(up):
-    return [(n, v) for n, v in end_to_end_headers(up.headers) if n.lower() != "content-length"]
 
 
 def plain_loop(ex: Exchange, body: dict, plan: Plan, first: list[dict] | None) -> Response:
@@ -489,25 +487,18 @@ def plain_loop(ex: Exchange, body: dict, plan: Plan, first: list[dict] | None) -
             if first is not None:
                 turn, first = first, None
             else:
-                try:
-                    up = ex.post(ex.target, request)
-                    raw = up.read()
-                except UpstreamError as e:
-                    if ex.watch.gone:
-                        return anthropic_error(499, "client closed the request")
-                    status, msg = upstream_error_status(e)
-                    log.warning("messages turn %d: %s", searcher.session.rounds + 1, msg)
-                    return anthropic_error(status, msg)
-                if up.status != 200:
-                    return Response(as_anthropic_error(up.status, raw), status=up.status, mimetype="application/json")
-                data = json.loads(raw)
+                answer = ask(ex, ex.target, request, f"messages turn {searcher.session.rounds + 1}",
+                             error=anthropic_error, translate=as_anthropic_error)
+                if isinstance(answer, Response):
+                    return answer
+                up, raw, data = answer
                 ident = ident or data.get("id")
                 turn = [b for b in data.get("content") or [] if isinstance(b, dict)]
                 usage = add_usage(usage, data.get("usage"))
             searches = [b for b in turn if searcher.is_search(b)]
             if not searches:
                 if searcher.session.rounds == 0:
-                    return Response(raw, status=200, headers=json_headers(up))  # untouched
+                    return Response(raw, status=200, headers=response_headers(up))  # untouched
                 data["id"], data["content"] = ident, content + turn  # one message, as the stream says
                 data["usage"] = with_searches(usage, searcher.requests)
                 return Response(encode_json(data), status=200, mimetype="application/json")

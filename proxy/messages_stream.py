@@ -15,11 +15,11 @@ from flask import Response
 
 from .background import run_with_keepalive
 from .errors import anthropic_error, anthropic_error_bytes, upstream_error_status
-from .exchange import ClientWatch, Exchange, encode_json
-from .messages import (Plan, Searcher, add_usage, as_anthropic_error, json_headers,
+from .exchange import ClientWatch, Exchange, encode_json, response_headers, start_stream
+from .messages import (Plan, Searcher, add_usage, as_anthropic_error,
                        next_request, server_use_block, tool_results, turn_calls, with_searches)
 from .sse import event_and_data, iter_frames
-from .upstream import UpstreamError, end_to_end_headers
+from .upstream import UpstreamError
 
 log = logging.getLogger("proxy.messages")
 
@@ -112,29 +112,14 @@ class _Turn:
 
 
 def stream_loop(ex: Exchange, body: dict, plan: Plan, first: list[dict] | None) -> Response:
-    ex.watch = ClientWatch(ex.environ)
     up = None
     if first is None:
-        try:
-            up = ex.post(ex.target, body)
-        except UpstreamError as e:
-            ex.watch.stop()
-            status, msg = upstream_error_status(e)
-            log.warning("messages stream: %s", msg)
-            return anthropic_error(status, msg)
-        if up.status != 200 or not up.is_event_stream:
-            try:
-                raw = up.read()
-            except UpstreamError as e:
-                status, msg = upstream_error_status(e)
-                return anthropic_error(status, msg)
-            finally:
-                ex.watch.stop()
-            if up.status != 200:
-                return Response(as_anthropic_error(up.status, raw), status=up.status, mimetype="application/json")
-            return Response(raw, status=200, headers=json_headers(up))
-        headers = [(n, v) for n, v in end_to_end_headers(up.headers) if n.lower() != "content-length"]
+        up, answer = start_stream(ex, ex.target, body, error=anthropic_error, translate=as_anthropic_error)
+        if answer is not None:
+            return answer
+        headers = response_headers(up)
     else:
+        ex.watch = ClientWatch(ex.environ)
         headers = SSE_HEADERS
     return Response(_events(ex, body, plan, up, first), status=200, headers=headers, direct_passthrough=True)
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from flask import Response
 
-from .errors import error_response, upstream_error_status
-from .exchange import ClientWatch, Exchange, encode_json
+from . import jsonio
+from .errors import error_response
+from .exchange import ClientWatch, Exchange, ask, encode_json
 from .search import SearchOutcome, SearchSession, filter_domains, format_for_model, parse_arguments
-from .upstream import UpstreamError, end_to_end_headers
 
 log = logging.getLogger("proxy.responses")
 
@@ -429,16 +429,10 @@ def handle(ex: Exchange) -> Response:
 
 
 def compact(obj) -> bytes:
-    """JSON as vLLM writes it (no spaces, UTF-8); a lone surrogate, which UTF-8 can't
-    carry, goes out as the escape it came in as (see exchange.encode_json)."""
-    try:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
-    except UnicodeEncodeError:
-        return json.dumps(obj, separators=(",", ":")).encode()
+    """JSON as vLLM writes it: no spaces, UTF-8 (see jsonio.dumps for the corner cases)."""
+    return jsonio.dumps(obj)
 
 
-def json_headers(up) -> list:
-    return [(n, v) for n, v in end_to_end_headers(up.headers) if n.lower() != "content-length"]
 
 
 def plain_loop(ex: Exchange, request: dict, plan: Plan) -> Response:
@@ -449,19 +443,10 @@ def plain_loop(ex: Exchange, request: dict, plan: Plan) -> Response:
     output: list = []
     try:
         while True:
-            try:
-                up = ex.post(PATH, request)
-                raw = up.read()
-            except UpstreamError as e:
-                if ex.watch.gone:
-                    return error_response(499, "client closed the request")
-                status, msg = upstream_error_status(e)
-                log.warning("responses turn %d: %s", session.rounds + 1, msg)
-                return error_response(status, msg)
-            if up.status != 200:
-                # vLLM's own error, on any turn: the client reads it as vLLM wrote it.
-                return Response(raw, status=up.status, headers=json_headers(up))
-            data = json.loads(raw)
+            turn = ask(ex, PATH, request, f"responses turn {session.rounds + 1}")
+            if isinstance(turn, Response):
+                return turn
+            up, raw, data = turn
             first = first or data
             usage = add_usage(usage, data.get("usage"))
             calls = search_calls(data.get("output"), plan.name)

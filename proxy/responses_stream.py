@@ -12,14 +12,14 @@ import logging
 from flask import Response
 
 from .background import run_with_keepalive
-from .errors import error_response, upstream_error_status
-from .exchange import ClientWatch, Exchange
+from .errors import upstream_error_status
+from .exchange import Exchange, response_headers, start_stream
 from .responses import (PATH, Plan, add_usage, client_view, compact, failed_response, final_response,
-                        is_client_call, json_headers, next_request, run_searches, search_calls,
+                        is_client_call, next_request, run_searches, search_calls,
                         web_search_item, ws_id)
 from .search import parse_arguments
 from .sse import comment, event_and_data, iter_frames
-from .upstream import UpstreamError, end_to_end_headers
+from .upstream import UpstreamError
 
 log = logging.getLogger("proxy.responses")
 
@@ -28,25 +28,10 @@ ENVELOPE_END = ("response.completed", "response.incomplete", "response.failed")
 
 
 def stream_loop(ex: Exchange, request: dict, plan: Plan) -> Response:
-    ex.watch = ClientWatch(ex.environ)
-    try:
-        first = ex.post(PATH, request)
-    except UpstreamError as e:
-        ex.watch.stop()
-        status, msg = upstream_error_status(e)
-        log.warning("responses stream: %s", msg)
-        return error_response(status, msg)
-    if first.status != 200 or not first.is_event_stream:
-        try:
-            raw = first.read()
-        except UpstreamError as e:
-            status, msg = upstream_error_status(e)
-            return error_response(status, msg)
-        finally:
-            ex.watch.stop()
-        return Response(raw, status=first.status, headers=json_headers(first))
-    headers = [(n, v) for n, v in end_to_end_headers(first.headers) if n.lower() != "content-length"]
-    return Response(ClientStream(ex, request, plan).events(first), status=200, headers=headers,
+    first, answer = start_stream(ex, PATH, request)
+    if answer is not None:
+        return answer
+    return Response(ClientStream(ex, request, plan).events(first), status=200, headers=response_headers(first),
                     direct_passthrough=True)
 
 

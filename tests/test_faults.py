@@ -258,9 +258,9 @@ def test_vllm_dying_in_a_search_stream(start_proxy, backend, searxng, script, ph
 @pytest.mark.parametrize("script, status, phrase", [
     (lambda: [search_turn("q"), Reply(chunks=[b'{"id":"chatcmpl-1","choi'], drop=True)], 502, "broke"),
     (lambda: [search_turn("q"), Reply(chunks=[b'{"id":', SLOW])], 504, "timed out"),
-    (lambda: [Reply(body=b"<html>not json</html>")], 502, "not a chat completion"),
+    (lambda: [Reply(body=b"<html>not json</html>")], 502, "not a JSON object"),
     (lambda: [Reply(body=b'{"choices": "nope"}')], 502, "not a chat completion"),
-    (lambda: [search_turn("q"), Reply(body=b"[]")], 502, "not a chat completion"),
+    (lambda: [search_turn("q"), Reply(body=b"[]")], 502, "not a JSON object"),
 ], ids=["dies-after-search", "silent-after-search", "200-not-json", "200-wrong-shape", "200-array-after-search"])
 def test_vllm_failing_in_a_plain_search_loop(start_proxy, backend, searxng, script, status, phrase):
     p = start_proxy(KEEPALIVE_INTERVAL="0.2", READ_TIMEOUT="1")
@@ -270,6 +270,20 @@ def test_vllm_failing_in_a_plain_search_loop(start_proxy, backend, searxng, scri
     assert got == status and phrase in err["message"] and err["code"] == status
     assert len(backend.received) == len(script())
     assert "Traceback" not in p.log()
+
+
+@pytest.mark.parametrize("target, body, shape", [
+    ("/v1/responses", {"model": "foundation", "input": "hi", "tools": [{"type": "web_search"}]}, "openai"),
+    ("/v1/messages", {"model": "foundation", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}],
+                      "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "anthropic"),
+])
+def test_a_200_that_is_not_json_is_a_502_on_the_agent_routes(proxy, backend, target, body, shape):
+    backend.script(Reply(body=b"<html>not json</html>"))
+    got, _, data = raw_request(proxy.url, "POST", target, json.dumps(body).encode())
+    doc = json.loads(data)
+    assert got == 502 and "not a JSON object" in doc["error"]["message"]
+    assert (doc.get("type") == "error") == (shape == "anthropic")
+    assert "Traceback" not in proxy.log()
 
 
 # ---- SearXNG failing inside a stream (the plain loop's table is in test_chat_search) --------
