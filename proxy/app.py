@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import socket
 import time
 
 from flask import Flask, Response, request
@@ -204,10 +205,20 @@ def relay(ex: Exchange, body: bytes) -> Response:
         return _without_default_type(Response(data, status=up.status, headers=headers), up)
 
     def stream():
-        # Bytes go out exactly as they came in. A backend that dies mid-body makes this
-        # raise, so the client sees a broken chunked body rather than a clean end.
+        # Bytes go out exactly as they came in.
         try:
             yield from up.iter_raw()
+        except UpstreamError as e:
+            if watch.gone:
+                return
+            # The client must see a broken body, not a clean end that looks complete: cut
+            # its connection before the final chunk (gunicorn then ignores the EPIPE quietly,
+            # where a raised error would log a traceback for vLLM's failure).
+            log.warning("%s %s: %s", method, ex.target.split("?", 1)[0], upstream_error_status(e)[1])
+            client = ex.environ.get("gunicorn.socket")
+            if client is None:
+                raise
+            client.shutdown(socket.SHUT_RDWR)
         finally:
             watch.stop()
             up.abort()

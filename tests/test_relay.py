@@ -105,6 +105,9 @@ def test_backend_dying_mid_body_is_not_a_clean_end(proxy, backend):
     backend.script(Reply(headers=list(SSE_HEADERS), chunks=[b"data: {}\n\n"], drop=True, path="/v1/completions"))
     with pytest.raises(http.client.IncompleteRead):
         raw_request(proxy.url, "POST", "/v1/completions", b"{}")
+    time.sleep(0.2)
+    assert "POST /v1/completions: vLLM is unreachable: connection to" in proxy.log()
+    assert "Traceback" not in proxy.log()  # one warning line for vLLM's failure, not a crash report
 
 
 def test_vllm_errors_are_relayed_unchanged(proxy, backend):
