@@ -15,6 +15,7 @@ import urllib.parse
 
 import pytest
 
+from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
 from standins.vllm_wire import (SSE_HEADERS, completion, error_reply, json_reply, sse_reply,
                                 stream_frames, tool_call)
@@ -24,23 +25,6 @@ CHAT = "/v1/chat/completions"
 
 
 # ---- helpers shared with test_fuzz.py and test_load.py ------------------------------------
-
-def raw_request(base_url, method, target, body=None, headers=None, timeout=30):
-    """One request over a fresh connection: (status, lower-cased headers, body bytes)."""
-    u = urllib.parse.urlsplit(base_url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    try:
-        conn.putrequest(method, target, skip_accept_encoding=True)
-        for k, v in (headers or {}).items():
-            conn.putheader(k, v)
-        if body is not None:
-            conn.putheader("Content-Length", str(len(body)))
-        conn.endheaders(body)
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    finally:
-        conn.close()
-
 
 def send_raw(proxy, head: bytes, body: bytes = b"") -> socket.socket:
     """Write a request by hand and return the open socket, for clients that misbehave."""

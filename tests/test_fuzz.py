@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from standins.scripted_backend import Reply
 from standins.vllm_wire import completion, compact, sse_reply, stream_frames
-from test_faults import raw_request, worker_pid
+from standins.rawhttp import raw_request
+from test_faults import worker_pid
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 

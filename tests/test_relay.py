@@ -12,26 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
 from standins.vllm_wire import SSE_HEADERS, error_reply, sse_reply
 
 SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"
-
-
-def raw_request(base_url, method, target, body=None, headers=None, timeout=30):
-    """One request over a fresh connection, returning (status, headers, body bytes)."""
-    u = urllib.parse.urlsplit(base_url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    conn.putrequest(method, target, skip_accept_encoding=True)
-    for k, v in (headers or {}).items():
-        conn.putheader(k, v)
-    if body is not None:
-        conn.putheader("Content-Length", str(len(body)))
-    conn.endheaders(body)
-    resp = conn.getresponse()
-    data = resp.read()
-    conn.close()
-    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
 
 
 MODELS = (SAMPLES / "models.json").read_bytes()
