@@ -19,6 +19,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -494,3 +496,63 @@ def forced_call_request(server, **extra) -> dict:
         chat_template_kwargs={"enable_thinking": False},
         **extra,
     )
+
+
+class Tap:
+    """A recording pass-through between the proxy and vLLM: each request's path and JSON body
+    as the proxy sent it, and vLLM's status and answer, so a test sees what vLLM received.
+
+    `outgoing(body) -> body or None` may change a body on its way to vLLM (None: unchanged);
+    what the proxy sent is recorded unchanged either way.
+    """
+
+    def __init__(self, target: str, outgoing=None):
+        self.exchanges: list[tuple[str, dict | None, int, bytes]] = []
+        self.outgoing = outgoing
+        parts = urllib.parse.urlsplit(target)
+        tap = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _forward(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else None
+                body = json.loads(raw) if raw else None
+                changed = tap.outgoing(body) if tap.outgoing and isinstance(body, dict) else None
+                sent = json.dumps(changed).encode() if changed is not None else raw
+                conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("host", "connection", "content-length")}
+                if sent is not None:
+                    headers["Content-Length"] = str(len(sent))
+                conn.request(self.command, self.path, body=sent, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()  # whole answers, streams too: the proxy reads whole turns anyway
+                conn.close()
+                tap.exchanges.append((self.path, body, resp.status, data))
+                self.send_response(resp.status)
+                for name, value in resp.getheaders():
+                    if name.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def bodies(self, path_prefix: str) -> list[tuple[str, dict]]:
+        """(path, body) of every request whose path starts with the prefix, in order."""
+        return [(p, body) for p, body, _, _ in self.exchanges if p.startswith(path_prefix)]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

@@ -9,15 +9,13 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from proxy.chat import WEB_SEARCH_TOOL
-from realvllm import QUERY, chat, forced_call_request
+from realvllm import QUERY, Tap, chat, forced_call_request
 
 CHAT = "/v1/chat/completions"
 MAX_SEARCH_ITER = 3
@@ -40,54 +38,6 @@ def direct_body(body: dict) -> dict:
 @pytest.fixture
 def proxy_to_vllm(start_proxy, real_vllm):
     return start_proxy(BACKEND_URL=real_vllm.url, MAX_SEARCH_ITER=str(MAX_SEARCH_ITER))
-
-
-class Tap:
-    """A recording pass-through between the proxy and vLLM: every request the proxy makes
-    (path and JSON body) and vLLM's answer, so a test sees what vLLM really received."""
-
-    def __init__(self, target: str):
-        self.exchanges: list[tuple[str, dict | None, int, bytes]] = []
-        target_parts = urllib.parse.urlsplit(target)
-        tap = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def _forward(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                conn = http.client.HTTPConnection(target_parts.hostname, target_parts.port, timeout=120)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                conn.request(self.command, self.path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()  # whole answer, streams too: the proxy reads whole turns anyway
-                conn.close()
-                tap.exchanges.append((self.path, json.loads(body) if body else None, resp.status, data))
-                self.send_response(resp.status)
-                for name, value in resp.getheaders():
-                    if name.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
-                        self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = _forward
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def chat_requests(self) -> list[dict]:
-        return [body for path, body, _, _ in self.exchanges if path == CHAT]
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -183,7 +133,7 @@ def test_stream_equals_direct(real_vllm, proxy_to_vllm, http_client, mode):
 def assert_loop_grew(tap: Tap, searxng):
     """vLLM saw the first request, then each later one longer by exactly the assistant's
     web_search call and the tool result with the stand-in SearXNG's results."""
-    requests = tap.chat_requests()
+    requests = [b for _, b in tap.bodies(CHAT)]
     assert len(requests) == MAX_SEARCH_ITER + 1
     first = requests[0]["messages"]
     assert [t["function"]["name"] for t in requests[0]["tools"]] == ["web_search"]

@@ -1,0 +1,167 @@
+"""Codex's hosted web_search on /v1/responses through the proxy against the real vLLM server (issue 11's real-vLLM items), driven by the official openai SDK; run with `tests/run.sh tests/real_vllm/test_responses_real.py`.
+
+The random model is made to call `web_search` with the same structured_outputs regex and
+logit_bias as on chat completions (realvllm.forced_call_request), passed as vLLM extra fields
+through the proxy. A recording pass-through between the proxy and vLLM shows what vLLM
+really received on each turn.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import openai
+import pytest
+
+from realvllm import FORCED_CALL, MODEL, QUERY, Tap
+
+RESPONSES = "/v1/responses"
+HOSTED = {"type": "web_search", "external_web_access": False}
+FORCING = ("structured_outputs", "logit_bias")
+
+
+def unforce_after_search(body: dict) -> dict | None:
+    """Drop the forcing fields from a turn that already carries a search result: the proxy
+    rightly repeats every client field on every turn, so a forced model would search until
+    MAX_SEARCH_ITER and never answer."""
+    if any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in body.get("input") or []):
+        return {k: v for k, v in body.items() if k not in FORCING}
+    return None
+
+
+@pytest.fixture(scope="module")
+def _tap(real_vllm):
+    tap = Tap(real_vllm.url)
+    yield tap
+    tap.close()
+
+
+@pytest.fixture
+def tapped(_tap, start_proxy, searxng):
+    """(proxy, tap), emptied for the test; one tap per module, so start_proxy reuses one proxy."""
+    _tap.exchanges.clear()
+    _tap.outgoing = None
+    return start_proxy(BACKEND_URL=_tap.url), _tap
+
+
+def client(proxy) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.url + "/v1", api_key="sk-test", max_retries=0, timeout=60)
+
+
+def codex_request(**kw) -> dict:
+    """What Codex 0.169.0 sends (shared/reference/agent-apis.md), small enough for the tiny model."""
+    body = {"model": MODEL, "instructions": "You are Codex, a coding agent.",
+            "input": [{"type": "message", "role": "user",
+                       "content": [{"type": "input_text", "text": "Look up hello."}]}],
+            "tools": [HOSTED], "tool_choice": "auto", "parallel_tool_calls": True,
+            "reasoning": {"summary": "auto"}, "store": False,
+            "include": ["reasoning.encrypted_content"], "prompt_cache_key": "real-vllm-test",
+            "max_output_tokens": 48}
+    body.update(kw)
+    return body
+
+
+def forcing(real_vllm) -> dict:
+    """vLLM extra fields that make the random model write FORCED_CALL (see realvllm.forced_call_request);
+    seeded so the unforced answer turn repeats too."""
+    bias = {str(real_vllm.token_id(t)): 100 for t in ("<tool_call>", "</tool_call>")}
+    return {"structured_outputs": {"regex": re.escape(FORCED_CALL)}, "logit_bias": bias,
+            "chat_template_kwargs": {"enable_thinking": False}, "seed": 11}
+
+
+def vllm_response(status: int, data: bytes) -> dict:
+    """One vLLM answer's response object: plain JSON, or a stream's final event."""
+    assert status == 200, data[:500]
+    if data.lstrip().startswith(b"{"):
+        return json.loads(data)
+    events = [json.loads(line[6:]) for line in data.decode().splitlines() if line.startswith("data: {")]
+    assert events[-1]["type"] in ("response.completed", "response.incomplete"), events[-1]["type"]
+    return events[-1]["response"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_codex_search_runs_the_models_query_and_feeds_the_result_back(real_vllm, tapped, searxng, stream):
+    proxy, t = tapped
+    t.outgoing = unforce_after_search
+    body = codex_request(stream=stream)
+    extra = forcing(real_vllm)
+    c = client(proxy)
+    kw = {k: v for k, v in body.items() if k != "stream"}
+    if stream:
+        events = list(c.responses.create(**kw, stream=True, extra_body=extra))
+        types = [e.type for e in events]
+        assert [types.count(ty) for ty in ("response.created", "response.in_progress", "response.completed")] == [1, 1, 1]
+        assert types[-1] == "response.completed"
+        # The internal function call never reaches Codex; the search shows as its own events.
+        assert not [ty for ty in types if ty.startswith("response.function_call_arguments")]
+        assert types[2:7] == ["response.output_item.added", "response.web_search_call.in_progress",
+                              "response.web_search_call.searching", "response.web_search_call.completed",
+                              "response.output_item.done"]
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        response = events[-1].response
+    else:
+        response = c.responses.create(**kw, extra_body=extra)
+
+    # vLLM saw the hosted tool as a function tool, and the forced call was the model's query.
+    first, second = [b for _, b in t.bodies(RESPONSES)]
+    assert first["tools"] == [{"type": "function", "name": "web_search", "description": first["tools"][0]["description"],
+                               "parameters": first["tools"][0]["parameters"]}]
+    assert first["tools"][0]["parameters"]["required"] == ["query"]
+    assert first["store"] is False and first["structured_outputs"] == extra["structured_outputs"]
+    assert searxng.queries == [QUERY]
+    # The next turn is the first one's input plus the model's call and its output.
+    assert second["input"][:len(first["input"])] == first["input"]
+    call, output = second["input"][len(first["input"]):]
+    assert (call["type"], call["name"], json.loads(call["arguments"])) == ("function_call", "web_search", {"query": QUERY})
+    assert output["type"] == "function_call_output" and output["call_id"] == call["call_id"]
+    assert f"{QUERY} — result 1" in output["output"] and f"https://example.org/{QUERY}/1" in output["output"]
+    # The proxy forwards the forcing fields on every turn; only the tap dropped them here.
+    assert second["structured_outputs"] == extra["structured_outputs"]
+
+    kinds = [item.type for item in response.output]
+    assert "function_call" not in kinds
+    assert kinds[0] == "web_search_call" and kinds[-1] == "message", kinds
+    ws = response.output[0]
+    assert ws.status == "completed" and ws.action.type == "search" and ws.action.query == QUERY
+    assert ws.id.startswith("ws_")
+    assert [t.model_dump(exclude_none=True) for t in response.tools] == [HOSTED]
+    turns = [vllm_response(status, data) for path, _, status, data in t.exchanges if path == RESPONSES]
+    assert len(turns) == 2
+    # The answer turn runs to max_output_tokens on the random model ("incomplete"): the
+    # client gets the last turn's status, the first turn's id, and usage over both turns.
+    assert response.status == turns[1]["status"]
+    assert response.id == turns[0]["id"]
+    assert response.usage.input_tokens == sum(u["usage"]["input_tokens"] for u in turns)
+    assert response.usage.output_tokens == sum(u["usage"]["output_tokens"] for u in turns)
+
+
+REPLAYED = [
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Look up hello."}]},
+    # As Codex replays it: no id.
+    {"type": "web_search_call", "status": "completed", "action": {"type": "search", "query": QUERY}},
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Found it."}]},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Thanks. And now?"}]},
+]
+
+
+def test_replayed_web_search_call_is_rejected_by_vllm_alone(real_vllm, http_client):
+    reply = http_client.post(real_vllm.url + RESPONSES, codex_request(input=REPLAYED, max_output_tokens=8))
+    assert reply.status == 400, reply.body[:500]
+    assert "web_search_call" in reply.json()["error"]["message"]
+
+
+def test_replayed_web_search_call_is_accepted_through_the_proxy(tapped, searxng):
+    proxy, t = tapped
+    body = codex_request(input=REPLAYED, max_output_tokens=8)
+    response = client(proxy).responses.create(**body, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert response.status in ("completed", "incomplete")
+    assert response.output and "function_call" not in [i.type for i in response.output]
+    (sent,) = [b for _, b in t.bodies(RESPONSES)]
+    kinds = [i.get("type") for i in sent["input"]]
+    assert "web_search_call" not in kinds
+    call, output = sent["input"][1:3]
+    assert (call["type"], call["name"], json.loads(call["arguments"])) == ("function_call", "web_search", {"query": QUERY})
+    assert output == {"type": "function_call_output", "call_id": call["call_id"], "output": output["output"]}
+    assert QUERY in output["output"]
+    assert sent["input"][3:] == REPLAYED[2:]
+    assert searxng.queries == []  # an earlier search is replayed, not run again
