@@ -293,8 +293,10 @@ def _stream_events(ex: Exchange, body: dict, up):
                     payload = data_of(frame)
                     if payload is None or not payload.startswith(b"{"):
                         if payload == b"[DONE]":
+                            # Read on to the end of the body (it ends right here) so this
+                            # connection goes back to the pool instead of being dropped.
                             turn.done = True
-                            break
+                            continue
                         yield frame  # comments and anything unknown pass as they are
                         continue
                     if ident is None:

@@ -232,3 +232,13 @@ def test_disconnect_during_prefill_aborts_vllm(proxy, backend):
     assert backend.wait_for(lambda b: len(b.received) == 1, 5)
     s.close()
     assert backend.wait_for(lambda b: 0 in b.hangups, 5)
+
+
+def test_a_finished_stream_leaves_its_vllm_connection_in_the_pool(start_proxy, backend):
+    """Reading a stream to its end (past [DONE]) lets the next request reuse the connection."""
+    p = start_proxy(KEEPALIVE_INTERVAL="0.2", PROXY_WORKER_CONNECTIONS="999")  # a proxy of its own: an empty pool
+    before = backend.accepted
+    for _ in range(3):
+        backend.script(sse_reply(stream_frames(content=["a", "b"])))
+        raw_stream(p, {"model": "foundation", "messages": USER, "stream": True})
+    assert backend.accepted - before == 1, "all three streams must ride one pooled connection"

@@ -48,6 +48,7 @@ class ScriptedBackend:
         self.received: list[Received] = []
         self.hangups: list[int] = []       # indexes into received whose client left early
         self.open_connections = 0
+        self.accepted = 0                  # connections ever opened to it (never reset)
         # Called as responder(received) -> Reply when no queued reply fits: for clients such as
         # Claude Code whose exact request sequence a test can't queue up front.
         self.responder = None
@@ -104,6 +105,7 @@ class ScriptedBackend:
                 super().setup()
                 with outer._changed:
                     outer.open_connections += 1
+                    outer.accepted += 1
                     outer._changed.notify_all()
 
             def finish(self):
