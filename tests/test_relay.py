@@ -5,7 +5,11 @@ Run: tests/run.sh tests/test_relay.py
 """
 import http.client
 import json
+import os
+import re
 import socket
+import subprocess
+import sys
 import time
 import urllib.parse
 from pathlib import Path
@@ -14,7 +18,7 @@ import pytest
 
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
-from standins.vllm_wire import SSE_HEADERS, error_reply, sse_reply
+from standins.vllm_wire import SSE_HEADERS, completion, error_reply, json_reply, sse_reply, tool_call
 
 SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"
 
@@ -178,7 +182,6 @@ def test_body_over_the_limit_is_413(start_proxy, backend):
 
 
 def test_a_large_prompt_passes(proxy, backend):
-    from standins.vllm_wire import completion, json_reply
     backend.script(json_reply(completion(content="ok")))
     prompt = "word " * 250_000  # about a 250k-token prompt
     body = json.dumps({"model": "foundation", "messages": [{"role": "user", "content": prompt}]}).encode()
@@ -219,7 +222,6 @@ def test_client_key_passes_through_when_the_proxy_has_none(proxy, backend):
 
 
 def test_access_log_has_one_line_without_prompt_text(proxy, backend):
-    from standins.vllm_wire import completion, json_reply
     backend.script(json_reply(completion(content="SECRET-ANSWER")))
     raw_request(proxy.url, "POST", "/v1/chat/completions",
                 b'{"messages":[{"role":"user","content":"SECRET-PROMPT"}]}')
@@ -233,3 +235,28 @@ def test_vllm_error_reply_status_mapping_on_chat(proxy, backend):
     backend.script(error_reply(400, "max_tokens is too large", "BadRequestError", "max_tokens"))
     status, _, data = raw_request(proxy.url, "POST", "/v1/chat/completions", CHAT)
     assert status == 400 and json.loads(data)["error"]["param"] == "max_tokens"
+
+
+def test_the_development_server_serves_the_same_app(backend, searxng):
+    """`python proxy-passthrough.py` (the README's way to run it on the host) really serves."""
+    env = {**os.environ, "PROXY_BIND": "127.0.0.1:0", "BACKEND_URL": backend.url,
+           "SEARXNG_URL": searxng.url}
+    proc = subprocess.Popen([sys.executable, "proxy-passthrough.py"], cwd=SAMPLES.parents[2], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = None
+        for line in proc.stdout:
+            m = re.search(r"Running on (http://127\.0\.0\.1:\d+)", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, "the development server did not start"
+        backend.script(json_reply(completion(tool_calls=[tool_call("web_search", {"query": "dev server"})])),
+                       json_reply(completion(content="answered")))
+        status, _, data = raw_request(url, "POST", "/v1/chat/completions",
+                                      b'{"model":"foundation","messages":[{"role":"user","content":"x"}]}')
+        assert status == 200 and json.loads(data)["choices"][0]["message"]["content"] == "answered"
+        assert searxng.queries == ["dev server"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
