@@ -228,7 +228,8 @@ class _Turn:
     """What one streamed backend turn said, gathered as its events pass."""
 
     def __init__(self):
-        self.text_payloads = []   # payloads that may carry reasoning/content, parsed only if needed
+        self.content: list[str] = []    # the turn's text, kept only as text: a long answer's
+        self.reasoning: list[str] = []  # events would be several times its size in memory
         self.held = []            # tool-call and finish events, kept until the turn's end
         self.usage_frame = None
         self.done = False
@@ -249,18 +250,18 @@ class _Turn:
                     c["function"]["arguments"] += fn.get("arguments") or ""
         return [calls[i] for i in sorted(calls)]
 
+    def add_text(self, payload: bytes):
+        for choice in jsonio.loads(payload).get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self.content.append(delta["content"])
+            r = delta.get("reasoning") or delta.get("reasoning_content")
+            if r:
+                self.reasoning.append(r)
+
     def message(self, calls) -> dict:
-        content, reasoning = [], []
-        for payload in self.text_payloads:
-            for choice in jsonio.loads(payload).get("choices") or []:
-                delta = choice.get("delta") or {}
-                if delta.get("content"):
-                    content.append(delta["content"])
-                r = delta.get("reasoning") or delta.get("reasoning_content")
-                if r:
-                    reasoning.append(r)
-        return assistant_turn({"content": "".join(content) or None, "tool_calls": calls,
-                               "reasoning": "".join(reasoning) or None})
+        return assistant_turn({"content": "".join(self.content) or None, "tool_calls": calls,
+                               "reasoning": "".join(self.reasoning) or None})
 
 
 def _restamp(payload: bytes, ident, created, usage=None) -> bytes | None:
@@ -312,13 +313,13 @@ def _stream_events(ex: Exchange, body: dict, up):
                     elif b'"choices":[]' in payload and b'"usage"' in payload:
                         turn.usage_frame = frame
                     else:
-                        turn.text_payloads.append(payload)
                         if turn_no == 1:
                             yield frame
                         else:
                             out = _restamp(payload, ident, created)
                             if out:
                                 yield out
+                        turn.add_text(payload)  # after the yield: the client never waits on it
             except UpstreamError as e:
                 if ex.watch.gone:
                     return
