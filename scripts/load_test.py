@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from standins.scripted_backend import Reply, ScriptedBackend  # noqa: E402
+from standins.procfs import backend_connections, children, open_fds, rss_mb  # noqa: E402
 from standins.searxng import SearxngStandIn  # noqa: E402
 from standins.vllm_wire import completion, compact, sse_reply, stream_frames, tool_call  # noqa: E402
 
@@ -176,53 +177,6 @@ def like_real_servers(*standins):
     for s in standins:
         s.server.RequestHandlerClass.disable_nagle_algorithm = True
         s.server.socket.listen(2048)
-
-
-# ---- process facts, from /proc --------------------------------------------------------------
-
-def children(pid: int) -> list[int]:
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                kids.append(int(entry))
-    return kids
-
-
-def rss_mb(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
-
-
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def backend_connections(pid: int, port: int) -> int:
-    """Established TCP connections that process `pid` holds to 127.0.0.1:`port`.
-
-    Counted on the proxy's side: the stand-in vLLM is shared by every proxy of a test
-    session, so its own count includes other proxies' pooled connections."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    n = 0
-    for line in open(f"/proc/{pid}/net/tcp").read().splitlines()[1:]:
-        f = line.split()
-        if int(f[2].split(":")[1], 16) == port and f[3] == "01" and f[9] in inodes:  # 01: ESTABLISHED
-            n += 1
-    return n
 
 
 def pool_is_idle(backend: ScriptedBackend, proxy_url: str, pid: int, timeout: float = 10) -> tuple[bool, int]:

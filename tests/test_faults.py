@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import re
 import socket
 import time
@@ -15,6 +14,7 @@ import urllib.parse
 
 import pytest
 
+from standins.procfs import children, rss_mb
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
 from standins.vllm_wire import (SSE_HEADERS, completion, error_reply, json_reply, sse_reply,
@@ -53,25 +53,9 @@ def read_until(s, marker: bytes, limit: int = 1 << 20, timeout: float = 10) -> b
 
 def worker_pid(proxy) -> int:
     """The one gunicorn worker under the proxy's master (the shipped config runs one)."""
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            # Field 4 is the parent pid; the command name in (...) may hold spaces.
-            if int(stat.rsplit(")", 1)[1].split()[1]) == proxy.proc.pid:
-                kids.append(int(entry))
+    kids = children(proxy.proc.pid)
     assert len(kids) == 1, f"expected one worker, found {kids}"
     return kids[0]
-
-
-def rss_mb(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 ACCESS = re.compile(r"INFO proxy: (\S+) (\S+) (\S+) (\d+)ms searches=(\d+) bytes=(\d+)$", re.M)

@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 import load_test  # noqa: E402
+from standins.procfs import open_fds, rss_mb  # noqa: E402
 from test_faults import worker_pid  # noqa: E402
 
 CLIENTS, REQUESTS = 32, 400
@@ -31,7 +32,7 @@ def test_mixed_load_is_exact_and_leaves_nothing_behind(start_proxy, backend, sea
     warm = load_test.run_load(p.url, 16, 32, pad=64 * 1024, first_id=10**6)
     assert warm.ok == warm.requests == 32, warm.failures[:3]
     time.sleep(1)
-    rss0, fds0 = load_test.rss_mb(pid), load_test.open_fds(pid)
+    rss0, fds0 = rss_mb(pid), open_fds(pid)
     backend.received.clear()
     searxng.requests.clear()
 
@@ -55,7 +56,7 @@ def test_mixed_load_is_exact_and_leaves_nothing_behind(start_proxy, backend, sea
     assert idle <= CLIENTS and idle_ok, f"the proxy holds {idle} connections to vLLM, not all idle in its pool"
     # The proxy's memory and descriptors are back near the baseline: 400 answers of 64 KB
     # (~25 MB, several times that in parsed form) held anywhere would show.
-    rss1, fds1 = load_test.rss_mb(pid), load_test.open_fds(pid)
+    rss1, fds1 = rss_mb(pid), open_fds(pid)
     assert rss1 - rss0 < 20, f"RSS {rss0:.1f} -> {rss1:.1f} MB"
     assert fds1 <= fds0 + idle + 2, f"descriptors {fds0} -> {fds1}"
     assert worker_pid(p) == pid
