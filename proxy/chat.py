@@ -14,7 +14,7 @@ from . import jsonio
 from .background import run_with_keepalive
 from .errors import error_response, sse_error, upstream_error_status
 from .exchange import ClientWatch, Exchange, ask, encode_json, response_headers, start_stream
-from .search import format_for_model, parse_arguments
+from .search import NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, format_for_model, parse_arguments
 from .sse import comment, data_of, iter_frames
 from .upstream import UpstreamError
 
@@ -22,25 +22,8 @@ log = logging.getLogger("proxy.chat")
 
 PATH = "/v1/chat/completions"
 WEB_SEARCH = "web_search"
-WEB_SEARCH_TOOL = {
-    "type": "function",
-    "function": {
-        "name": WEB_SEARCH,
-        "description": (
-            "Search the web and get the top results (title, URL, snippet, date). Use it for "
-            "anything that may have changed after your training or that you are not sure of: "
-            "current events, versions and release notes, library APIs and error messages, "
-            "documentation, prices, people. Write a short keyword query. Don't use it for "
-            "things you already know well."),
-        "parameters": {
-            "type": "object",
-            "properties": {"query": {"type": "string", "description": "The search query, a few keywords."}},
-            "required": ["query"],
-        },
-    },
-}
-NOT_EXECUTED = ("Not executed: this call was made in the same turn as web_search, and the proxy only "
-                "runs searches. If it is still needed, call it again in a turn without web_search.")
+WEB_SEARCH_TOOL = {"type": "function",
+                   "function": {"name": WEB_SEARCH, "description": TOOL_DESCRIPTION, "parameters": QUERY_SCHEMA}}
 
 
 # ---- pure rules ---------------------------------------------------------------------------

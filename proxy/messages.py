@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 from flask import Response
 
-from .chat import NOT_EXECUTED
 from .exchange import ClientWatch, Exchange, ask, encode_json, response_headers
 from .errors import anthropic_error, anthropic_error_bytes, upstream_error_status
-from .search import Hit, SearchOutcome, filter_domains, format_for_model, parse_arguments
+from .search import (NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, Hit, SearchOutcome, filter_domains,
+                     format_for_model, parse_arguments)
 from .upstream import UpstreamError
 
 log = logging.getLogger("proxy.messages")
@@ -31,15 +31,6 @@ SERVER_TOOL_PREFIX = "web_search_"
 SERVER_NAME = "web_search"          # the name Anthropic gives the server tool's blocks
 SERVER_BLOCKS = frozenset({"server_tool_use", "web_search_tool_result"})
 SUBREQUEST_PREFIX = "Perform a web search for the query: "
-# The proxy's search tool as vLLM sees it; `name` is filled in by rewrite().
-SEARCH_DESCRIPTION = (
-    "Search the web and get the top results (title, URL, snippet, date). Use it for anything "
-    "that may have changed after your training or that you are not sure of: current events, "
-    "versions and release notes, library APIs and error messages, documentation, prices, "
-    "people. Write a short keyword query.")
-SEARCH_SCHEMA = {"type": "object",
-                 "properties": {"query": {"type": "string", "description": "The search query, a few keywords."}},
-                 "required": ["query"]}
 # What the model reads again when a replayed error block is all that is left of a search.
 ERROR_TEXT = {
     "too_many_requests": "Search failed: the search engine rate-limited the proxy (too_many_requests).",
@@ -147,12 +138,12 @@ def internal_name(tools) -> str:
 
 
 def search_tool(name: str, plan: Plan) -> dict:
-    desc = SEARCH_DESCRIPTION
+    desc = TOOL_DESCRIPTION
     if plan.allowed:
         desc += " Only results from these domains are shown: " + ", ".join(map(str, plan.allowed)) + "."
     if plan.blocked:
         desc += " Results from these domains are never shown: " + ", ".join(map(str, plan.blocked)) + "."
-    return {"name": name, "description": desc, "input_schema": SEARCH_SCHEMA}
+    return {"name": name, "description": desc, "input_schema": QUERY_SCHEMA}
 
 
 def rewrite(body: dict) -> tuple[dict, Plan]:

@@ -19,7 +19,8 @@ from flask import Response
 from . import jsonio
 from .errors import error_response
 from .exchange import ClientWatch, Exchange, ask, encode_json
-from .search import SearchOutcome, SearchSession, filter_domains, format_for_model, parse_arguments
+from .search import (NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, SearchOutcome, SearchSession, filter_domains,
+                     format_for_model, parse_arguments)
 
 log = logging.getLogger("proxy.responses")
 
@@ -48,13 +49,6 @@ COUNTRY_LANGUAGE = {
     "HK": "zh-HK", "ID": "id-ID", "TH": "th-TH", "VN": "vi-VN", "IL": "he-IL", "SA": "ar-SA",
     "EG": "ar-EG", "AE": "ar-AE",
 }
-SEARCH_DESCRIPTION = (
-    "Search the web and get the top results (title, URL, snippet, date). Use it for anything "
-    "that may have changed after your training or that you are not sure of: current events, "
-    "versions and release notes, library APIs and error messages, documentation, prices, "
-    "people. Write a short keyword query. Don't use it for things you already know well.")
-NOT_EXECUTED = ("Not executed: this call was made in the same turn as web_search, and the proxy only "
-                "runs searches. If it is still needed, call it again in a turn without web_search.")
 
 
 @dataclass(frozen=True)
@@ -177,10 +171,7 @@ def make_plan(body: dict, default_results: int) -> Plan:
 
 
 def function_tool(name: str) -> dict:
-    return {"type": "function", "name": name, "description": SEARCH_DESCRIPTION,
-            "parameters": {"type": "object",
-                           "properties": {"query": {"type": "string", "description": "The search query, a few keywords."}},
-                           "required": ["query"]}}
+    return {"type": "function", "name": name, "description": TOOL_DESCRIPTION, "parameters": QUERY_SCHEMA}
 
 
 def rewrite_tools(tools: list, name: str) -> list:

@@ -29,6 +29,20 @@ REQUEST_HEADERS = (
     ("Accept-Language", "en-US,en;q=0.9"),
     ("User-Agent", USER_AGENT),
 )
+# The web_search tool as every API describes it to the model; each API wraps these in its
+# own tool shape (chat function, Messages tool, Responses function).
+TOOL_DESCRIPTION = (
+    "Search the web and get the top results (title, URL, snippet, date). Use it for anything "
+    "that may have changed after your training or that you are not sure of: current events, "
+    "versions and release notes, library APIs and error messages, documentation, prices, "
+    "people. Write a short keyword query. Don't use it for things you already know well.")
+QUERY_SCHEMA = {"type": "object",
+                "properties": {"query": {"type": "string", "description": "The search query, a few keywords."}},
+                "required": ["query"]}
+# The answer to a client's own tool call made in the same turn as a search (the proxy runs
+# only searches), so the model asks again in a turn of its own instead of losing the call.
+NOT_EXECUTED = ("Not executed: this call was made in the same turn as web_search, and the proxy only "
+                "runs searches. If it is still needed, call it again in a turn without web_search.")
 MAX_QUERY_CHARS = 400
 SNIPPET_CHARS = 400
 

@@ -304,7 +304,7 @@ def test_search_yields_server_blocks_text_and_summed_usage(proxy, backend, searx
     assert searxng.queries == ["vllm 0.32 release notes"]
     first, second = [r.json() for r in turns(backend)]
     assert [r.query for r in turns(backend)] == ["beta=true", "beta=true"]
-    assert first["tools"] == [{"name": "web_search", "description": M.SEARCH_DESCRIPTION, "input_schema": M.SEARCH_SCHEMA}]
+    assert first["tools"] == [{"name": "web_search", "description": M.TOOL_DESCRIPTION, "input_schema": M.QUERY_SCHEMA}]
     assert second["messages"][:1] == ASK
     assistant, user = second["messages"][1:]
     assert assistant == {"role": "assistant", "content": [
@@ -515,7 +515,7 @@ def test_count_tokens_gets_the_same_rewrite(proxy, backend):
     got = backend.received[0]
     assert got.path == "/v1/messages/count_tokens"
     body = got.json()
-    assert body["tools"][0]["input_schema"] == M.SEARCH_SCHEMA
+    assert body["tools"][0]["input_schema"] == M.QUERY_SCHEMA
     assert [b["type"] for b in body["messages"][1]["content"]] == ["tool_use"]
 
 

@@ -102,7 +102,7 @@ def test_claude_code_search_request_through_the_proxy(tapped, searxng):
     ((path, sent),) = tap.bodies(MESSAGES)
     assert path == MESSAGES + "?beta=true"
     assert sent["stream"] is True and sent["system"] == SYSTEM
-    assert sent["tools"] == [{"name": "web_search", "description": M.SEARCH_DESCRIPTION, "input_schema": M.SEARCH_SCHEMA}]
+    assert sent["tools"] == [{"name": "web_search", "description": M.TOOL_DESCRIPTION, "input_schema": M.QUERY_SCHEMA}]
     user, assistant, results = sent["messages"]
     assert user == ASK[0]
     (call,) = assistant["content"]
