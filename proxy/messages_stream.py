@@ -172,8 +172,10 @@ def _events(ex: Exchange, body: dict, plan: Plan, up, first):
                         elif kind == "message_delta":
                             turn.delta, turn.delta_frame = data, frame
                         elif kind == "message_stop":
+                            # Read on to the end of the body (it ends right here) so this
+                            # connection goes back to the pool instead of being dropped.
                             turn.stop_frame = frame
-                            break
+                            continue
                         elif kind == "error":
                             yield frame if payload.startswith(b'{"type":"error"') else error_event(500, "", payload)
                             return

@@ -19,6 +19,7 @@ import pytest
 from proxy import messages as M
 from proxy.search import Hit, SearchOutcome, format_for_model
 from standins import anthropic_wire as W
+from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
 from standins.searxng import result
 
@@ -695,3 +696,15 @@ def test_plain_reply_is_one_message_with_the_first_turns_id(proxy, backend, sear
     backend.script(W.message_reply([W.tool_use("web_search", {"query": "q"})], ident="chatcmpl-first"),
                    W.message_reply([W.text("ok")], ident="chatcmpl-second"))
     assert ask(proxy, False, tools=[SERVER_TOOL]).id == "chatcmpl-first"
+
+
+def test_a_finished_stream_leaves_its_vllm_connection_in_the_pool(start_proxy, backend):
+    """Reading vLLM's stream past message_stop lets the next request reuse the connection."""
+    p = start_proxy(KEEPALIVE_INTERVAL="0.2", PROXY_WORKER_CONNECTIONS="998")  # a proxy of its own: an empty pool
+    body = {"model": "foundation", "max_tokens": 20, "stream": True, "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    before = backend.accepted
+    for _ in range(3):
+        backend.script(W.stream_reply([W.text("hello")], stop_reason="end_turn"))
+        assert raw_request(p.url, "POST", "/v1/messages", json.dumps(body).encode())[0] == 200
+    assert backend.accepted - before == 1, "all three streams must ride one pooled connection"

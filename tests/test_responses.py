@@ -16,6 +16,7 @@ import pytest
 from proxy import responses as R
 from proxy.search import Hit, SearchOutcome
 from standins import responses_wire as w
+from standins.rawhttp import raw_request
 from standins.searxng import result
 
 SAMPLES = Path(__file__).resolve().parent / "data" / "vllm-0.32-samples"
@@ -620,3 +621,14 @@ def test_vllm_error_event_mid_stream_fails_the_response(proxy, backend, searxng)
     events = list(client(proxy).responses.create(**codex_body()))
     assert events[-1].type == "response.failed" and events[-1].response.error.message == "EngineCore died"
     assert [e.type for e in events].count("response.created") == 1
+
+
+def test_a_finished_stream_leaves_its_vllm_connection_in_the_pool(start_proxy, backend):
+    """Reading vLLM's stream to its end lets the next request reuse the connection."""
+    p = start_proxy(KEEPALIVE_INTERVAL="0.2", PROXY_WORKER_CONNECTIONS="997")  # a proxy of its own: an empty pool
+    body = {"model": "foundation", "input": "hi", "stream": True, "tools": [{"type": "web_search"}]}
+    before = backend.accepted
+    for _ in range(3):
+        backend.script(w.sse_reply(w.stream_frames(body, [w.message("hello")])))
+        assert raw_request(p.url, "POST", "/v1/responses", json.dumps(body).encode())[0] == 200
+    assert backend.accepted - before == 1, "all three streams must ride one pooled connection"
