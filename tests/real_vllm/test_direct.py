@@ -8,6 +8,8 @@ the real server.
 import json
 import re
 
+from proxy.chat import assistant_turn, tool_results
+from proxy.search import SearchOutcome
 from realvllm import MODEL, QUERY, WEB_SEARCH, chat, forced_call_request
 
 
@@ -119,6 +121,19 @@ def test_tool_result_turn_is_accepted(real_vllm, http_client):
     reply = http_client.post(real_vllm.url + "/v1/chat/completions", body)
     assert reply.status == 200, reply.body
     assert reply.json()["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"]
+
+
+def test_assistant_turn_with_reasoning_is_accepted(real_vllm, http_client):
+    """With thinking on, the proxy appends the assistant turn with its `reasoning` (built by
+    proxy.chat.assistant_turn from vLLM's own message); vLLM must take it back as input."""
+    first = http_client.post(real_vllm.url + "/v1/chat/completions", forced_call_request(real_vllm)).json()
+    message = {**first["choices"][0]["message"], "reasoning": "I should look this up."}
+    calls = message["tool_calls"]
+    body = chat(seed=3, tools=[WEB_SEARCH])
+    body["messages"] += [assistant_turn(message)] + tool_results(calls, [SearchOutcome("hello", "empty", message="No results")])
+    assert body["messages"][-2]["reasoning"] == "I should look this up."
+    reply = http_client.post(real_vllm.url + "/v1/chat/completions", body)
+    assert reply.status == 200, reply.body
 
 
 def test_seeded_sampling_repeats_exactly(real_vllm, http_client):
