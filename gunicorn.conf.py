@@ -11,8 +11,9 @@ worker_class = "gevent"
 workers = int(os.environ.get("PROXY_WORKERS", "1"))
 worker_connections = int(os.environ.get("PROXY_WORKER_CONNECTIONS", "1000"))
 # The gevent worker heartbeats from its own greenlet, so this only kills a worker that is
-# truly stuck; a 10-minute generation keeps yielding and is never cut off.
-timeout = 120
+# truly stuck; a 10-minute generation keeps yielding and is never cut off
+# (tests/test_relay.py runs generations several times longer than this timeout).
+timeout = int(os.environ.get("PROXY_WORKER_TIMEOUT", "120"))
 graceful_timeout = 30
 keepalive = 75
 accesslog = None  # the proxy logs one line per request itself

@@ -18,7 +18,7 @@ import pytest
 
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
-from standins.vllm_wire import SSE_HEADERS, completion, error_reply, json_reply, sse_reply, tool_call
+from standins.vllm_wire import SSE_HEADERS, completion, error_reply, json_reply, sse_reply, stream_frames, tool_call
 
 SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"
 
@@ -260,3 +260,22 @@ def test_the_development_server_serves_the_same_app(backend, searxng):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_generations_longer_than_the_worker_timeout_survive(start_proxy, backend, streamed):
+    """gunicorn's worker timeout guards against a stuck worker, never a long generation:
+    with a 1 s timeout, a 4 s answer still arrives whole."""
+    p = start_proxy(PROXY_WORKER_TIMEOUT="1", KEEPALIVE_INTERVAL="0.2")
+    body = {"model": "foundation", "messages": [{"role": "user", "content": "x"}], "stream": streamed}
+    if streamed:
+        frames = stream_frames(content=["slow ", "but ", "whole"])
+        backend.script(sse_reply(frames, gap=1.0))
+    else:
+        reply = json_reply(completion(content="slow but whole"))
+        reply.delay = 4
+        backend.script(reply)
+    status, _, data = raw_request(p.url, "POST", "/v1/chat/completions", json.dumps(body).encode())
+    assert status == 200
+    assert (data == b"".join(frames)) if streamed else json.loads(data)["choices"][0]["message"]["content"] == "slow but whole"
+    assert "WORKER TIMEOUT" not in p.log() and p.log().count("Booting worker") == 1
