@@ -195,16 +195,16 @@ def test_proxy_environment_defaults(config, name, value):
 
 
 def test_proxy_environment_defaults_agree_with_the_proxy(config):
-    """Every variable the compose file hands the proxy is one proxy-passthrough.py reads, with
-    the same default, so the two files cannot drift apart."""
-    source = (REPO / "proxy-passthrough.py").read_text()
+    """Every variable the compose file hands the proxy is one proxy-passthrough.py (or
+    gunicorn.conf.py) reads, with the same default, so the files cannot drift apart."""
+    source = (REPO / "proxy-passthrough.py").read_text() + (REPO / "gunicorn.conf.py").read_text()
     read = dict(re.findall(r'os\.environ\.get\("([A-Z_]+)", "([^"]*)"\)', source))
     read.update({name: default for name, default in re.findall(r'_flag\("([A-Z_]+)", (True|False)\)', source)})
     env = config["services"]["proxy"]["environment"]
     for name, value in env.items():
         if name in ("BACKEND_URL", "SEARXNG_URL", "BACKEND_API_KEY"):
             continue  # deliberately different inside the stack (service names, VLLM_API_KEY)
-        assert name in read, f"{name} is set in docker-compose.yaml but proxy-passthrough.py never reads it"
+        assert name in read, f"{name} is set in docker-compose.yaml but the proxy never reads it"
         default = read[name]
         if default in ("True", "False"):
             assert value.lower() == default.lower(), name
