@@ -88,3 +88,24 @@ def test_ci_runs_the_readme_test_command():
     assert command == "tests/run.sh"
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(rf"^exec {re.escape(command)}\b", ci, re.M)
+
+
+def test_codex_config_in_the_readme_is_the_one_the_codex_test_runs():
+    import tomllib
+    from test_codex import codex_config
+    (block,) = [b for b in re.findall(r"```toml\n(.*?)```", section("Pointing clients at it"), re.S)
+                if "model_providers" in b]
+    readme = tomllib.loads(block)
+    tested = tomllib.loads(codex_config("http://localhost:11433"))
+    for key in ("model", "model_provider"):
+        assert readme[key] == tested[key]
+    ours, theirs = readme["model_providers"]["stack"], tested["model_providers"]["stack"]
+    for key in ("base_url", "wire_api", "env_key"):
+        assert ours[key] == theirs[key], key
+
+
+@pytest.mark.parametrize("name", ["ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_MODEL",
+                                  "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_ANY_MODEL"])
+def test_claude_code_variables_in_the_readme_are_the_tested_ones(name):
+    claude = (ROOT / "tests" / "test_claude_code.py").read_text()
+    assert f"`{name}" in section("Pointing clients at it") and name in claude
