@@ -33,9 +33,11 @@ except ImportError:  # the development server (python proxy-passthrough.py) has 
 class ClientWatch:
     """Notices a client that hangs up while the proxy waits on vLLM, and aborts vLLM's work.
 
-    WSGI has no disconnect signal, so a helper (a greenlet under gunicorn's gevent worker)
-    waits for the client socket to turn readable: a peek that returns b"" means the client
-    closed. Anything else (a pipelined request) ends the watch without consuming a byte.
+    WSGI has no disconnect signal, so the proxy watches the client socket for readability:
+    a peek that returns b"" means the client closed. Anything else (a pipelined request)
+    ends the watch without consuming a byte. Under gunicorn's gevent worker (the shipped
+    one) the watch is a bare event-loop callback; under its thread-based workers, a thread
+    polling select(). Flask's development server gives no socket, so nothing is watched.
     """
 
     def __init__(self, environ):
@@ -43,41 +45,50 @@ class ClientWatch:
         self._aborts = []
         self._stop = threading.Event()
         self.gone = False
-        self._task = None
+        self._io = None
         if self._sock is None:
             return
-        if _GEVENT:
-            # A bare greenlet: a threading.Thread, even a patched one, waits for its start
-            # handshake, which cost every request a hub round trip (scripts/proxy_overhead.py).
-            self._task = gevent.spawn(self._run)
-        else:
-            threading.Thread(target=self._run, daemon=True, name="client-watch").start()
-
-    def _run(self):
         # Peek through the OS socket, never gevent's wrapper: a gevent recv that finds nothing
         # parks on the socket's single read event, the one gunicorn waits on for the client's
         # next keep-alive request, and the two waiters collide (ConcurrentObjectUseError, a
         # 500 for that next request; scripts/load_test.py found it). MSG_DONTWAIT never parks.
-        raw = getattr(self._sock, "_sock", self._sock)
+        self._raw = getattr(self._sock, "_sock", self._sock)
+        if _GEVENT:
+            # A read watcher of its own on the loop: no greenlet to spawn, switch to and kill
+            # per request (a spawned watcher cost every request a hub round trip).
+            self._io = gevent.get_hub().loop.io(self._raw.fileno(), 1, ref=False)
+            self._io.start(self._check)
+        else:
+            threading.Thread(target=self._poll, daemon=True, name="client-watch").start()
+
+    def _check(self) -> bool:
+        """The socket turned readable: True when the watch is over (client gone or not)."""
+        if self._stop.is_set():
+            return True  # the request is over: what arrived is the client's next request
+        try:
+            data = self._raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False  # nothing there after all (gunicorn read it first)
+        except (OSError, ValueError):
+            data = b""
+        if data:
+            self._end()
+            return True
+        self.gone = True
+        self._end()
+        log.info("client went away; aborting the backend request")
+        for abort in list(self._aborts):
+            abort()
+        return True
+
+    def _poll(self):
         while not self._stop.is_set():
             try:
-                readable, _, _ = select.select([self._sock], [], [], 0.5)
-                if self._stop.is_set():
-                    return  # the request is over: what arrived is the client's next request
-                if not readable:
-                    continue
-                data = raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                continue  # gunicorn read it first
+                readable, _, _ = select.select([self._raw], [], [], 0.5)
             except (OSError, ValueError):
-                data = b""
-            if data or self._stop.is_set():
+                readable = True
+            if readable and self._check():
                 return
-            self.gone = True
-            log.info("client went away; aborting the backend request")
-            for abort in list(self._aborts):
-                abort()
-            return
 
     def attach(self, abort):
         """Register something to abort; aborts it at once if the client already left."""
@@ -85,11 +96,14 @@ class ClientWatch:
         if self.gone:
             abort()
 
+    def _end(self):
+        if self._io is not None:
+            self._io.stop()  # may run inside the watcher's own callback: stop, don't close
+            self._io = None
+
     def stop(self):
         self._stop.set()
-        if self._task is not None:
-            self._task.kill(block=False)  # don't leave it polling for up to half a second
-
+        self._end()
 
 
 @dataclass
