@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass, field
 
 from .scripted_backend import Reply
+from .vllm_wire import sse_reply  # noqa: F401 (the same SSE framing; tests call w.sse_reply)
 
 CREATED_AT = 1796248628
-SSE_HEADERS = [("Content-Type", "text/event-stream; charset=utf-8")]
 _ids = itertools.count(1)
 
 
@@ -207,15 +207,6 @@ def stream_frames(request: dict, items: list[Item], use=None, ident=None, status
     for n, e in enumerate(events):
         e["sequence_number"] = n
     return [event(e) for e in events]
-
-
-def sse_reply(frames: list, gap: float = 0.0, **kw) -> Reply:
-    chunks = []
-    for f in frames:
-        chunks.append(f)
-        if gap:
-            chunks.append(gap)
-    return Reply(status=200, headers=list(SSE_HEADERS), chunks=chunks, **kw)
 
 
 def json_reply(obj, status: int = 200) -> Reply:
