@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from realvllm import (Http, RealVllm, RealVllmEnv, compose_config, locate_env, start_introspection,
+from realvllm import (Http, RealVllm, RealVllmEnv, Tap, compose_config, locate_env, start_introspection,
                       start_server, stop_server, wait_healthy)
 
 
@@ -57,3 +57,19 @@ def real_vllm(_vllm_process) -> RealVllm:
 @pytest.fixture(scope="session")
 def http_client() -> Http:
     return Http()
+
+
+@pytest.fixture(scope="module")
+def _tap(real_vllm):
+    tap = Tap(real_vllm.url)
+    yield tap
+    tap.close()
+
+
+@pytest.fixture
+def tapped(_tap, start_proxy, searxng):
+    """(proxy, tap) for a test: the recording pass-through emptied and unchanging; one tap per
+    module, so start_proxy reuses one proxy for the module's tests."""
+    _tap.exchanges.clear()
+    _tap.outgoing = None
+    return start_proxy(BACKEND_URL=_tap.url), _tap

@@ -14,7 +14,7 @@ import anthropic
 import pytest
 
 from proxy import messages as M
-from realvllm import FORCED_CALL, MODEL, QUERY, Tap
+from realvllm import FORCED_CALL, MODEL, QUERY
 
 MESSAGES = "/v1/messages"
 SERVER_TOOL = {"type": "web_search_20250305", "name": "web_search", "max_uses": 8}
@@ -22,20 +22,6 @@ SYSTEM = "You are an assistant for performing a web search tool use"
 ASK = [{"role": "user", "content": f"Perform a web search for the query: {QUERY}"}]
 ORDINARY_TOOL = {"name": "web_search", "description": "Search the web.",
                  "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}
-
-
-@pytest.fixture(scope="module")
-def _tap(real_vllm):
-    tap = Tap(real_vllm.url)
-    yield tap
-    tap.close()
-
-
-@pytest.fixture
-def tapped(_tap, start_proxy, searxng):
-    """(proxy, tap), emptied for the test; one tap per module, so start_proxy reuses one proxy."""
-    _tap.exchanges.clear()
-    return start_proxy(BACKEND_URL=_tap.url), _tap
 
 
 def sdk(proxy) -> anthropic.Anthropic:

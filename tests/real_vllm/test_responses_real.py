@@ -13,7 +13,7 @@ import re
 import openai
 import pytest
 
-from realvllm import FORCED_CALL, MODEL, QUERY, Tap
+from realvllm import FORCED_CALL, MODEL, QUERY
 
 RESPONSES = "/v1/responses"
 HOSTED = {"type": "web_search", "external_web_access": False}
@@ -27,21 +27,6 @@ def unforce_after_search(body: dict) -> dict | None:
     if any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in body.get("input") or []):
         return {k: v for k, v in body.items() if k not in FORCING}
     return None
-
-
-@pytest.fixture(scope="module")
-def _tap(real_vllm):
-    tap = Tap(real_vllm.url)
-    yield tap
-    tap.close()
-
-
-@pytest.fixture
-def tapped(_tap, start_proxy, searxng):
-    """(proxy, tap), emptied for the test; one tap per module, so start_proxy reuses one proxy."""
-    _tap.exchanges.clear()
-    _tap.outgoing = None
-    return start_proxy(BACKEND_URL=_tap.url), _tap
 
 
 def client(proxy) -> openai.OpenAI:
