@@ -300,25 +300,3 @@ def test_iter_frames_reassembles_events_split_across_reads():
     assert data_of(b"data: [DONE]\n\n") == b"[DONE]" and data_of(b": keep-alive\n\n") is None
     assert event_and_data(b"event: ping\ndata: {\"type\":\"ping\"}\n\n") == ("ping", b'{"type":"ping"}')
 
-
-class RecordingSocket:
-    """Takes the place of a connected socket and records each write."""
-
-    def __init__(self):
-        self.writes = []
-
-    def sendall(self, data):
-        self.writes.append(bytes(data))
-
-
-@pytest.mark.parametrize("size, writes", [(0, 1), (700, 1), (65536, 1), (65537, 2)])
-def test_small_requests_leave_in_one_write(size, writes):
-    from proxy.upstream import _HTTPConnection
-    conn = _HTTPConnection("127.0.0.1", 9)
-    conn.sock = RecordingSocket()
-    body = b"x" * size
-    conn.putrequest("POST", "/v1/chat/completions", skip_host=True)
-    conn.putheader("Content-Length", str(size))
-    conn.endheaders(body)
-    assert len(conn.sock.writes) == writes
-    assert b"".join(conn.sock.writes).endswith(b"\r\n\r\n" + body)

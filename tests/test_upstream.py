@@ -1,0 +1,240 @@
+"""The proxy's HTTP client for vLLM (proxy/upstream.py): its pure parsing rules, then whole
+responses written byte for byte into a real socket pair, whole and in one-byte pieces.
+
+Run: tests/run.sh tests/test_upstream.py
+"""
+import socket
+import threading
+
+import pytest
+
+from proxy.upstream import (Backend, Connection, ProtocolError, UpstreamError, body_framing,
+                            parse_head, request_head)
+
+
+# ---- pure rules ---------------------------------------------------------------------------
+
+def test_request_head_keeps_the_clients_bytes():
+    head = request_head("POST", "/v1/chat/completions?x=%C3%A9", "vllm:8000",
+                        [("Content-Type", "application/json"), ("X-Name", "caf\u00e9")], 12)
+    assert head == (b"POST /v1/chat/completions?x=%C3%A9 HTTP/1.1\r\nHost: vllm:8000\r\n"
+                    b"Content-Type: application/json\r\nX-Name: caf\xe9\r\nContent-Length: 12\r\n\r\n")
+    assert b"Content-Length" not in request_head("GET", "/v1/models", "h", [], None)
+
+
+@pytest.mark.parametrize("target, headers", [
+    ("/v1/models", [("X-A", "1\r\nX-Smuggled: yes")]),
+    ("/v1/models", [("X-A\nX-B", "1")]),
+    ("/v1/models", [("X-A", "1\r")]),
+    ("/v1/models HTTP/1.1\r\nX-Smuggled: yes", []),
+])
+def test_request_head_refuses_line_breaks(target, headers):
+    with pytest.raises(ValueError, match="line break"):
+        request_head("GET", target, "h", headers, None)
+
+
+@pytest.mark.parametrize("head, expected", [
+    (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nX-Empty:\r\nX-Pad: \t v \t",
+     ("HTTP/1.1", 200, [("content-type", "text/event-stream"), ("X-Empty", ""), ("X-Pad", "v")])),
+    (b"HTTP/1.0 404", ("HTTP/1.0", 404, [])),
+    (b"HTTP/1.1 500 Internal: Server Error", ("HTTP/1.1", 500, [])),
+])
+def test_parse_head(head, expected):
+    assert parse_head(head) == expected
+
+
+@pytest.mark.parametrize("head", [
+    b"HTTP/2 200 OK", b"ICY 200 OK", b"HTTP/1.1 20 OK", b"HTTP/1.1 2000 OK", b"HTTP/1.1 abc OK",
+    b"HTTP/1.1 200 OK\r\nno colon here", b"HTTP/1.1 200 OK\r\n folded: value", b"HTTP/1.1 200 OK\r\n: empty name",
+])
+def test_parse_head_refuses_what_is_not_http_1(head):
+    with pytest.raises(ProtocolError):
+        parse_head(head)
+
+
+@pytest.mark.parametrize("method, status, headers, expected", [
+    ("POST", 200, [("Content-Length", "12")], ("length", 12)),
+    ("POST", 200, [("Content-Length", "12"), ("content-length", "12")], ("length", 12)),
+    ("POST", 200, [("Transfer-Encoding", "chunked"), ("Content-Length", "12")], ("chunked", 0)),
+    ("POST", 200, [("Transfer-Encoding", "gzip, chunked")], ("chunked", 0)),
+    ("POST", 200, [("Transfer-Encoding", "chunked, gzip")], ("close", 0)),
+    ("POST", 200, [], ("close", 0)),
+    ("HEAD", 200, [("Content-Length", "12")], ("none", 0)),
+    ("GET", 204, [], ("none", 0)),
+    ("GET", 304, [("Content-Length", "12")], ("none", 0)),
+])
+def test_body_framing(method, status, headers, expected):
+    assert body_framing(method, status, headers) == expected
+
+
+@pytest.mark.parametrize("lengths", [["12", "13"], ["-1"], ["12abc"], ["1e3"]])
+def test_body_framing_refuses_bad_lengths(lengths):
+    with pytest.raises(ProtocolError, match="Content-Length"):
+        body_framing("POST", 200, [("Content-Length", v) for v in lengths])
+
+
+# ---- whole responses over a real socket pair ------------------------------------------------
+
+class Peer:
+    """The backend's end of a socket pair: reads one request, writes `raw`, maybe closes."""
+
+    def __init__(self, sock, raw: bytes, piece: int, close: bool):
+        self.sock, self.raw, self.piece, self.close = sock, raw, piece, close
+        self.request = b""
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while b"\r\n\r\n" not in self.request:
+            self.request += self.sock.recv(65536)
+        for i in range(0, len(self.raw), self.piece):
+            self.sock.sendall(self.raw[i:i + self.piece])
+        if self.close:
+            self.sock.close()
+
+
+def backend_answering(raw: bytes, piece: int = 1 << 20, close: bool = False):
+    """A Backend whose one pooled connection leads to a Peer that answers with `raw`.
+
+    BACKEND_URL points at a closed port, so a retry on a fresh connection fails loudly.
+    """
+    ours, theirs = socket.socketpair()
+    ours.settimeout(5)
+    backend = Backend("http://127.0.0.1:9", connect_timeout=1, read_timeout=5)
+    conn = Connection()
+    conn.sock = ours
+    backend._idle.append(conn)
+    return backend, Peer(theirs, raw, piece, close)
+
+
+OK_CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+              b"f;name=value\r\ndata: {\"a\":1}\n\n\r\n"
+              b"e\r\ndata: [DONE]\n\n\r\n0\r\nX-Trailer: dropped\r\n\r\n")
+
+# raw response -> (body, connection back in the pool)
+WHOLE = [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", b"hello", True),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", b"", True),
+    (OK_CHUNKED, b'data: {"a":1}\n\ndata: [DONE]\n\n', True),
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", b"ok", True),
+    (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", b"ok", False),
+    (b"HTTP/1.0 200 OK\r\n\r\nuntil the end", b"until the end", False),
+    (b"HTTP/1.1 204 No Content\r\n\r\n", b"", True),
+    # A byte after the body would be taken for the next response's: that connection is done.
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokX", b"ok", False),
+]
+
+
+@pytest.mark.parametrize("piece", [1 << 20, 1], ids=["whole", "byte-by-byte"])
+@pytest.mark.parametrize("raw, body, pooled", WHOLE)
+def test_whole_responses(raw, body, pooled, piece):
+    backend, peer = backend_answering(raw, piece, close=not pooled)
+    up = backend.request("POST", "/v1/chat/completions", b"{}", [("Content-Type", "application/json")])
+    assert up.status == 200 or (up.status == 204 and body == b"")
+    got = b"".join(up.iter_raw()) if piece == 1 else up.read()
+    assert got == body
+    assert len(backend._idle) == (1 if pooled else 0)
+    assert peer.request.startswith(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:9\r\n")
+
+
+def test_events_that_arrived_together_come_out_together():
+    """The peer writes the whole answer at once: one piece, so the proxy writes once too."""
+    backend, _ = backend_answering(OK_CHUNKED)
+    up = backend.request("POST", "/v1/chat/completions", b"{}", [])
+    assert list(up.iter_raw()) == [b'data: {"a":1}\n\ndata: [DONE]\n\n']
+
+
+def test_head_request_has_no_body():
+    backend, _ = backend_answering(b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n")
+    up = backend.request("HEAD", "/health", None, [])
+    assert up.read() == b"" and len(backend._idle) == 1
+
+
+@pytest.mark.parametrize("raw, phrase", [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf", "broke"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\ncut", "broke"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n0\r\n\r\n", "bad chunk-size"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\nxx\r\n0\r\n\r\n", "bad chunk-size"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nxxx\r\n0\r\n\r\n", "longer than its declared size"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nxx\r\n0\r\n", "broke"),
+])
+def test_broken_bodies_raise_upstream_errors(raw, phrase):
+    backend, _ = backend_answering(raw, close=True)
+    up = backend.request("POST", "/v1/chat/completions", b"{}", [])
+    with pytest.raises(UpstreamError, match=phrase) as e:
+        b"".join(up.iter_raw())
+    assert e.value.kind == "unreachable" and not backend._idle
+
+
+@pytest.mark.parametrize("raw, phrase", [
+    (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "malformed response"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nx", "malformed response"),
+    (b"HTTP/1.1 200 OK\r\nContent-Len", "closed inside the response head"),
+])
+def test_broken_heads_raise_upstream_errors(raw, phrase):
+    backend, _ = backend_answering(raw, close=True)
+    with pytest.raises(UpstreamError, match=phrase) as e:
+        backend.request("POST", "/v1/chat/completions", b"{}", [])
+    assert e.value.kind == "unreachable"
+
+
+def test_a_silent_backend_is_a_timeout():
+    ours, theirs = socket.socketpair()
+    backend = Backend("http://127.0.0.1:9", connect_timeout=1, read_timeout=0.2)
+    conn = Connection()
+    conn.sock = ours
+    ours.settimeout(0.2)
+    backend._idle.append(conn)
+    with pytest.raises(UpstreamError, match="did not answer within 0.2 s") as e:
+        backend.request("GET", "/v1/models", None, [])
+    assert e.value.kind == "timeout"
+    theirs.close()
+
+
+def test_a_stale_pooled_connection_is_retried_on_a_fresh_one():
+    """The pooled connection closes unanswered; the retry reaches a real listener."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve():
+        sock, _ = listener.accept()
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh")
+        sock.close()
+    threading.Thread(target=serve, daemon=True).start()
+    backend = Backend(f"http://127.0.0.1:{port}", connect_timeout=1, read_timeout=5)
+    stale, theirs = socket.socketpair()
+    theirs.close()
+    conn = Connection()
+    conn.sock = stale
+    backend._idle.append(conn)
+    assert backend.request("GET", "/v1/models", None, []).read() == b"fresh"
+    listener.close()
+
+
+class RecordingSocket:
+    """Takes the place of a connected socket: records each write, answers with a small 200."""
+
+    def __init__(self):
+        self.writes = []
+
+    def sendall(self, data):
+        self.writes.append(bytes(data))
+
+    def recv(self, _size):
+        return b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+
+
+@pytest.mark.parametrize("size, writes", [(0, 1), (700, 1), (65536, 1), (65537, 2)])
+def test_small_requests_leave_in_one_write(size, writes):
+    """One write: the body never waits on Nagle's algorithm and vLLM's server wakes once."""
+    backend = Backend("http://127.0.0.1:9", connect_timeout=1, read_timeout=5)
+    conn = Connection()
+    conn.sock = RecordingSocket()
+    backend._idle.append(conn)
+    body = b"x" * size
+    backend.request("POST", "/v1/chat/completions", body, [])
+    assert len(conn.sock.writes) == writes
+    assert b"".join(conn.sock.writes).endswith(b"\r\n\r\n" + body)
