@@ -14,13 +14,16 @@ def iter_frames(chunks):
     """
     buf = b""
     for chunk in chunks:
-        buf += chunk
+        buf = buf + chunk if buf else chunk
+        # One read can hold hundreds of events: step through it, don't re-slice what's left.
+        start = 0
         while True:
-            cut = buf.find(b"\n\n")
+            cut = buf.find(b"\n\n", start)
             if cut < 0:
                 break
-            yield buf[:cut + 2]
-            buf = buf[cut + 2:]
+            yield buf[start:cut + 2]
+            start = cut + 2
+        buf = buf[start:]
     if buf:
         yield buf
 
