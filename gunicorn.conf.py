@@ -30,3 +30,10 @@ def when_ready(server):
     for listener in server.LISTENERS:
         if listener.sock.family in (socket.AF_INET, socket.AF_INET6):
             listener.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def post_fork(server, worker):
+    # Each response's head leaves with its first body bytes: one client wake-up, not two,
+    # before a streamed answer's first event (proxy/gunicorn_response.py has the figures).
+    from proxy.gunicorn_response import install
+    install()
