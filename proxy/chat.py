@@ -15,7 +15,7 @@ from .background import run_with_keepalive
 from .errors import error_response, sse_error, upstream_error_status
 from .exchange import ClientWatch, Exchange, ask, encode_json, response_headers, start_stream
 from .search import NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, format_for_model, parse_arguments
-from .sse import comment, data_of, iter_frames
+from .sse import comment, data_of, iter_frame_batches
 from .upstream import UpstreamError
 
 log = logging.getLogger("proxy.chat")
@@ -273,36 +273,42 @@ def _stream_events(ex: Exchange, body: dict, up):
         while True:
             turn = _Turn()
             try:
-                for frame in iter_frames(up.iter_raw()):
-                    payload = data_of(frame)
-                    if payload is None or not payload.startswith(b"{"):
-                        if payload == b"[DONE]":
-                            # Read on to the end of the body (it ends right here) so this
-                            # connection goes back to the pool instead of being dropped.
-                            turn.done = True
+                for frames in iter_frame_batches(up.iter_raw()):
+                    out, texts, failed = [], [], False
+                    for frame in frames:
+                        payload = data_of(frame)
+                        if payload is None or not payload.startswith(b"{"):
+                            if payload == b"[DONE]":
+                                # Read on to the end of the body (it ends right here) so this
+                                # connection goes back to the pool instead of being dropped.
+                                turn.done = True
+                            else:
+                                out.append(frame)  # comments and anything unknown pass as they are
                             continue
-                        yield frame  # comments and anything unknown pass as they are
-                        continue
-                    if ident is None:
-                        head = jsonio.loads(payload)
-                        ident, created = head.get("id"), head.get("created")
-                    if payload.startswith(b'{"error"'):
-                        yield frame
-                        turn.done = True
-                        break
-                    # Cheap substring tests keep the common event (a token) off the JSON parser.
-                    if b'"tool_calls"' in payload:
-                        turn.held.append(frame)
-                    elif b'"choices":[]' in payload and b'"usage"' in payload:
-                        turn.usage_frame = frame
-                    else:
-                        if turn_no == 1:
-                            yield frame
+                        if ident is None:
+                            head = jsonio.loads(payload)
+                            ident, created = head.get("id"), head.get("created")
+                        if payload.startswith(b'{"error"'):
+                            out.append(frame)
+                            turn.done = failed = True
+                            break
+                        # Cheap substring tests keep the common event (a token) off the JSON parser.
+                        if b'"tool_calls"' in payload:
+                            turn.held.append(frame)
+                        elif b'"choices":[]' in payload and b'"usage"' in payload:
+                            turn.usage_frame = frame
                         else:
-                            out = _restamp(payload, ident, created)
-                            if out:
-                                yield out
+                            out.append(frame if turn_no == 1 else _restamp(payload, ident, created) or b"")
+                            texts.append(payload)
+                    # What one read brought leaves in one write: a proxy that fell behind a burst
+                    # catches up in one send, not one per event.
+                    data = b"".join(out)
+                    if data:
+                        yield data
+                    for payload in texts:
                         turn.add_text(payload)  # after the yield: the client never waits on it
+                    if failed:
+                        break
             except UpstreamError as e:
                 if ex.watch.gone:
                     return

@@ -5,27 +5,36 @@ Used by the streaming search loops; not run on its own.
 from __future__ import annotations
 
 
-def iter_frames(chunks):
-    """Yield each complete event (its bytes, blank-line terminator included) as it completes.
+def iter_frame_batches(chunks):
+    """For each network read, the events it completed (their bytes, blank-line terminator
+    included), as a list, possibly empty.
 
     Network reads split and merge events freely; relaying whole events unchanged keeps the
-    client's bytes identical to vLLM's while letting the proxy look at each one. A tail
-    without its blank line (a stream cut short) is yielded as it is, last.
+    client's bytes identical to vLLM's while letting the proxy look at each one, and a
+    read's events together can leave in one write. A tail without its blank line (a stream
+    cut short) comes last, alone.
     """
     buf = b""
     for chunk in chunks:
         buf = buf + chunk if buf else chunk
         # One read can hold hundreds of events: step through it, don't re-slice what's left.
-        start = 0
+        frames, start = [], 0
         while True:
             cut = buf.find(b"\n\n", start)
             if cut < 0:
                 break
-            yield buf[start:cut + 2]
+            frames.append(buf[start:cut + 2])
             start = cut + 2
         buf = buf[start:]
+        yield frames
     if buf:
-        yield buf
+        yield [buf]
+
+
+def iter_frames(chunks):
+    """Each complete event as it completes (see iter_frame_batches)."""
+    for frames in iter_frame_batches(chunks):
+        yield from frames
 
 
 def data_of(frame: bytes) -> bytes | None:

@@ -65,7 +65,7 @@ class ResponseParser:
         self.keep_body = keep_body
         self.body: list[bytes] = []
         self.first = None       # perf_counter() when the first body chunk was complete
-        self.chunks = 0
+        self.events = 0         # SSE events in the body: a proxy may send several in one HTTP chunk
         self.done = False
         self._left = 0
 
@@ -112,8 +112,8 @@ class ResponseParser:
                     return
                 if self.keep_body:
                     self.body.append(bytes(buf[:self._left]))
+                self.events += buf.count(b"\n\n", 0, self._left)
                 del buf[:self._left + 2]
-                self.chunks += 1
                 if self.first is None:
                     self.first = now
                 self.state = "size"
@@ -232,7 +232,7 @@ def stream_batch(url: str, n: int, req_headers, body: bytes, timeout: float) -> 
                     continue
                 ends.append(now)
                 ttfts.append(p.first - sent)
-                chunks += p.chunks
+                chunks += p.events
     for s in socks:
         s.close()
     if state:
@@ -406,8 +406,8 @@ def phase_stream(backend, proxy, n: int, chunks: int) -> dict:
     def run(c, k):
         hdr = [("X-Bench-Mode", "stream"), ("X-Bench-Chunks", str(k)), ("X-Bench-Gap", "0")]
         resp, total = c.retrying("POST", "/v1/chat/completions", body, hdr)
-        if resp.chunks < k:
-            raise RuntimeError(f"stream gave {resp.chunks} chunks, wanted {k}")
+        if resp.events < k:
+            raise RuntimeError(f"stream gave {resp.events} events, wanted {k}")
         return resp.first - resp.t0, total
 
     for c in (d, p):

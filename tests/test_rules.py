@@ -14,7 +14,7 @@ from proxy.config import Config
 from proxy.errors import upstream_error_status
 from proxy.search import (SearchOutcome, SearchSession, Hit, filter_domains, format_for_model,
                           outcome_from_response, parse_arguments, search_url, _decode_body)
-from proxy.sse import data_of, event_and_data, iter_frames
+from proxy.sse import data_of, event_and_data, iter_frame_batches, iter_frames
 from proxy.upstream import UpstreamError, end_to_end_headers
 from standins.searxng import default_results, page, result
 
@@ -299,4 +299,10 @@ def test_iter_frames_reassembles_events_split_across_reads():
     assert list(iter_frames([b"data: x\n\ndata: cut"])) == [b"data: x\n\n", b"data: cut"]
     assert data_of(b"data: [DONE]\n\n") == b"[DONE]" and data_of(b": keep-alive\n\n") is None
     assert event_and_data(b"event: ping\ndata: {\"type\":\"ping\"}\n\n") == ("ping", b'{"type":"ping"}')
+
+
+def test_iter_frame_batches_keeps_each_reads_events_together():
+    reads = [b"data: 1\n\ndata: 2\n\ndata: ", b"3\n", b"\ndata: 4\n\n", b"data: cut"]
+    assert list(iter_frame_batches(reads)) == [
+        [b"data: 1\n\n", b"data: 2\n\n"], [], [b"data: 3\n\n", b"data: 4\n\n"], [], [b"data: cut"]]
 
