@@ -9,9 +9,9 @@ then measures each case interleaved, direct and proxied, from one client process
 It prints a table against issue 7's targets and, with --json PATH, writes every figure.
 This is a benchmark, not a test: it never fails on a missed target, it reports it.
 
-`--variant noreuse` / `--variant orjson` run the proxy with a patch applied in the worker
-(no backend connection reuse / orjson for the request-body JSON) to compare designs without
-editing proxy/; gunicorn then loads this file as its app module (see __getattr__ below).
+`--variant noreuse` runs the proxy with a patch applied in the worker (no backend connection
+reuse) to compare designs without editing proxy/; gunicorn then loads this file as its app
+module (see __getattr__ below).
 """
 from __future__ import annotations
 
@@ -399,6 +399,9 @@ def phase_nonstreaming(backend, proxy, n: int) -> dict:
             "proxy_cpu_per_request_us": cpu * 1e6}
 
 
+SHORT = 4  # events in the short stream of phase 2: role, one token, finish, [DONE]
+
+
 def phase_stream(backend, proxy, n: int, chunks: int) -> dict:
     body = json.dumps({**SMALL, "stream": True}).encode()
     d, p = Client(backend.url), Client(proxy.url)
@@ -416,22 +419,26 @@ def phase_stream(backend, proxy, n: int, chunks: int) -> dict:
     cpu0 = proxy.cpu()
     r = interleaved(n, [("direct", lambda: run(d, chunks)), ("proxy", lambda: run(p, chunks))])
     cpu_long = (proxy.cpu() - cpu0) / n
-    # The same with a 3-event stream: the difference is what each further event costs,
-    # without the per-request work (routing, JSON, the upstream request) spread over it.
+    # The same with a 4-event stream, also interleaved. Its CPU difference is what each
+    # further event costs, without the per-request work (routing, JSON, the upstream request)
+    # spread over it; its time to first event is the proxy's own, without the long stream's
+    # burst, in which the backend and the proxy both run flat out while the client waits for
+    # a CPU (on a 2-CPU machine the client then sees the first event about when the last).
     cpu0 = proxy.cpu()
-    for _ in range(n):
-        run(p, 3)
+    short = interleaved(n, [("direct", lambda: run(d, SHORT)), ("proxy", lambda: run(p, SHORT))])
     cpu_short = (proxy.cpu() - cpu0) / n
     d.close(), p.close()
     out = {"n": n, "chunks": chunks}
     for side in ("direct", "proxy"):
         out[f"{side}_ttft_ms"] = statistics.median(t for t, _ in r[side]) * 1e3
         out[f"{side}_total_ms"] = statistics.median(t for _, t in r[side]) * 1e3
+        out[f"{side}_short_ttft_ms"] = statistics.median(t for t, _ in short[side]) * 1e3
     out["added_ttft_ms"] = out["proxy_ttft_ms"] - out["direct_ttft_ms"]
     out["added_total_ms"] = out["proxy_total_ms"] - out["direct_total_ms"]
+    out["added_short_ttft_ms"] = out["proxy_short_ttft_ms"] - out["direct_short_ttft_ms"]
     out["proxy_cpu_per_stream_ms"] = cpu_long * 1e3
     out["proxy_cpu_per_chunk_us"] = cpu_long / chunks * 1e6
-    out["proxy_cpu_per_extra_chunk_us"] = (cpu_long - cpu_short) / (chunks - 3) * 1e6
+    out["proxy_cpu_per_extra_chunk_us"] = (cpu_long - cpu_short) / (chunks - SHORT) * 1e6
     return out
 
 
@@ -566,19 +573,22 @@ def rows(r: dict):
            "added <= 0.5 ms", ns["added_p50_ms"] <= 0.5)
     yield ("(1) non-streaming p99, ms", ns["direct_p99_ms"], ns["proxy_p99_ms"], ns["added_p99_ms"], None, "", None)
     yield ("(1) proxy CPU per request, us", None, ns["proxy_cpu_per_request_us"], None, None, "", None)
-    yield (f"(2) {st['chunks']}-chunk stream TTFT, ms", st["direct_ttft_ms"], st["proxy_ttft_ms"], st["added_ttft_ms"],
+    yield (f"(2) {st['chunks']}-event stream TTFT, ms", st["direct_ttft_ms"], st["proxy_ttft_ms"], st["added_ttft_ms"],
            None, "added <= 1 ms", st["added_ttft_ms"] <= 1.0)
-    yield (f"(2) {st['chunks']}-chunk stream total, ms", st["direct_total_ms"], st["proxy_total_ms"], st["added_total_ms"],
+    yield (f"(2) {SHORT}-event stream TTFT, ms", st["direct_short_ttft_ms"], st["proxy_short_ttft_ms"],
+           st["added_short_ttft_ms"], None, "added <= 1 ms", st["added_short_ttft_ms"] <= 1.0)
+    yield (f"(2) {st['chunks']}-event stream total, ms", st["direct_total_ms"], st["proxy_total_ms"], st["added_total_ms"],
            None, "", None)
-    yield ("(2) proxy CPU per chunk (all), us", None, st["proxy_cpu_per_chunk_us"], None, None, "<= 20 us",
+    yield ("(2) proxy CPU per event (all), us", None, st["proxy_cpu_per_chunk_us"], None, None, "<= 20 us",
            st["proxy_cpu_per_chunk_us"] <= 20)
-    yield ("(2) proxy CPU per extra chunk, us", None, st["proxy_cpu_per_extra_chunk_us"], None, None, "", None)
+    yield ("(2) proxy CPU per extra event, us", None, st["proxy_cpu_per_extra_chunk_us"], None, None, "", None)
     yield (f"(3) {cc['streams']} x {cc['stream_seconds']:g} s streams wall, s", cc["direct_wall_s"], cc["proxy_wall_s"],
            cc["proxy_wall_s"] - cc["direct_wall_s"], cc["wall_ratio"], "<= 1.2x direct", cc["wall_ratio"] <= 1.2)
     yield ("(3) worst TTFT in the batch, ms", cc["direct_worst_ttft_ms"], cc["proxy_worst_ttft_ms"],
            cc["added_worst_ttft_ms"], None, "", None)
-    yield ("(3) proxy CPU per paced chunk, us", None, cc["proxy_cpu_per_paced_chunk_us"], None, None, "<= 20 us",
-           cc["proxy_cpu_per_paced_chunk_us"] <= 20)
+    # Each event alone: a wake-up of the event loop, a read and a write per event. Issue 7's
+    # 20 us target is for relayed events, case (2); this row has none.
+    yield ("(3) proxy CPU per paced event, us", None, cc["proxy_cpu_per_paced_chunk_us"], None, None, "", None)
     yield (f"(4) {bg['body_bytes'] / 1e6:.1f} MB body, web_search injected, ms", bg["direct_ms"], bg["proxy_inject_ms"],
            bg["added_inject_ms"], None, "added <= 10 ms", bg["added_inject_ms"] <= 10)
     yield (f"(4) {bg['body_bytes'] / 1e6:.1f} MB body, INJECT_WEB_SEARCH=false, ms", bg["direct_ms"],
@@ -620,7 +630,7 @@ def main():
     ap.add_argument("--worker-class", help="override gunicorn.conf.py's worker_class (e.g. gthread)")
     ap.add_argument("--threads", type=int, help="gunicorn --threads (for gthread)")
     ap.add_argument("--workers", type=int, help="gunicorn --workers")
-    ap.add_argument("--variant", default="", help="comma list of worker-side patches: noreuse, orjson, watchfix")
+    ap.add_argument("--variant", default="", help="worker-side patch to compare designs: noreuse (no backend keep-alive)")
     ap.add_argument("--log-level", default="info", help="the proxy's LOG_LEVEL (default info, as shipped)")
     ap.add_argument("--only", default="1,2,3,4,5", help="comma list of phases to run (default all)")
     args = ap.parse_args()
@@ -689,65 +699,14 @@ def _variant_app():
     import importlib  # noqa: PLC0415
     variants = set(filter(None, os.environ.get("PROXY_OVERHEAD_VARIANT", "").split(",")))
     sys.path.insert(0, str(ROOT))
-    from proxy import chat, exchange, upstream  # noqa: PLC0415
+    from proxy import upstream  # noqa: PLC0415
     if "noreuse" in variants:
         # Every backend request on a fresh connection: what a pool-less client would cost.
         upstream.Backend._release = lambda self, conn: conn.close()
-    if "orjson" in variants:
-        import orjson  # noqa: PLC0415
-
-        class _Json:
-            """stdlib json's surface as chat.py uses it, backed by orjson (str out for dumps)."""
-            loads = staticmethod(orjson.loads)
-
-            @staticmethod
-            def dumps(obj, **_kw):
-                return orjson.dumps(obj).decode()
-
-        chat.json = _Json
-
-        def post(self, path, payload):
-            # orjson gives bytes straight away: no str round trip for a 1 MB body.
-            headers = [(n, v) for n, v in self.headers if n.lower() != "content-type"]
-            headers.append(("Content-Type", "application/json"))
-            return self.backend.request("POST", path, orjson.dumps(payload), headers, on_open=self._attach)
-        exchange.Exchange.post = post
-    if "watchfix" in variants:
-        exchange.ClientWatch._run = _watch_run_fixed
-    unknown = variants - {"noreuse", "orjson", "watchfix"}
+    unknown = variants - {"noreuse"}
     if unknown:
         raise SystemExit(f"proxy_overhead.py: unknown variant(s) {sorted(unknown)}")
     return importlib.import_module("proxy-passthrough").app
-
-
-def _watch_run_fixed(self):
-    """ClientWatch._run with the peek that can't park on gunicorn's socket (the suggested fix).
-
-    gevent lets one greenlet at a time wait on a socket object. When gunicorn's handler reads
-    the client's next keep-alive request between this watcher's select and its peek, the
-    peek finds nothing and gevent parks it on the socket; gunicorn's next recv on that socket
-    then raises ConcurrentObjectUseError and the client gets a 500. Peeking on the real
-    socket underneath with MSG_DONTWAIT never waits: EAGAIN means gunicorn took the bytes,
-    so the client is there.
-    """
-    import select  # noqa: PLC0415
-    raw = getattr(self._sock, "_sock", self._sock)  # gevent's wrapper keeps the OS socket here
-    while not self._stop.is_set():
-        try:
-            readable, _, _ = select.select([self._sock], [], [], 0.5)
-            if not readable:
-                continue
-            data = raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return
-        except (OSError, ValueError):
-            data = b""
-        if data or self._stop.is_set():
-            return
-        self.gone = True
-        for abort in list(self._aborts):
-            abort()
-        return
 
 
 def __getattr__(name):

@@ -1,0 +1,32 @@
+"""scripts/proxy_overhead.py runs end to end (a tiny run, a few seconds): every case of issue 7
+is measured, the table names each target, and the JSON holds every figure. Its speed
+figures are not asserted: they belong to the benchmark, not to a test on a noisy machine.
+
+Run: tests/run.sh tests/test_proxy_overhead.py
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--requests", "20", "--streams", "3", "--chunks", "20", "--concurrent", "8", "--rounds", "1",
+        "--paced-chunks", "5", "--paced-seconds", "0.2", "--big", "2", "--big-bytes", "200000", "--loops", "2"]
+
+
+def test_a_tiny_run_measures_every_case(tmp_path):
+    out = tmp_path / "overhead.json"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts/proxy_overhead.py"), *TINY, "--json", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "FAILED ANSWERS" not in run.stdout
+    for row in ["(1) non-streaming p50", "(2) 20-event stream TTFT", "(2) 4-event stream TTFT",
+                "(2) proxy CPU per event", "(3) 8 x 0.2 s streams wall", "(4) 0.2 MB body, web_search injected",
+                "(4) 0.2 MB body, INJECT_WEB_SEARCH=false", "(5) search loop", "(6) proxy RSS"]:
+        assert row in run.stdout, f"{row!r} missing from:\n{run.stdout}"
+    assert run.stdout.count(" met") + run.stdout.count("NOT MET") == 7  # one verdict per target
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"nonstreaming", "stream", "concurrent", "big_body", "search_loop"}
+    assert results["stream"]["chunks"] == 20 and results["concurrent"]["streams"] == 8
+    assert all(v > 0 for v in (results["nonstreaming"]["proxy_p50_ms"], results["stream"]["proxy_short_ttft_ms"],
+                               results["concurrent"]["proxy_rss_peak_mb"]))
