@@ -120,8 +120,6 @@ WHOLE = [
     (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", b"ok", False),
     (b"HTTP/1.0 200 OK\r\n\r\nuntil the end", b"until the end", False),
     (b"HTTP/1.1 204 No Content\r\n\r\n", b"", True),
-    # A byte after the body would be taken for the next response's: that connection is done.
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokX", b"ok", False),
 ]
 
 
@@ -135,6 +133,14 @@ def test_whole_responses(raw, body, pooled, piece):
     assert got == body
     assert len(backend._idle) == (1 if pooled else 0)
     assert peer.request.startswith(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:9\r\n")
+
+
+def test_bytes_after_the_body_retire_the_connection():
+    """They would be read as the next response's head. (Sent in one write, so they are
+    there when the body ends; a byte that comes later fails the next request's head: 502.)"""
+    backend, _ = backend_answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokX")
+    assert backend.request("POST", "/v1/chat/completions", b"{}", []).read() == b"ok"
+    assert not backend._idle
 
 
 def test_events_that_arrived_together_come_out_together():
