@@ -390,8 +390,13 @@ def phase_nonstreaming(backend, proxy, n: int) -> dict:
     r = interleaved(n, [("direct", lambda: d.retrying("POST", "/v1/chat/completions", body, hdr)[1]),
                         ("proxy", lambda: p.retrying("POST", "/v1/chat/completions", body, hdr)[1])])
     cpu = (proxy.cpu() - cpu0) / n
+    # The floor: gunicorn and Flask answering on their own, with no vLLM request behind them.
+    # A relayed request costs at least this plus a round trip to the backend (about what
+    # the direct request takes), so this is the least the proxy can add on this stack.
+    floor = interleaved(n, [("direct", lambda: d.retrying("POST", "/v1/chat/completions", body, hdr)[1]),
+                            ("health", lambda: p.retrying("GET", "/proxy/health")[1])])
     d.close(), p.close()
-    return {"n": n, "body_bytes": len(body),
+    return {"n": n, "body_bytes": len(body), "health_p50_ms": pct(floor["health"], 50) * 1e3,
             **{f"{side}_{q}_ms": pct(r[side], q2) * 1e3 for side in ("direct", "proxy")
                for q, q2 in (("p50", 50), ("p99", 99))},
             "added_p50_ms": (pct(r["proxy"], 50) - pct(r["direct"], 50)) * 1e3,
@@ -573,6 +578,8 @@ def rows(r: dict):
            "added <= 0.5 ms", ns["added_p50_ms"] <= 0.5)
     yield ("(1) non-streaming p99, ms", ns["direct_p99_ms"], ns["proxy_p99_ms"], ns["added_p99_ms"], None, "", None)
     yield ("(1) proxy CPU per request, us", None, ns["proxy_cpu_per_request_us"], None, None, "", None)
+    yield ("(1) floor: GET /proxy/health alone, p50, ms", None, ns["health_p50_ms"], None, None,
+           "(least a relay can add)", None)
     yield (f"(2) {st['chunks']}-event stream TTFT, ms", st["direct_ttft_ms"], st["proxy_ttft_ms"], st["added_ttft_ms"],
            None, "added <= 1 ms", st["added_ttft_ms"] <= 1.0)
     yield (f"(2) {SHORT}-event stream TTFT, ms", st["direct_short_ttft_ms"], st["proxy_short_ttft_ms"],
