@@ -11,13 +11,10 @@ event that has arrived, however many.
 """
 from __future__ import annotations
 
-import logging
 import socket
 import ssl
 import threading
 import urllib.parse
-
-log = logging.getLogger("proxy.upstream")
 
 # RFC 9110 §7.6.1: meaningful for one connection only, never relayed. Content-Length is
 # recomputed by whoever writes the next hop, and Host belongs to that hop too.

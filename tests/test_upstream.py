@@ -4,6 +4,8 @@ responses written byte for byte into a real socket pair, whole and in one-byte p
 Run: tests/run.sh tests/test_upstream.py
 """
 import socket
+import ssl
+import subprocess
 import threading
 
 import pytest
@@ -244,3 +246,40 @@ def test_small_requests_leave_in_one_write(size, writes):
     backend.request("POST", "/v1/chat/completions", body, [])
     assert len(conn.sock.writes) == writes
     assert b"".join(conn.sock.writes).endswith(b"\r\n\r\n" + body)
+
+
+@pytest.fixture
+def tls_backend(tmp_path):
+    """An HTTPS stand-in on loopback with a fresh self-signed certificate: (url, cert path)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                raw, _ = listener.accept()
+                sock = ctx.wrap_socket(raw, server_side=True)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += sock.recv(65536)
+                sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntls")
+            except (OSError, ssl.SSLError):
+                if listener.fileno() < 0:
+                    return  # closed at the end of the test
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"https://127.0.0.1:{listener.getsockname()[1]}", cert
+    listener.close()
+
+
+def test_https_backend_verifies_its_certificate(tls_backend, monkeypatch):
+    url, cert = tls_backend
+    with pytest.raises(UpstreamError, match="CERTIFICATE_VERIFY_FAILED"):
+        Backend(url, connect_timeout=5, read_timeout=5).request("GET", "/v1/models", None, [])
+    # Trusted (SSL_CERT_FILE is read when the proxy starts), the same backend answers.
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    assert Backend(url, connect_timeout=5, read_timeout=5).request("GET", "/v1/models", None, []).read() == b"tls"
