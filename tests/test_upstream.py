@@ -95,18 +95,21 @@ class Peer:
             self.sock.close()
 
 
-def backend_answering(raw: bytes, piece: int = 1 << 20, close: bool = False):
-    """A Backend whose one pooled connection leads to a Peer that answers with `raw`.
+def pooled(sock, url: str = "http://127.0.0.1:9", read_timeout: float = 5) -> Backend:
+    """A Backend whose one idle keep-alive connection is `sock`. The default URL is a closed
+    port, so a retry on a fresh connection fails loudly."""
+    backend = Backend(url, connect_timeout=1, read_timeout=read_timeout)
+    conn = Connection()
+    conn.sock = sock
+    backend._idle.append(conn)
+    return backend
 
-    BACKEND_URL points at a closed port, so a retry on a fresh connection fails loudly.
-    """
+
+def backend_answering(raw: bytes, piece: int = 1 << 20, close: bool = False):
+    """A Backend whose one pooled connection leads to a Peer that answers with `raw`."""
     ours, theirs = socket.socketpair()
     ours.settimeout(5)
-    backend = Backend("http://127.0.0.1:9", connect_timeout=1, read_timeout=5)
-    conn = Connection()
-    conn.sock = ours
-    backend._idle.append(conn)
-    return backend, Peer(theirs, raw, piece, close)
+    return pooled(ours), Peer(theirs, raw, piece, close)
 
 
 OK_CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -188,11 +191,8 @@ def test_broken_heads_raise_upstream_errors(raw, phrase):
 
 def test_a_silent_backend_is_a_timeout():
     ours, theirs = socket.socketpair()
-    backend = Backend("http://127.0.0.1:9", connect_timeout=1, read_timeout=0.2)
-    conn = Connection()
-    conn.sock = ours
     ours.settimeout(0.2)
-    backend._idle.append(conn)
+    backend = pooled(ours, read_timeout=0.2)
     with pytest.raises(UpstreamError, match="did not answer within 0.2 s") as e:
         backend.request("GET", "/v1/models", None, [])
     assert e.value.kind == "timeout"
@@ -212,12 +212,9 @@ def test_a_stale_pooled_connection_is_retried_on_a_fresh_one():
         sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh")
         sock.close()
     threading.Thread(target=serve, daemon=True).start()
-    backend = Backend(f"http://127.0.0.1:{port}", connect_timeout=1, read_timeout=5)
     stale, theirs = socket.socketpair()
     theirs.close()
-    conn = Connection()
-    conn.sock = stale
-    backend._idle.append(conn)
+    backend = pooled(stale, url=f"http://127.0.0.1:{port}")
     assert backend.request("GET", "/v1/models", None, []).read() == b"fresh"
     listener.close()
 
@@ -238,14 +235,11 @@ class RecordingSocket:
 @pytest.mark.parametrize("size, writes", [(0, 1), (700, 1), (65536, 1), (65537, 2)])
 def test_small_requests_leave_in_one_write(size, writes):
     """One write: the body never waits on Nagle's algorithm and vLLM's server wakes once."""
-    backend = Backend("http://127.0.0.1:9", connect_timeout=1, read_timeout=5)
-    conn = Connection()
-    conn.sock = RecordingSocket()
-    backend._idle.append(conn)
+    sock = RecordingSocket()
     body = b"x" * size
-    backend.request("POST", "/v1/chat/completions", body, [])
-    assert len(conn.sock.writes) == writes
-    assert b"".join(conn.sock.writes).endswith(b"\r\n\r\n" + body)
+    pooled(sock).request("POST", "/v1/chat/completions", body, [])
+    assert len(sock.writes) == writes
+    assert b"".join(sock.writes).endswith(b"\r\n\r\n" + body)
 
 
 @pytest.fixture
