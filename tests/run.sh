@@ -17,9 +17,9 @@ CACHE=${CODING_STACK_TEST_CACHE:-$HOME/.cache/coding-stack-tests}
 export CODING_STACK_TEST_CACHE=$CACHE
 mkdir -p "$CACHE"
 
-# The venv is keyed by the pinned requirement files, so a pin change builds a new one and an
-# unchanged tree reuses the old one (CI runs on a fresh clone, not a fresh cache).
-key=$(cat requirements.txt tests/requirements.txt | sha256sum | cut -c1-12)
+# The venv is keyed by the test lock (which holds the proxy's lock too), so a pin change builds a
+# new one and an unchanged tree reuses the old one (CI runs on a fresh clone, not a fresh cache).
+key=$(sha256sum tests/requirements.txt | cut -c1-12)
 VENV=$CACHE/venv-$key
 if [ ! -e "$VENV/.complete" ]; then
   echo "run.sh: creating test environment $VENV" >&2
@@ -27,7 +27,7 @@ if [ ! -e "$VENV/.complete" ]; then
   python3 -m venv "$VENV"
   # pip's output goes to a log, shown only if the install fails.
   if ! { "$VENV/bin/pip" install --upgrade pip==25.3 &&
-         (cd tests && "$VENV/bin/pip" install -r requirements.txt); } >"$CACHE/pip.log" 2>&1; then
+         "$VENV/bin/pip" install --require-hashes -r tests/requirements.txt; } >"$CACHE/pip.log" 2>&1; then
     tail -n 40 "$CACHE/pip.log" >&2
     die "installing the test requirements failed (full log: $CACHE/pip.log)"
   fi
