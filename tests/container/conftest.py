@@ -37,8 +37,8 @@ WORK = REPO / "tests" / ".work" / "container"
 # The bound on `up --wait` once the images exist: vLLM's CPU boot of the tiny model is most of it.
 UP_TIMEOUT_S = 300
 # One JSON value with spaces and quotes, as a user would write it in .env: it must reach `vllm serve` as one
-# argument. vLLM then caps every answer at 48 tokens, which keeps the random model's answers short.
-EXTRA_VLLM_ARGS = """--override-generation-config '{"max_new_tokens": 48, "temperature": 0.7}'"""
+# argument (and vLLM must accept it).
+EXTRA_VLLM_ARGS = """--override-generation-config '{"temperature": 0.7, "top_p": 0.95}'"""
 PROJECT = "coding-stack"
 
 
@@ -166,3 +166,5 @@ def get(url: str, timeout: float = 10) -> tuple[int, bytes]:
             return resp.status, resp.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+    except OSError:
+        return 0, b""  # nothing listening (yet)

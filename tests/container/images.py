@@ -133,4 +133,6 @@ def ensure(engine, image: Image, log) -> str:
                            f"docker import {imported.returncode}); see {getattr(log, 'name', 'the build log')}")
     if built_key(engine, image.tag) != key:
         raise RuntimeError(f"the stand-in {image.tag} was imported without its key label")
+    # The build it replaced is now untagged: without this the cached engine grows by an image per change.
+    engine.docker("image", "prune", "--force")
     return f"{image.tag}: built ({key})"
