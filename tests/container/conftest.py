@@ -37,8 +37,9 @@ WORK = REPO / "tests" / ".work" / "container"
 # The bound on `up --wait` once the images exist: vLLM's CPU boot of the tiny model is most of it.
 UP_TIMEOUT_S = 300
 # One JSON value with spaces and quotes, as a user would write it in .env: it must reach `vllm serve` as one
-# argument (and vLLM must accept it).
-EXTRA_VLLM_ARGS = """--override-generation-config '{"temperature": 0.7, "top_p": 0.95}'"""
+# argument (and vLLM must accept it). It also bounds every answer at 1024 tokens: the random model never stops
+# on its own, and Codex asks for no limit; long enough for the stream that vLLM's death cuts.
+EXTRA_VLLM_ARGS = """--override-generation-config '{"max_new_tokens": 1024, "temperature": 0.7}'"""
 PROJECT = "coding-stack"
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 import urllib.parse
 
@@ -21,6 +22,8 @@ import pytest
 
 from conftest import EXTRA_VLLM_ARGS, PROJECT, UP_TIMEOUT_S, get
 from realvllm import FORCED_CALL, MODEL, QUERY, Http
+from test_claude_code import claude_env
+from test_codex import CODEX, codex_config
 
 CHAT = "/v1/chat/completions"
 SEARCH_LINE = f"GET /search?q={QUERY}&format=json 200"
@@ -127,11 +130,50 @@ def test_responses_hosted_web_search(stack, stream):
     assert vllm_posts(vllm.new(), "/v1/responses") == TURNS_TO_CAP
 
 
+AGENT_TIMEOUT_S = 240  # Claude Code's prompts are ~30k tokens of the tiny tokenizer's: a CPU prefill each
+
+
+def test_claude_code_against_the_stack(stack, tmp_path):
+    """The real Claude Code's requests (its whole system prompt and tools) through the proxy to vLLM. The
+    random model never ends a turn itself, so Claude Code stops at its output cap: a model's answer, read
+    from a real vLLM stream, not a transport error."""
+    vllm = Seen(stack, "vllm")
+    env = {**claude_env(stack.proxy_url, str(tmp_path)), "ANTHROPIC_MODEL": MODEL,
+           "ANTHROPIC_SMALL_FAST_MODEL": MODEL, "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "32"}
+    proc = subprocess.run([os.environ["AGENTS_BIN"] + "/claude", "-p", "Say hi", "--output-format", "stream-json",
+                           "--verbose"], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=AGENT_TIMEOUT_S)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    (result,) = [line for line in lines if line.get("type") == "result"]
+    assert result["api_error"] == "max_output_tokens", (result, proc.stderr[-2000:])
+    assert result["model_usage_since_last_result"][MODEL]["outputTokens"] > 0
+    assert vllm_posts(vllm.new(), "/v1/messages?beta=true") >= 1
+
+
+def test_codex_against_the_stack(stack, tmp_path):
+    vllm = Seen(stack, "vllm")
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "config.toml").write_text(codex_config(stack.proxy_url))
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CODEX_HOME": str(home), "STACK_API_KEY": "sk-local",
+           "NO_COLOR": "1", "RUST_LOG": "error", "NO_PROXY": "*", "no_proxy": "*"}
+    proc = subprocess.run([str(CODEX), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "-C", str(work),
+                           "Say hi"], env=env, capture_output=True, text=True, timeout=AGENT_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    (done,) = [e for e in events if e["type"] == "turn.completed"]
+    assert done["usage"]["output_tokens"] > 0, events
+    assert not [e for e in events if e["type"] in ("turn.failed", "error")], events
+    assert vllm_posts(vllm.new(), "/v1/responses") >= 1
+
+
 def test_extra_vllm_args_reach_vllm_serve_as_single_arguments(stack):
     argv = stack.docker("exec", "coding-stack-vllm", "cat", "/proc/1/cmdline").stdout.split("\0")[:-1]
     # PID 1 is vllm itself: the entrypoint shell exec'd it.
     assert argv[1:3] == ["/opt/venv/bin/vllm", "serve"] or argv[:2] == ["/opt/venv/bin/vllm", "serve"], argv
-    assert argv[-2:] == ["--override-generation-config", '{"temperature": 0.7, "top_p": 0.95}']
+    assert argv[-2:] == ["--override-generation-config", '{"max_new_tokens": 1024, "temperature": 0.7}']
     assert EXTRA_VLLM_ARGS.startswith(argv[-2])
     # vLLM took it: the server's logs show no unknown VLLM_ variable either.
     assert "Unknown vLLM environment variable" not in stack.logs("vllm")
