@@ -11,10 +11,18 @@ event that has arrived, however many.
 """
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
+
+try:  # gevent's select.poll waits on its hub; a zero-timeout look needs the plain system call
+    from gevent.monkey import get_original
+    _poll = get_original("select", "poll")
+except ImportError:
+    _poll = select.poll
 
 # RFC 9110 §7.6.1: meaningful for one connection only, never relayed. Content-Length is
 # recomputed by whoever writes the next hop, and Host belongs to that hop too.
@@ -28,6 +36,15 @@ ONE_WRITE = 65536
 MAX_HEAD = 65536  # a response head larger than this is not vLLM's
 READ_SIZE = 65536
 IDLE_POOL = 64
+# vLLM's server (uvicorn) closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE seconds,
+# 5 by default (uvicorn's own timeout_keep_alive default is 5 too), counted from when it
+# finished writing the response, so never later than our idle clock starts. A connection idle
+# for less than this cannot be the one uvicorn is closing at this very moment; one that a
+# restarted or reconfigured server closed earlier is caught by idle_connection_ok().
+POOL_IDLE = 2.0
+# RFC 9110 §9.2.2: repeating one of these has the effect of sending it once, so a client may
+# retry one that may have reached the server (RFC 9112 §9.3.1). A POST is never among them.
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
 def end_to_end_headers(headers):
@@ -64,11 +81,12 @@ class Connection:
     (exchange.shutdown) to wake a reader blocked here.
     """
 
-    __slots__ = ("sock", "buf")
+    __slots__ = ("sock", "buf", "idle_since")
 
     def __init__(self):
         self.sock = None
         self.buf = bytearray()
+        self.idle_since = 0.0
 
     def fill(self, size: int = READ_SIZE) -> bool:
         """Read what has arrived (waiting for at least a byte); False at the end of the stream."""
@@ -85,6 +103,17 @@ class Connection:
         sock, self.sock = self.sock, None
         if sock is not None:
             sock.close()
+
+
+def idle_connection_ok(sock) -> bool:
+    """True if an idle keep-alive socket has nothing to read. Anything readable means it is
+    dead to us: EOF or a reset (the server closed it), or bytes no request asked for."""
+    pending = getattr(sock, "pending", None)  # TLS: bytes already read and decrypted
+    if pending is not None and pending():
+        return False
+    poller = _poll()
+    poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+    return not poller.poll(0)
 
 
 def request_head(method: str, target: str, host: str, headers, body_length: int | None) -> bytes:
@@ -288,6 +317,24 @@ class UpstreamResponse:
         self._conn.close()
 
 
+def may_retry(method: str, sent: bool, answered: bool) -> bool:
+    """Whether a request that failed on a reused connection may go again on a fresh one. Pure.
+
+    Only if the server cannot have acted on it, because a chat completion must never be
+    generated twice. A send that failed proves it: that write did not complete, so the
+    server never had the whole request, and vLLM's handlers (FastAPI) parse the whole body
+    before they act on it. Once the whole request was sent, an EOF or a reset before any
+    answer is ambiguous: the server may have closed the idle connection before the request
+    arrived, or read it, started generating and died. Only an idempotent request may take that
+    chance (RFC 9112 §9.3.1). The idle limit and the readability check before reuse (_take)
+    are what keep the first case rare, so a POST meets it only in a race of microseconds;
+    it then gets a 502, never a second generation.
+    """
+    if answered:
+        return False  # the server began its answer: it had the request
+    return not sent or method in IDEMPOTENT
+
+
 class _Closed(Exception):
     """The backend closed the connection before sending a byte of its answer."""
 
@@ -321,6 +368,7 @@ class Backend:
         conn.sock = sock
 
     def _release(self, conn: Connection):
+        conn.idle_since = time.monotonic()
         with self._lock:
             if len(self._idle) < IDLE_POOL:
                 self._idle.append(conn)
@@ -328,18 +376,23 @@ class Backend:
         conn.close()
 
     def _take(self) -> tuple[Connection, bool]:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
-        return Connection(), False
+        """The newest pooled connection still fit to reuse, else a new unconnected one."""
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return Connection(), False
+                conn = self._idle.pop()
+            if time.monotonic() - conn.idle_since < POOL_IDLE and idle_connection_ok(conn.sock):
+                return conn, True
+            conn.close()
 
     def request(self, method: str, path: str, body: bytes | None, headers: list[tuple[str, str]],
                 on_open=None) -> UpstreamResponse:
         """Send one request and wait for the status line and headers.
 
         `on_open(conn)` is called once the connection exists, so a watcher can abort it
-        while this call blocks. A reused keep-alive connection that the server had already
-        closed is retried once on a fresh one (the body is bytes, so replay is safe).
+        while this call blocks. A reused connection is retried once on a fresh one only when
+        the failure shows the server cannot have acted on the request (see below).
         """
         head = request_head(method, self._prefix + path, self.host_header, headers,
                             None if body is None else len(body))
@@ -347,6 +400,7 @@ class Backend:
             conn, reused = self._take() if attempt == 0 else (Connection(), False)
             if on_open:
                 on_open(conn)
+            sent = False
             try:
                 if conn.sock is None:
                     self._connect(conn)
@@ -357,11 +411,12 @@ class Backend:
                 else:
                     conn.sock.sendall(head)
                     conn.sock.sendall(body)
+                sent = True
                 version, status, resp_headers = self._read_head(conn)
                 return UpstreamResponse(self, conn, version, status, resp_headers, method)
             except (_Closed, BrokenPipeError, ConnectionResetError) as e:
                 conn.close()
-                if reused and attempt == 0:
+                if reused and attempt == 0 and may_retry(method, sent, bool(conn.buf)):
                     continue
                 raise UpstreamError("unreachable", f"{self.base_url} closed the connection: {e}") from e
             except ConnectionRefusedError as e:

@@ -1,17 +1,24 @@
-"""The proxy's HTTP client for vLLM (proxy/upstream.py): its pure parsing rules, then whole
-responses written byte for byte into a real socket pair, whole and in one-byte pieces.
+"""The proxy's HTTP client for vLLM (proxy/upstream.py): its pure parsing rules, whole
+responses written byte for byte into a real socket pair, whole and in one-byte pieces, and
+the reuse of pooled connections against real loopback servers, never replaying a POST.
 
 Run: tests/run.sh tests/test_upstream.py
 """
+import json
 import socket
 import ssl
 import subprocess
 import threading
+import time
 
 import pytest
 
+from proxy import upstream
+from proxy.errors import upstream_error_status
 from proxy.upstream import (Backend, Connection, ProtocolError, UpstreamError, body_framing,
-                            parse_head, request_head)
+                            may_retry, parse_head, request_head)
+from standins.keepalive_server import DROP, OK, KeepAliveServer
+from standins.rawhttp import raw_request
 
 
 # ---- pure rules ---------------------------------------------------------------------------
@@ -101,7 +108,7 @@ def pooled(sock, url: str = "http://127.0.0.1:9", read_timeout: float = 5) -> Ba
     backend = Backend(url, connect_timeout=1, read_timeout=read_timeout)
     conn = Connection()
     conn.sock = sock
-    backend._idle.append(conn)
+    backend._release(conn)
     return backend
 
 
@@ -199,8 +206,9 @@ def test_a_silent_backend_is_a_timeout():
     theirs.close()
 
 
-def test_a_stale_pooled_connection_is_retried_on_a_fresh_one():
-    """The pooled connection closes unanswered; the retry reaches a real listener."""
+def test_a_pooled_connection_the_server_closed_is_not_used():
+    """The server closed it while idle: seen before use, so the request goes out once, on a
+    fresh connection to a real listener."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
 
@@ -219,10 +227,26 @@ def test_a_stale_pooled_connection_is_retried_on_a_fresh_one():
     listener.close()
 
 
-class RecordingSocket:
-    """Takes the place of a connected socket: records each write, answers with a small 200."""
+class QuietSocket:
+    """Takes the place of a connected socket; its fileno is a real idle one, so the pool's
+    look before reuse finds nothing to read."""
 
     def __init__(self):
+        self._quiet, self._peer = socket.socketpair()
+
+    def fileno(self):
+        return self._quiet.fileno()
+
+    def close(self):
+        self._quiet.close()
+        self._peer.close()
+
+
+class RecordingSocket(QuietSocket):
+    """Records each write, answers with a small 200."""
+
+    def __init__(self):
+        super().__init__()
         self.writes = []
 
     def sendall(self, data):
@@ -277,3 +301,131 @@ def test_https_backend_verifies_its_certificate(tls_backend, monkeypatch):
     # Trusted (SSL_CERT_FILE is read when the proxy starts), the same backend answers.
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     assert Backend(url, connect_timeout=5, read_timeout=5).request("GET", "/v1/models", None, []).read() == b"tls"
+
+
+# ---- reusing pooled connections: a request is never sent twice unless that is harmless ----
+
+@pytest.fixture
+def keepalive_server():
+    """keepalive_server(*answers, keep_alive=5.0, default=OK) -> a KeepAliveServer on loopback."""
+    servers = []
+
+    def make(*answers, keep_alive=5.0, default=OK):
+        servers.append(KeepAliveServer(answers, keep_alive, default))
+        return servers[-1]
+    yield make
+    for server in servers:
+        server.close()
+
+
+def chat(backend, method="POST"):
+    body = b'{"messages":[]}' if method == "POST" else None
+    return backend.request(method, "/v1/chat/completions", body, [("Content-Type", "application/json")])
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_used(keepalive_server):
+    """uvicorn closes a connection idle past its keep-alive; the next POST must not be
+    written into it (the server records a request sent after its close as late)."""
+    server = keepalive_server(keep_alive=0.2)
+    backend = Backend(server.url, connect_timeout=1, read_timeout=5)
+    assert chat(backend).read() == b"{}"
+    time.sleep(0.6)
+    assert chat(backend).read() == b"{}"
+    assert [(s.connection, s.late) for s in server.seen] == [(0, False), (1, False)]
+
+
+@pytest.mark.parametrize("pause, connections", [(0, [0, 0]), (0.4, [0, 1])], ids=["reused", "expired"])
+def test_a_pooled_connection_idle_past_the_limit_is_not_used(keepalive_server, monkeypatch, pause, connections):
+    """The limit stays below vLLM's 5 s keep-alive, so the pool never races uvicorn's close;
+    within it the connection is reused (a fresh one per request would cost every request)."""
+    monkeypatch.setattr(upstream, "POOL_IDLE", 0.2)
+    server = keepalive_server(keep_alive=5)
+    backend = Backend(server.url, connect_timeout=1, read_timeout=5)
+    assert chat(backend).read() == b"{}"
+    time.sleep(pause)
+    assert chat(backend).read() == b"{}"
+    assert [s.connection for s in server.seen] == connections
+    assert not any(s.late for s in server.seen)
+
+
+# method, a first request pools the connection, the second request's outcome, times seen
+DROPPED = [
+    ("POST", True, "unreachable", 1),
+    ("POST", False, "unreachable", 1),
+    ("GET", True, 200, 2),      # idempotent: one retry on a fresh connection (RFC 9112 §9.3.1)
+    ("GET", False, "unreachable", 1),
+]
+
+
+@pytest.mark.parametrize("method, pooled_first, outcome, times", DROPPED)
+def test_a_request_the_server_read_and_dropped_is_not_replayed(keepalive_server, method, pooled_first, outcome, times):
+    """The server reads the request and closes without answering, as a vLLM that died while
+    generating would: a POST gets a 502 and was sent once; any replay would be answered."""
+    server = keepalive_server(*([OK, DROP] if pooled_first else [DROP]), default=OK)
+    backend = Backend(server.url, connect_timeout=1, read_timeout=5)
+    if pooled_first:
+        assert backend.request("GET", "/v1/models", None, []).read() == b"{}"
+    if outcome == 200:
+        assert chat(backend, method).read() == b"{}"
+    else:
+        with pytest.raises(UpstreamError, match="closed the connection") as e:
+            chat(backend, method)
+        assert upstream_error_status(e.value)[0] == 502
+    assert [s.method for s in server.seen if s.path == "/v1/chat/completions"] == [method] * times
+    if pooled_first:
+        assert server.seen[1].connection == 0  # the dropped request did go on the pooled connection
+
+
+class FailingSocket(QuietSocket):
+    """A pooled connection that passes the look before reuse, then fails its send or its
+    first read, as a connection the server closes at that very moment would."""
+
+    def __init__(self, fail_on: str):
+        super().__init__()
+        self.fail_on = fail_on
+
+    def sendall(self, _data):
+        if self.fail_on == "send":
+            raise BrokenPipeError(32, "Broken pipe")
+
+    def recv(self, _size):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+@pytest.mark.parametrize("method, fail_on, retried", [
+    ("POST", "send", True),    # the write did not complete: the server never had the request
+    ("POST", "read", False),   # sent whole: it may be generating, so never again
+    ("GET", "send", True),
+    ("GET", "read", True),
+])
+def test_a_reused_connection_failing_is_retried_only_when_that_is_safe(keepalive_server, method, fail_on, retried):
+    server = keepalive_server()
+    backend = pooled(FailingSocket(fail_on), url=server.url)
+    if retried:
+        assert chat(backend, method).read() == b"{}"
+        assert [s.method for s in server.seen] == [method]
+    else:
+        with pytest.raises(UpstreamError, match="reset by peer"):
+            chat(backend, method)
+        assert server.accepted == 0
+
+
+@pytest.mark.parametrize("method, sent, answered, expected", [
+    ("POST", False, False, True), ("POST", True, False, False), ("POST", True, True, False),
+    ("GET", True, False, True), ("DELETE", True, False, True), ("PATCH", True, False, False),
+    ("GET", True, True, False),
+])
+def test_may_retry(method, sent, answered, expected):
+    assert may_retry(method, sent, answered) is expected
+
+
+@pytest.mark.parametrize("target", ["/v1/chat/completions", "/v1/completions"])
+def test_through_the_proxy_a_post_vllm_dropped_is_a_502_sent_once(start_proxy, keepalive_server, target):
+    """The real proxy: GET /v1/models pools a connection, the POST on it is read and dropped."""
+    server = keepalive_server(OK, DROP, default=OK)
+    p = start_proxy(BACKEND_URL=server.url)
+    assert raw_request(p.url, "GET", "/v1/models")[0] == 200
+    status, _, data = raw_request(p.url, "POST", target, b'{"model":"m","messages":[],"prompt":"x"}',
+                                  {"Content-Type": "application/json"})
+    assert status == 502 and "vLLM is unreachable" in json.loads(data)["error"]["message"]
+    assert [(s.method, s.path, s.connection) for s in server.seen] == [("GET", "/v1/models", 0), ("POST", target, 0)]
