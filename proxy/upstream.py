@@ -137,7 +137,7 @@ def parse_head(head: bytes) -> tuple[str, int, list[tuple[str, str]]]:
     lines = head.decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
     code = rest[:3]
-    if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit() or rest[3:4] not in ("", " "):
+    if not version.startswith("HTTP/1.") or len(code) != 3 or not is_digits(code) or rest[3:4] not in ("", " "):
         raise ProtocolError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
     headers = []
     for line in lines[1:]:
@@ -148,20 +148,47 @@ def parse_head(head: bytes) -> tuple[str, int, list[tuple[str, str]]]:
     return version, int(code), headers
 
 
+def is_digits(text: str) -> bool:
+    """Only ASCII digits, RFC 9110's DIGIT. Pure. str.isdigit() alone passes "²" (latin-1's
+    0xB2, which int() then refuses: a 500), and int() alone takes "+5", " 5" and "5_0"."""
+    return text.isascii() and text.isdigit()
+
+
+def content_length(headers) -> int | None:
+    """The Content-Length, None without one; ProtocolError unless it is one decimal number
+    (repeated lines must agree). Pure."""
+    lengths = {v for n, v in headers if n.lower() == "content-length"}
+    if not lengths:
+        return None
+    value = next(iter(lengths))
+    # 18 digits is an exabyte; a longer number is garbage, and int() refuses 4,300 digits.
+    if len(lengths) > 1 or not is_digits(value) or len(value) > 18:
+        raise ProtocolError(f"invalid Content-Length: {', '.join(sorted(lengths))[:80]!r}")
+    return int(value)
+
+
 def body_framing(method: str, status: int, headers) -> tuple[str, int]:
-    """How the body ends (RFC 9112 §6.3): ("none"|"length"|"chunked"|"close", length). Pure."""
+    """How the body ends (RFC 9112 §6.3): ("none"|"length"|"chunked"|"close", length). Pure.
+
+    Content-Length is checked even where no body follows, since a HEAD answer relays it.
+    """
+    length = content_length(headers)
     if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
         return "none", 0
-    codings = [v for n, v in headers if n.lower() == "transfer-encoding"]
+    codings = [c.strip().lower() for n, v in headers if n.lower() == "transfer-encoding"
+               for c in v.split(",") if c.strip()]
     if codings:
-        last = ",".join(codings).rsplit(",", 1)[-1].strip().lower()
-        return ("chunked", 0) if last == "chunked" else ("close", 0)
-    lengths = {v.strip() for n, v in headers if n.lower() == "content-length"}
-    if not lengths:
+        # The proxy sends vLLM no TE header, so chunked is the only transfer coding vLLM may
+        # use (RFC 9110 §10.1.4). Any other would reach the client still applied to the body
+        # yet undeclared, Transfer-Encoding being hop-by-hop: "gzip, chunked" as gzip bytes
+        # under a JSON Content-Type. Decoding it would put an unbounded decompressor on the
+        # hot path for what no vLLM sends, so it is refused (a 502), as Go's net/http does.
+        if codings != ["chunked"]:
+            raise ProtocolError(f"unsupported Transfer-Encoding: {', '.join(codings)[:80]!r} (only chunked is accepted)")
+        return "chunked", 0
+    if length is None:
         return "close", 0
-    if len(lengths) > 1 or not next(iter(lengths)).isdigit():
-        raise ProtocolError(f"invalid Content-Length: {', '.join(sorted(lengths))[:80]!r}")
-    return "length", int(next(iter(lengths)))
+    return "length", length
 
 
 class UpstreamResponse:

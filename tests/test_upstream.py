@@ -4,6 +4,7 @@ the reuse of pooled connections against real loopback servers, never replaying a
 
 Run: tests/run.sh tests/test_upstream.py
 """
+import gzip
 import json
 import socket
 import ssl
@@ -54,6 +55,7 @@ def test_parse_head(head, expected):
 
 @pytest.mark.parametrize("head", [
     b"HTTP/2 200 OK", b"ICY 200 OK", b"HTTP/1.1 20 OK", b"HTTP/1.1 2000 OK", b"HTTP/1.1 abc OK",
+    b"HTTP/1.1 \xb200 OK", b"HTTP/1.1 +20 OK",
     b"HTTP/1.1 200 OK\r\nno colon here", b"HTTP/1.1 200 OK\r\n folded: value", b"HTTP/1.1 200 OK\r\n: empty name",
 ])
 def test_parse_head_refuses_what_is_not_http_1(head):
@@ -65,10 +67,11 @@ def test_parse_head_refuses_what_is_not_http_1(head):
     ("POST", 200, [("Content-Length", "12")], ("length", 12)),
     ("POST", 200, [("Content-Length", "12"), ("content-length", "12")], ("length", 12)),
     ("POST", 200, [("Transfer-Encoding", "chunked"), ("Content-Length", "12")], ("chunked", 0)),
-    ("POST", 200, [("Transfer-Encoding", "gzip, chunked")], ("chunked", 0)),
-    ("POST", 200, [("Transfer-Encoding", "chunked, gzip")], ("close", 0)),
+    ("POST", 200, [("Transfer-Encoding", "Chunked")], ("chunked", 0)),
+    ("POST", 200, [("Transfer-Encoding", " chunked ,")], ("chunked", 0)),
     ("POST", 200, [], ("close", 0)),
     ("HEAD", 200, [("Content-Length", "12")], ("none", 0)),
+    ("HEAD", 200, [("Transfer-Encoding", "gzip, chunked")], ("none", 0)),
     ("GET", 204, [], ("none", 0)),
     ("GET", 304, [("Content-Length", "12")], ("none", 0)),
 ])
@@ -76,10 +79,29 @@ def test_body_framing(method, status, headers, expected):
     assert body_framing(method, status, headers) == expected
 
 
-@pytest.mark.parametrize("lengths", [["12", "13"], ["-1"], ["12abc"], ["1e3"]])
-def test_body_framing_refuses_bad_lengths(lengths):
+@pytest.mark.parametrize("codings", [["gzip, chunked"], ["gzip", "chunked"], ["chunked, gzip"], ["gzip"],
+                                     ["x-gzip, chunked"], ["deflate, chunked"], ["chunked, chunked"], ["identity"]])
+def test_body_framing_refuses_transfer_codings_but_chunked(codings):
+    """Relayed, the body would still be gzip (or worse) with nothing saying so: a 502."""
+    with pytest.raises(ProtocolError, match="unsupported Transfer-Encoding"):
+        body_framing("POST", 200, [("Transfer-Encoding", v) for v in codings])
+
+
+@pytest.mark.parametrize("value, length", [("0", 0), ("5", 5), ("007", 7), ("9" * 18, 10 ** 18 - 1)])
+def test_content_length_accepts_ascii_digits(value, length):
+    assert body_framing("POST", 200, [("Content-Length", value)]) == ("length", length)
+
+
+# Each passes str.isdigit() or int(), or both; RFC 9110's 1*DIGIT is ASCII digits only.
+BAD_LENGTHS = ["\u00b2", "1\u00b2", "\u00b9\u00b2", "\u0663", "+5", "-1", "5_0", "0x5", "5.0", "5 0",
+               "\u00a05", "5\x85", "\x0b5", "5\x0c", "", "1e3", "12abc", "9" * 19, "1" * 5000]
+
+
+@pytest.mark.parametrize("method", ["POST", "HEAD"])
+@pytest.mark.parametrize("lengths", [[v] for v in BAD_LENGTHS] + [["12", "13"]])
+def test_body_framing_refuses_bad_lengths(lengths, method):
     with pytest.raises(ProtocolError, match="Content-Length"):
-        body_framing("POST", 200, [("Content-Length", v) for v in lengths])
+        body_framing(method, 200, [("Content-Length", v) for v in lengths])
 
 
 # ---- whole responses over a real socket pair ------------------------------------------------
@@ -168,6 +190,11 @@ def test_head_request_has_no_body():
     assert up.read() == b"" and len(backend._idle) == 1
 
 
+def test_optional_whitespace_around_a_content_length_is_fine():
+    backend, _ = backend_answering(b"HTTP/1.1 200 OK\r\nContent-Length: \t 5 \r\n\r\nhello")
+    assert backend.request("GET", "/v1/models", None, []).read() == b"hello"
+
+
 @pytest.mark.parametrize("raw, phrase", [
     (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf", "broke"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\ncut", "broke"),
@@ -187,6 +214,10 @@ def test_broken_bodies_raise_upstream_errors(raw, phrase):
 @pytest.mark.parametrize("raw, phrase", [
     (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "malformed response"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nx", "malformed response"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\nxx", "invalid Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5_0\r\n\r\nxx", "invalid Content-Length"),
+    (b"HTTP/1.1 \xb200 OK\r\nContent-Length: 2\r\n\r\nxx", "not an HTTP/1.x status line"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nxx\r\n0\r\n\r\n", "unsupported Transfer-Encoding"),
     (b"HTTP/1.1 200 OK\r\nContent-Len", "closed inside the response head"),
 ])
 def test_broken_heads_raise_upstream_errors(raw, phrase):
@@ -429,3 +460,46 @@ def test_through_the_proxy_a_post_vllm_dropped_is_a_502_sent_once(start_proxy, k
                                   {"Content-Type": "application/json"})
     assert status == 502 and "vLLM is unreachable" in json.loads(data)["error"]["message"]
     assert [(s.method, s.path, s.connection) for s in server.seen] == [("GET", "/v1/models", 0), ("POST", target, 0)]
+
+
+def chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)
+
+
+@pytest.fixture(scope="module")
+def raw_vllm():
+    """One KeepAliveServer for the module, so the proxy in front of it is started once."""
+    server = KeepAliveServer()
+    yield server
+    server.close()
+
+
+GZIP_CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                + chunked(gzip.compress(b'{"object":"list","data":[]}')))
+
+# vLLM's answer -> what the client must read in the 502's message
+MALFORMED = [
+    (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: \xb2\r\n\r\n{}", "invalid Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\n{}", "invalid Content-Length"),
+    (b"HTTP/1.1 \xb200 OK\r\nContent-Length: 2\r\n\r\n{}", "not an HTTP/1.x status line"),
+    (GZIP_CHUNKED, "unsupported Transfer-Encoding: 'gzip, chunked'"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n" + gzip.compress(chunked(b"{}")), "unsupported Transfer-Encoding"),
+]
+
+
+@pytest.mark.parametrize("method, target", [("GET", "/v1/models"), ("POST", "/v1/chat/completions")])
+@pytest.mark.parametrize("answer, phrase", MALFORMED, ids=["length-superscript", "length-plus", "status-superscript",
+                                                        "gzip-chunked", "chunked-gzip"])
+def test_through_the_proxy_a_malformed_answer_is_a_502(start_proxy, raw_vllm, answer, phrase, method, target):
+    """Relayed (GET) and in the chat loop (POST): a short OpenAI-style 502 and one log line,
+    never a 500 nor a body that is not what its headers say."""
+    raw_vllm.answers[:] = [answer]
+    raw_vllm.seen.clear()
+    p = start_proxy(BACKEND_URL=raw_vllm.url)
+    body = b'{"messages":[{"role":"user","content":"x"}]}' if method == "POST" else None
+    status, headers, data = raw_request(p.url, method, target, body, {"Content-Type": "application/json"})
+    err = json.loads(data)["error"]
+    assert (status, err["code"], err["type"]) == (502, 502, "bad_gateway") and phrase in err["message"]
+    assert headers["content-type"] == "application/json" and "content-encoding" not in headers
+    assert [(s.method, s.path) for s in raw_vllm.seen] == [(method, target)]
+    assert "Traceback" not in p.log()
