@@ -200,6 +200,8 @@ class UpstreamResponse:
         self.status = status
         self.headers = headers
         self._framing, self._left = body_framing(method, status, headers)
+        # Checked by body_framing; a HEAD answer has none of the body it describes.
+        self.content_length = content_length(headers)
         connection = ",".join(v for n, v in headers if n.lower() == "connection").lower()
         self._reusable = (version == "HTTP/1.1" and "close" not in connection
                           and self._framing != "close" and status != 101)

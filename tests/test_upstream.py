@@ -5,12 +5,14 @@ the reuse of pooled connections against real loopback servers, never replaying a
 Run: tests/run.sh tests/test_upstream.py
 """
 import gzip
+import http.client
 import json
 import socket
 import ssl
 import subprocess
 import threading
 import time
+import urllib.parse
 
 import pytest
 
@@ -20,6 +22,7 @@ from proxy.upstream import (Backend, Connection, ProtocolError, UpstreamError, b
                             may_retry, parse_head, request_head)
 from standins.keepalive_server import DROP, OK, KeepAliveServer
 from standins.rawhttp import raw_request
+from standins.scripted_backend import Reply
 
 
 # ---- pure rules ---------------------------------------------------------------------------
@@ -188,6 +191,7 @@ def test_head_request_has_no_body():
     backend, _ = backend_answering(b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n")
     up = backend.request("HEAD", "/health", None, [])
     assert up.read() == b"" and len(backend._idle) == 1
+    assert up.content_length == 99  # the GET's length, which the relay passes on
 
 
 def test_optional_whitespace_around_a_content_length_is_fine():
@@ -503,3 +507,23 @@ def test_through_the_proxy_a_malformed_answer_is_a_502(start_proxy, raw_vllm, an
     assert headers["content-type"] == "application/json" and "content-encoding" not in headers
     assert [(s.method, s.path) for s in raw_vllm.seen] == [(method, target)]
     assert "Traceback" not in p.log()
+
+
+@pytest.mark.parametrize("target, body", [("/v1/models", b'{"object":"list","data":[{"id":"foundation"}]}'),
+                                          ("/health", b"")])
+def test_through_the_proxy_a_head_answer_keeps_vllms_content_length(proxy, backend, target, body):
+    """No body follows a HEAD answer; its Content-Length is the GET's. The client connection
+    stays in step: a GET after the HEAD on it reads its whole body."""
+    backend.script(Reply(body=body), Reply(body=body))
+    u = urllib.parse.urlsplit(proxy.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    try:
+        conn.request("HEAD", target)
+        head = conn.getresponse()
+        assert (head.status, head.getheader("Content-Length"), head.read()) == (200, str(len(body)), b"")
+        conn.request("GET", target)
+        got = conn.getresponse()
+        assert (got.status, got.getheader("Content-Length"), got.read()) == (200, str(len(body)), body)
+    finally:
+        conn.close()
+    assert [r.method for r in backend.received] == ["HEAD", "GET"]
