@@ -1,41 +1,48 @@
-# Run: python3 -m venv /tmp/ht && /tmp/ht/bin/pip install httptools && /tmp/ht/bin/python scripts/bench_http_parse.py
-"""Microbenchmark: proxy/upstream.py's hand-written response parsing against httptools (llhttp,
-the parser uvicorn uses), both driven the way the proxy drives a backend socket.
+# Run: /tmp/ht/bin/python scripts/bench_http_parse.py [--against GIT_REV], with /tmp/ht made by: python3 -m venv /tmp/ht && /tmp/ht/bin/pip install httptools
+"""Microbenchmark: proxy/upstream.py as checked out (httptools, llhttp) against the hand-written
+response parser it replaced, read from git at --against, both driven end to end alike.
 
-Each case is one backend response replayed from memory by a fake socket, either "whole"
-(every read gets up to the proxy's 64 KiB) or in small pieces (each read gets at most PIECE
-bytes; for the SSE stream also one event per read, as vLLM sends them). A round reads the
-head, then the body through read() (JSON) or iter_raw() (streams), checks the bytes, and is
-timed with the best of REPEAT runs of NUMBER rounds. The httptools side is a prototype of a
-drop-in: a response object with the same iter_raw()/read() shape, fed straight from recv().
+Each case is one backend response replayed from memory by a fake socket pooled in a Backend,
+either "whole" (every read gets up to the proxy's 64 KiB) or in small pieces (each read gets
+at most PIECE bytes; for the SSE stream also one event per read, as vLLM sends them). A round
+is Backend.request() (the pool's look before reuse, the head), then the body through read()
+(JSON) or iter_raw() (streams), checked against the expected bytes; each side is timed as the
+best of REPEAT runs, the two sides' runs taken in turn. Compare the columns of one run only.
 """
 from __future__ import annotations
 
-import json
+import argparse
+import socket
+import subprocess
 import sys
 import timeit
+import types
 from pathlib import Path
-
-import httptools
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proxy.upstream import Backend, Connection, UpstreamResponse  # noqa: E402
+from proxy import upstream  # noqa: E402
 
 SAMPLES = ROOT / "tests" / "data" / "vllm-0.32-samples"
+# The last commit whose proxy/upstream.py parsed responses by hand (issue 18's fixes included).
+HAND_WRITTEN = "5a44106"
 PIECE = 512
-REPEAT = 5
-READ = 65536
+REPEAT = 9
 
 
 class ReplaySocket:
-    """Returns the scripted reads in order: each recv gets at most one scripted piece."""
+    """A pooled connection replaying scripted reads: each recv gets at most one piece. Its
+    fileno is a real idle socket, so the pool's readability look finds it quiet."""
 
-    __slots__ = ("pieces", "i")
+    def __init__(self, pieces, quiet):
+        self.pieces, self.i, self.quiet = pieces, 0, quiet
 
-    def __init__(self, pieces):
-        self.pieces, self.i = pieces, 0
+    def fileno(self):
+        return self.quiet.fileno()
+
+    def sendall(self, _data):
+        pass
 
     def recv(self, size):
         if self.i == len(self.pieces):
@@ -51,89 +58,38 @@ class ReplaySocket:
         pass
 
 
-def split(raw: bytes, size: int) -> list[bytes]:
-    return [raw[i:i + size] for i in range(0, len(raw), size)]
+def load_revision(rev: str) -> types.ModuleType:
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:proxy/upstream.py"],
+                            check=True, capture_output=True, text=True).stdout
+    module = types.ModuleType(f"upstream_at_{rev}")
+    exec(compile(source, f"{rev}:proxy/upstream.py", "exec"), module.__dict__)  # noqa: S102
+    return module
 
 
-# ---- the two readers ------------------------------------------------------------------------
+def runner(module, pieces, streamed: bool):
+    """One round's function: a Backend of `module` with a pooled replay of `pieces`."""
+    backend = module.Backend("http://127.0.0.1:9", 1, 5)
+    quiet, _peer = socket.socketpair()
 
-BACKEND = Backend("http://127.0.0.1:9", 1, 5)
-
-
-def current(pieces, streamed: bool) -> bytes:
-    conn = Connection()
-    conn.sock = ReplaySocket(list(pieces))
-    version, status, headers = Backend._read_head(conn)
-    up = UpstreamResponse(BACKEND, conn, version, status, headers, "POST")
-    up._backend = _NoPool  # keep the fake socket out of the real pool
-    return b"".join(up.iter_raw()) if streamed else up.read()
-
-
-class _NoPool:
-    base_url = "bench"
-    read_timeout = 5
-
-    @staticmethod
-    def _release(conn):
-        pass
-
-
-class HttptoolsResponse:
-    """What upstream.UpstreamResponse would become on httptools: callbacks collect the head
-    and the body pieces; each network read is fed once and its body pieces leave together."""
-
-    def __init__(self, sock):
-        self.sock = sock
-        self.headers = []
-        self.body = []
-        self.head_done = False
-        self.complete = False
-        self.parser = httptools.HttpResponseParser(self)
-        while not self.head_done:
-            data = sock.recv(READ)
-            if not data:
-                raise ConnectionError("closed inside the head")
-            self.parser.feed_data(data)
-        self.status = self.parser.get_status_code()
-
-    def on_header(self, name, value):
-        self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
-
-    def on_headers_complete(self):
-        self.head_done = True
-
-    def on_body(self, body):
-        self.body.append(body)
-
-    def on_message_complete(self):
-        self.complete = True
-
-    def iter_raw(self):
-        while True:
-            if self.body:
-                piece = self.body[0] if len(self.body) == 1 else b"".join(self.body)
-                self.body.clear()
-                yield piece
-            if self.complete:
-                return
-            data = self.sock.recv(READ)
-            if not data:
-                raise ConnectionError("closed inside the body")
-            self.parser.feed_data(data)
-
-    def read(self):
-        return b"".join(self.iter_raw())
-
-
-def with_httptools(pieces, streamed: bool) -> bytes:
-    up = HttptoolsResponse(ReplaySocket(list(pieces)))
-    return b"".join(up.iter_raw()) if streamed else up.read()
+    def one_round() -> bytes:
+        conn = module.Connection()
+        conn.sock = ReplaySocket(list(pieces), quiet)
+        backend._idle[:] = []
+        backend._release(conn)
+        up = backend.request("POST", "/v1/chat/completions", b"{}", [])
+        return b"".join(up.iter_raw()) if streamed else up.read()
+    one_round.keep = (quiet, _peer)  # the idle socket pair lives as long as the runner
+    return one_round
 
 
 # ---- the cases --------------------------------------------------------------------------------
 
 def chunked(parts) -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+def split(raw: bytes, size: int) -> list[bytes]:
+    return [raw[i:i + size] for i in range(0, len(raw), size)]
 
 
 UVICORN_HEAD = b"HTTP/1.1 200 OK\r\ndate: Sat, 22 Aug 2026 10:00:00 GMT\r\nserver: uvicorn\r\n"
@@ -146,16 +102,13 @@ def json_case():
 
 
 def sse_case():
-    sample = (SAMPLES / "forced-tool-call-stream.sse").read_bytes()
-    event = sample.split(b"\n\n")[1] + b"\n\n"
-    json.loads(event[6:])  # a real vLLM chunk event
+    event = (SAMPLES / "forced-tool-call-stream.sse").read_bytes().split(b"\n\n")[1] + b"\n\n"
     events = [event] * 199 + [b"data: [DONE]\n\n"]
     head = UVICORN_HEAD + b"content-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
-    wire = chunked(events)
     # vLLM flushes each event as it is generated: one chunk per read, the last with "0\r\n\r\n".
     per_event = [head] + [b"%x\r\n%s\r\n" % (len(e), e) for e in events]
     per_event[-1] += b"0\r\n\r\n"
-    return head + wire, b"".join(events), True, per_event
+    return head + chunked(events), b"".join(events), True, per_event
 
 
 def mb_case():
@@ -169,15 +122,24 @@ CASES = [("JSON chat completion, Content-Length", json_case),
          ("1 MiB chunked, 8 KiB chunks", mb_case)]
 
 
-def best(fn, number: int) -> float:
-    """Microseconds per round, best of REPEAT."""
-    return min(timeit.repeat(fn, number=number, repeat=REPEAT)) / number * 1e6
+def best_pair(a, b, number: int) -> tuple[float, float]:
+    """Microseconds per round of each, best of REPEAT runs taken in turn, so the machine's
+    drift weighs on both alike."""
+    times = ([], [])
+    for _ in range(REPEAT):
+        for fn, out in zip((a, b), times):
+            out.append(timeit.timeit(fn, number=number) / number * 1e6)
+    return min(times[0]), min(times[1])
 
 
 def main():
-    print(f"httptools {httptools.__version__}, Python {sys.version.split()[0]}; "
-          f"us per response, best of {REPEAT}\n")
-    print(f"| case | fed | current (us) | httptools (us) | current / httptools |")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--against", default=HAND_WRITTEN, help=f"git revision to compare with (default {HAND_WRITTEN})")
+    args = ap.parse_args()
+    old = load_revision(args.against)
+    print(f"Python {sys.version.split()[0]}; us per response, best of {REPEAT}; "
+          f"'{args.against}' is proxy/upstream.py at that revision\n")
+    print(f"| case | fed | {args.against} (us) | checked out (us) | {args.against} / checked out |")
     print("| --- | --- | ---: | ---: | ---: |")
     for title, make in CASES:
         raw, body, streamed, per_event = make()
@@ -185,12 +147,11 @@ def main():
         if per_event:
             feeds.insert(1, ("one event per read", per_event))
         for fed, pieces in feeds:
-            for reader in (current, with_httptools):
-                assert reader(pieces, streamed) == body, (title, fed, reader.__name__)
+            a, b = runner(old, pieces, streamed), runner(upstream, pieces, streamed)
+            assert a() == body and b() == body, (title, fed)
             number = max(20, int(2e6 / len(raw)))
-            a = best(lambda: current(pieces, streamed), number)
-            b = best(lambda: with_httptools(pieces, streamed), number)
-            print(f"| {title} | {fed} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
+            ta, tb = best_pair(a, b, number)
+            print(f"| {title} | {fed} | {ta:.1f} | {tb:.1f} | {ta / tb:.2f} |")
 
 
 if __name__ == "__main__":
