@@ -329,7 +329,8 @@ def test_small_requests_leave_in_one_write(size, writes):
 
 @pytest.fixture
 def tls_backend(tmp_path):
-    """An HTTPS stand-in on loopback with a fresh self-signed certificate: (url, cert path)."""
+    """An HTTPS stand-in on loopback with a fresh self-signed certificate, answering every
+    request on a connection until the client closes it: (url, cert path, accepted sockets)."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
                     "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
@@ -337,31 +338,44 @@ def tls_backend(tmp_path):
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(cert, key)
     listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
 
     def serve():
         while True:
             try:
                 raw, _ = listener.accept()
+                accepted.append(raw)
                 sock = ctx.wrap_socket(raw, server_side=True)
                 data = b""
-                while b"\r\n\r\n" not in data:
-                    data += sock.recv(65536)
-                sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntls")
+                while got := sock.recv(65536):
+                    data += got
+                    if b"\r\n\r\n" in data:
+                        data = data.partition(b"\r\n\r\n")[2]
+                        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntls")
             except (OSError, ssl.SSLError):
                 if listener.fileno() < 0:
                     return  # closed at the end of the test
     threading.Thread(target=serve, daemon=True).start()
-    yield f"https://127.0.0.1:{listener.getsockname()[1]}", cert
+    yield f"https://127.0.0.1:{listener.getsockname()[1]}", cert, accepted
     listener.close()
 
 
 def test_https_backend_verifies_its_certificate(tls_backend, monkeypatch):
-    url, cert = tls_backend
+    url, cert, _ = tls_backend
     with pytest.raises(UpstreamError, match="CERTIFICATE_VERIFY_FAILED"):
         Backend(url, connect_timeout=5, read_timeout=5).request("GET", "/v1/models", None, [])
     # Trusted (SSL_CERT_FILE is read when the proxy starts), the same backend answers.
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     assert Backend(url, connect_timeout=5, read_timeout=5).request("GET", "/v1/models", None, []).read() == b"tls"
+
+
+def test_https_connections_are_reused(tls_backend, monkeypatch):
+    """The look before reuse reads the TLS socket's own buffer too, and finds it quiet."""
+    url, cert, accepted = tls_backend
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    backend = Backend(url, connect_timeout=5, read_timeout=5)
+    assert [backend.request("GET", "/v1/models", None, []).read() for _ in range(3)] == [b"tls"] * 3
+    assert len(accepted) == 1
 
 
 # ---- reusing pooled connections: a request is never sent twice unless that is harmless ----
