@@ -131,8 +131,11 @@ class Peer:
     def _run(self):
         while b"\r\n\r\n" not in self.request:
             self.request += self.sock.recv(65536)
-        for i in range(0, len(self.raw), self.piece):
-            self.sock.sendall(self.raw[i:i + self.piece])
+        try:
+            for i in range(0, len(self.raw), self.piece):
+                self.sock.sendall(self.raw[i:i + self.piece])
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the client gave up on a bad answer (a head over the limit) and closed
         if self.close:
             self.sock.close()
 
@@ -404,16 +407,16 @@ def test_a_connection_the_server_closed_while_idle_is_not_used(keepalive_server)
     server = keepalive_server(keep_alive=0.2)
     backend = Backend(server.url, connect_timeout=1, read_timeout=5)
     assert chat(backend).read() == b"{}"
-    time.sleep(0.6)
+    time.sleep(1.0)
     assert chat(backend).read() == b"{}"
     assert [(s.connection, s.late) for s in server.seen] == [(0, False), (1, False)]
 
 
-@pytest.mark.parametrize("pause, connections", [(0, [0, 0]), (0.4, [0, 1])], ids=["reused", "expired"])
+@pytest.mark.parametrize("pause, connections", [(0, [0, 0]), (0.8, [0, 1])], ids=["reused", "expired"])
 def test_a_pooled_connection_idle_past_the_limit_is_not_used(keepalive_server, monkeypatch, pause, connections):
     """The limit stays below vLLM's 5 s keep-alive, so the pool never races uvicorn's close;
     within it the connection is reused (a fresh one per request would cost every request)."""
-    monkeypatch.setattr(upstream, "POOL_IDLE", 0.2)
+    monkeypatch.setattr(upstream, "POOL_IDLE", 0.5)
     server = keepalive_server(keep_alive=5)
     backend = Backend(server.url, connect_timeout=1, read_timeout=5)
     assert chat(backend).read() == b"{}"
