@@ -5,13 +5,19 @@ tests/container/conftest.py.
 The own engine keeps its images under the test cache (CODING_STACK_TEST_CACHE/docker), so the
 stand-in images built on one run are there for the next; its sockets and run state live in a
 short /tmp folder (a unix socket path may not exceed 107 bytes).
+
+One tier runs at a time on a machine: the stack's names are fixed (project `coding-stack`) and the
+own engine's data root is shared, so `start` takes an exclusive lock in the cache first and a second
+run waits for it (saying so) instead of breaking the first.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -27,6 +33,7 @@ class Engine:
     run_dir: Path | None = None
     log_path: Path | None = None
     env: dict = field(default_factory=dict)
+    lock: object = None              # the open lock file; closing it lets the next run in
 
     def docker(self, *args, check=True, timeout=600, **kw) -> subprocess.CompletedProcess:
         """`docker ARGS` against this engine; a failure raises with docker's own words."""
@@ -46,10 +53,32 @@ def _answers(host: str) -> bool:
         return False
 
 
+def _take_lock(cache: Path):
+    cache.mkdir(parents=True, exist_ok=True)
+    lock = open(cache / "container-tier.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"container tier: another run holds {lock.name}; waiting for it to finish", file=sys.stderr)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    return lock
+
+
 def start(cache: Path) -> Engine:
-    """An engine that answers: the user's own if there is one, else a fresh dockerd."""
+    """An engine that answers: the user's own if there is one, else a fresh dockerd; holds the tier's lock."""
     if shutil.which("docker") is None:
         raise RuntimeError("the docker client is not installed (tests/run.sh installs Debian's docker.io)")
+    lock = _take_lock(cache)
+    try:
+        engine = _start(cache)
+    except BaseException:
+        lock.close()
+        raise
+    engine.lock = lock
+    return engine
+
+
+def _start(cache: Path) -> Engine:
     for host in filter(None, [os.environ.get("DOCKER_HOST"), "unix:///var/run/docker.sock"]):
         if _answers(host):
             return Engine(host, env={**os.environ, "DOCKER_HOST": host})
@@ -72,14 +101,23 @@ def start(cache: Path) -> Engine:
     deadline = time.monotonic() + START_TIMEOUT_S
     while not _answers(host):
         if proc.poll() is not None or time.monotonic() > deadline:
-            stop(engine)
+            _stop_dockerd(engine)
             raise RuntimeError(f"dockerd did not start (log {log_path}):\n{log_path.read_text()[-3000:]}")
         time.sleep(0.3)
     return engine
 
 
 def stop(engine: Engine) -> None:
-    """Stops the dockerd this tier started (by its PID: TERM, then KILL); the user's engine is left alone."""
+    """Stops the dockerd this tier started (by its PID: TERM, then KILL; the user's engine is left alone),
+    then releases the tier's lock."""
+    try:
+        _stop_dockerd(engine)
+    finally:
+        if engine.lock is not None:
+            engine.lock.close()
+
+
+def _stop_dockerd(engine: Engine) -> None:
     if engine.proc is None:
         return
     if engine.proc.poll() is None:
