@@ -337,19 +337,20 @@ class Backend:
                 on_open=None) -> UpstreamResponse:
         """Send one request and wait for the status line and headers.
 
-        `on_open(conn)` is called once the connection exists, so a watcher can abort it
-        while this call blocks. A reused keep-alive connection that the server had already
-        closed is retried once on a fresh one (the body is bytes, so replay is safe).
+        `on_open(conn)` is called once the connection's socket exists and before anything is
+        sent (again for a retry's fresh connection), so a watcher can shut it down while this
+        call blocks. A reused keep-alive connection that the server had already closed is
+        retried once on a fresh one (the body is bytes, so replay is safe).
         """
         head = request_head(method, self._prefix + path, self.host_header, headers,
                             None if body is None else len(body))
         for attempt in (0, 1):
             conn, reused = self._take() if attempt == 0 else (Connection(), False)
-            if on_open:
-                on_open(conn)
             try:
                 if conn.sock is None:
                     self._connect(conn)
+                if on_open:
+                    on_open(conn)
                 if body is None:
                     conn.sock.sendall(head)
                 elif len(body) <= ONE_WRITE:
