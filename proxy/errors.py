@@ -52,6 +52,19 @@ def anthropic_error_bytes(status: int, message: str, type_: str | None = None) -
                                                   "message": message}}, ensure_ascii=False).encode()
 
 
+def as_anthropic_error(status: int, raw: bytes) -> bytes:
+    """vLLM's error body in Anthropic's shape; one already in that shape is left as it is."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return anthropic_error_bytes(status, raw.decode("utf-8", "replace").strip()[:4000] or f"vLLM answered HTTP {status}")
+    if isinstance(data, dict) and data.get("type") == "error" and isinstance(data.get("error"), dict):
+        return raw
+    err = data.get("error") if isinstance(data, dict) else None
+    message = err.get("message") if isinstance(err, dict) else (err if isinstance(err, str) else None)
+    return anthropic_error_bytes(status, str(message or raw.decode("utf-8", "replace"))[:4000])
+
+
 def anthropic_error(status: int, message: str, type_: str | None = None) -> Response:
     """Anthropic's error shape, which the Anthropic SDK and Claude Code parse."""
     return Response(anthropic_error_bytes(status, message, type_), status=status, mimetype="application/json")

@@ -61,7 +61,7 @@ class Connection:
     """One connection to the backend and the bytes read from it but not yet consumed.
 
     `sock` is None until connected and after close; another greenlet may shut it down
-    (exchange.shutdown) to wake a reader blocked here.
+    (exchange.Call.abort) to wake a reader blocked here.
     """
 
     __slots__ = ("sock", "buf")
