@@ -209,7 +209,7 @@ class PlainChat(loop.Plain, _Chat):
             # fault, so it is a gateway error, not a 500 from the proxy.
             log.warning("chat turn %d: vLLM answered 200 with a body that is not a chat completion",
                         self.session.rounds + 1)
-            return error_response(502, "vLLM answered 200 with a body that is not a chat completion.")
+            return self.error(502, "vLLM answered 200 with a body that is not a chat completion.")
         return _Completion(up, raw, data, calls)
 
     def finish(self, turn: _Completion):

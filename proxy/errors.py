@@ -1,6 +1,7 @@
-"""Error bodies in OpenAI's shape, the one vLLM and the openai SDK speak.
+"""Error bodies in the shapes clients parse: OpenAI's (vLLM and the openai SDK speak it) and,
+on /v1/messages, Anthropic's.
 
-Used by the handlers; not run on its own.
+Used by the handlers and the search loop; not run on its own.
 """
 from __future__ import annotations
 

@@ -170,14 +170,12 @@ def run(ex: Exchange, d: Dialect) -> Response:
         # status and body are still the client's to get.
         try:
             call = ex.post(d.path, d.request)
-            if not streaming(call.response):
-                try:
-                    return d.vllm_reply(call.response, call.read())
-                finally:
-                    watch.stop()
+            answer = None if streaming(call.response) else d.vllm_reply(call.response, call.read())
         except UpstreamError as e:
+            answer = d.error_reply(499, GONE) if watch.gone else _gateway_error(d, e, d.error_reply)
+        if answer is not None:
             watch.stop()
-            return d.error_reply(499, GONE) if watch.gone else _gateway_error(d, e, d.error_reply)
+            return answer
         headers = response_headers(call.response)
     return Response(_streamed(ex, d, call), status=200, headers=headers, direct_passthrough=True)
 
