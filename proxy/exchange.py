@@ -168,6 +168,8 @@ def _cut(conn):
 
 @dataclass
 class Exchange:
+    """One client request: what it sent, as vLLM should get it, and the way to call vLLM for it."""
+
     cfg: Config
     backend: Backend
     searxng: SearXNG
