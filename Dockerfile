@@ -10,15 +10,17 @@ WORKDIR /app
 
 # Dependencies first, in their own layer: editing the proxy's code does not re-run pip.
 COPY requirements.txt ./
-# The pinned versions are installed once, here, never at container start.
-RUN pip install --no-cache-dir -r requirements.txt
+# Exactly the hashed lock the test suite runs on, transitive packages included (--require-hashes refuses anything
+# unpinned or altered), installed once here and never at container start.
+RUN pip install --no-cache-dir --require-hashes -r requirements.txt
 
-# An unprivileged account: a bug in the proxy must not get root in the container.
-RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin proxy
+# An unprivileged account: a bug in the proxy must not get root in the container. Not named `proxy`: Debian's
+# base-passwd already has a `proxy` user (uid 13) in every Debian image, so useradd would fail.
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin coding-stack
 
 COPY gunicorn.conf.py proxy-passthrough.py ./
 COPY proxy/ ./proxy/
 
-USER proxy
+USER coding-stack
 EXPOSE 11433
 CMD ["gunicorn", "--config", "gunicorn.conf.py", "proxy-passthrough:app"]

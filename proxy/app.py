@@ -202,7 +202,11 @@ def relay(ex: Exchange, body: bytes) -> Response:
             return gateway_error(e, method, ex.target)
         finally:
             watch.stop()
-        return _without_default_type(Response(data, status=up.status, headers=headers), up)
+        resp = Response(data, status=up.status, headers=headers)
+        if method == "HEAD":
+            # No body follows a HEAD answer, so vLLM's Content-Length (the GET's) is the one.
+            resp.headers["Content-Length"] = str(up.content_length)
+        return _without_default_type(resp, up)
 
     def stream():
         # Bytes go out exactly as they came in.

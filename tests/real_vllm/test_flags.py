@@ -87,9 +87,9 @@ def test_cpu_translation_changes_only_what_a_cpu_cannot_do(tmp_path):
 
 def test_extra_args_are_appended_like_the_entrypoint_does():
     config = {"services": {"vllm": {
-        "entrypoint": ["/bin/sh", "-c", 'eval "set -- \\"\\$$@\\" $${VLLM_EXTRA_ARGS:-}"'],
+        "entrypoint": ["/bin/sh", "-c", 'eval "set -- \\"\\$$@\\" $${EXTRA_VLLM_ARGS:-}"'],
         "command": ["org/model", "--max-num-seqs", "1", ""],
-        "environment": {"VLLM_EXTRA_ARGS": "--speculative-config '{\"method\": \"mtp\"}' --seed 3"},
+        "environment": {"EXTRA_VLLM_ARGS": "--speculative-config '{\"method\": \"mtp\"}' --seed 3"},
     }}}
     assert compose_vllm_command(config) == ["org/model", "--max-num-seqs", "1",
                                             "--speculative-config", '{"method": "mtp"}', "--seed", "3"]

@@ -1,0 +1,266 @@
+"""The stack as users run it (tests/container/conftest.py brings it up): health, a search on all three APIs
+going proxy -> SearXNG service -> vLLM service and back, the container contract, and recovery; run with
+`tests/run.sh tests/container`.
+
+Tests run in file order against one stack; the ones that kill a process come last, `down -v` very last.
+What the proxy asked of SearXNG and vLLM is read from those containers' own logs.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.parse
+
+import anthropic
+import openai
+import pytest
+
+from conftest import EXTRA_VLLM_ARGS, PROJECT, UP_TIMEOUT_S, get
+from realvllm import FORCED_CALL, MODEL, QUERY, Http
+from test_claude_code import claude_env
+from test_codex import CODEX, codex_config
+
+CHAT = "/v1/chat/completions"
+SEARCH_LINE = f"GET /search?q={QUERY}&format=json 200"
+# With MAX_SEARCH_ITER=2 a model that always calls the tool gets two rounds (a search, then the same query
+# repeated) and the third turn's call meets the cap.
+TURNS_TO_CAP = 3
+
+
+def forcing(stack) -> dict:
+    """vLLM fields that make the random model call web_search (see realvllm.forced_call_request)."""
+    bias = {str(stack.token_id(t)): 100 for t in ("<tool_call>", "</tool_call>")}
+    return {"structured_outputs": {"regex": re.escape(FORCED_CALL)}, "logit_bias": bias,
+            "chat_template_kwargs": {"enable_thinking": False}}
+
+
+class Seen:
+    """What a service's log gains during a test: SearXNG's request lines, vLLM's access lines."""
+
+    def __init__(self, stack, service):
+        self.stack, self.service = stack, service
+        self.before = len(stack.logs(service).splitlines())
+
+    def new(self) -> list[str]:
+        return self.stack.logs(self.service).splitlines()[self.before:]
+
+
+def vllm_posts(lines, path) -> int:
+    return sum(1 for line in lines if f'"POST {path} HTTP/1.1" 200' in line)
+
+
+def test_every_service_is_healthy_within_the_bound(stack):
+    assert stack.up_seconds < UP_TIMEOUT_S
+    for name in ("coding-stack-vllm", "coding-stack-proxy", "coding-stack-searxng"):
+        assert stack.inspect(name)["State"]["Health"]["Status"] == "healthy", name
+    assert get(stack.proxy_url + "/proxy/health")[0] == 200
+    assert get(stack.vllm_url + "/health")[0] == 200
+    models = json.loads(get(stack.proxy_url + "/v1/models")[1])
+    assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+def test_chat_search_goes_through_searxng_and_vllm(stack):
+    searx, vllm = Seen(stack, "searxng"), Seen(stack, "vllm")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 64,
+            **forcing(stack)}
+    reply = Http().post(stack.proxy_url + CHAT, body)
+    # The model searches every turn (the forcing fields go with each), so the loop ends at MAX_SEARCH_ITER=2.
+    assert reply.status == 422, reply.body
+    assert reply.json()["error"]["type"] == "search_iterations_exceeded"
+    assert searx.new().count(SEARCH_LINE) == 1  # the repeated query is not searched again
+    assert vllm_posts(vllm.new(), CHAT) == TURNS_TO_CAP
+
+
+def test_chat_search_streamed(stack):
+    searx, vllm = Seen(stack, "searxng"), Seen(stack, "vllm")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 64,
+            "stream": True, **forcing(stack)}
+    status, events = Http().sse(stack.proxy_url + CHAT, body)
+    assert status == 200
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["type"] == "search_iterations_exceeded"
+    assert not any('"tool_calls"' in e for e in events)
+    assert searx.new().count(SEARCH_LINE) == 1
+    assert vllm_posts(vllm.new(), CHAT) == TURNS_TO_CAP
+
+
+def test_messages_web_search_server_tool(stack):
+    """Claude Code's search sub-request with the web_search_20250305 tool, through the anthropic SDK."""
+    searx, vllm = Seen(stack, "searxng"), Seen(stack, "vllm")
+    client = anthropic.Anthropic(base_url=stack.proxy_url, api_key="dummy", max_retries=0, timeout=120)
+    with client.beta.messages.stream(
+            model=MODEL, max_tokens=16, system="You are an assistant for performing a web search tool use",
+            messages=[{"role": "user", "content": f"Perform a web search for the query: {QUERY}"}],
+            tools=[{"type": "web_search_20250305", "name": "web_search", "max_uses": 8}],
+            tool_choice={"type": "auto"}, extra_query={"beta": "true"}) as stream:
+        msg = stream.get_final_message()
+    kinds = [b.type for b in msg.content]
+    assert kinds[:2] == ["server_tool_use", "web_search_tool_result"], kinds
+    assert kinds[2:] and set(kinds[2:]) <= {"thinking", "text"}, kinds
+    assert [r.url for r in msg.content[1].content] == [f"https://example.org/{QUERY}/{i}" for i in (1, 2, 3)]
+    assert msg.usage.server_tool_use.web_search_requests == 1
+    assert searx.new().count(SEARCH_LINE) == 1
+    assert vllm_posts(vllm.new(), "/v1/messages?beta=true") == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_responses_hosted_web_search(stack, stream):
+    """Codex's hosted web_search tool through the openai SDK; the forced model searches until the cap."""
+    searx, vllm = Seen(stack, "searxng"), Seen(stack, "vllm")
+    client = openai.OpenAI(base_url=stack.proxy_url + "/v1", api_key="sk-test", max_retries=0, timeout=120)
+    kw = dict(model=MODEL, instructions="You are Codex, a coding agent.", max_output_tokens=48, store=False,
+              input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Look up hello."}]}],
+              tools=[{"type": "web_search", "external_web_access": False}], extra_body=forcing(stack))
+    if stream:
+        events = list(client.responses.create(**kw, stream=True))
+        types = [e.type for e in events]
+        assert "response.web_search_call.completed" in types
+        assert types[-1] == "response.failed"
+        assert "search" in events[-1].response.error.message
+    else:
+        with pytest.raises(openai.APIStatusError) as err:
+            client.responses.create(**kw)
+        assert err.value.status_code == 422
+    assert searx.new().count(SEARCH_LINE) == 1
+    assert vllm_posts(vllm.new(), "/v1/responses") == TURNS_TO_CAP
+
+
+AGENT_TIMEOUT_S = 240  # Claude Code's prompts are ~30k tokens of the tiny tokenizer's: a CPU prefill each
+
+
+def test_claude_code_against_the_stack(stack, tmp_path):
+    """The real Claude Code's requests (its whole system prompt and tools) through the proxy to vLLM. The
+    random model never ends a turn itself, so Claude Code stops at its output cap: a model's answer, read
+    from a real vLLM stream, not a transport error."""
+    vllm = Seen(stack, "vllm")
+    env = {**claude_env(stack.proxy_url, str(tmp_path)), "ANTHROPIC_MODEL": MODEL,
+           "ANTHROPIC_SMALL_FAST_MODEL": MODEL, "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "32"}
+    proc = subprocess.run([os.environ["AGENTS_BIN"] + "/claude", "-p", "Say hi", "--output-format", "stream-json",
+                           "--verbose"], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=AGENT_TIMEOUT_S)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    (result,) = [line for line in lines if line.get("type") == "result"]
+    assert result["api_error"] == "max_output_tokens", (result, proc.stderr[-2000:])
+    assert result["model_usage_since_last_result"][MODEL]["outputTokens"] > 0
+    assert vllm_posts(vllm.new(), "/v1/messages?beta=true") >= 1
+
+
+def test_codex_against_the_stack(stack, tmp_path):
+    vllm = Seen(stack, "vllm")
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "config.toml").write_text(codex_config(stack.proxy_url))
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CODEX_HOME": str(home), "STACK_API_KEY": "sk-local",
+           "NO_COLOR": "1", "RUST_LOG": "error", "NO_PROXY": "*", "no_proxy": "*"}
+    proc = subprocess.run([str(CODEX), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "-C", str(work),
+                           "Say hi"], env=env, capture_output=True, text=True, timeout=AGENT_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    (done,) = [e for e in events if e["type"] == "turn.completed"]
+    assert done["usage"]["output_tokens"] > 0, events
+    assert not [e for e in events if e["type"] in ("turn.failed", "error")], events
+    assert vllm_posts(vllm.new(), "/v1/responses") >= 1
+
+
+def test_extra_vllm_args_reach_vllm_serve_as_single_arguments(stack):
+    argv = stack.docker("exec", "coding-stack-vllm", "cat", "/proc/1/cmdline").stdout.split("\0")[:-1]
+    # PID 1 is vllm itself: the entrypoint shell exec'd it.
+    assert argv[1:3] == ["/opt/venv/bin/vllm", "serve"] or argv[:2] == ["/opt/venv/bin/vllm", "serve"], argv
+    assert argv[-2:] == ["--override-generation-config", '{"max_new_tokens": 1024, "temperature": 0.7}']
+    assert EXTRA_VLLM_ARGS.startswith(argv[-2])
+    # vLLM took it: the server's logs show no unknown VLLM_ variable either.
+    assert "Unknown vLLM environment variable" not in stack.logs("vllm")
+
+
+def test_the_proxy_runs_as_an_unprivileged_user(stack):
+    assert stack.inspect("coding-stack-proxy")["Config"]["User"] == "coding-stack"
+    uid = stack.docker("exec", "coding-stack-proxy", "python", "-c", "import os; print(os.getuid())").stdout.strip()
+    assert uid == "10001"
+    status = stack.docker("exec", "coding-stack-proxy", "cat", "/proc/1/status").stdout
+    assert re.search(r"^Uid:\s+10001\s", status, re.M), status
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock_pins(path) -> dict[str, str]:
+    return {normalized(m.group(1)): m.group(2)
+            for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+)", path.read_text(), re.M)}
+
+
+def test_the_proxy_image_holds_exactly_the_lock(stack):
+    from conftest import REPO
+    lock = lock_pins(REPO / "requirements.txt")
+    frozen = stack.docker("run", "--rm", "--entrypoint", "pip", "coding-stack-proxy:local", "list",
+                          "--format", "json").stdout
+    have = {normalized(p["name"]): p["version"] for p in json.loads(frozen)}
+    # Markers such as sys_platform == 'win32' leave some lock entries out on Linux; every other one is there.
+    missing = {n: v for n, v in lock.items() if have.get(n) != v}
+    assert set(missing) <= {"cffi", "colorama", "pycparser"}, missing
+    # Nothing else but the base image's own pip tooling.
+    assert set(have) - set(lock) <= {"pip", "setuptools", "wheel"}, set(have) - set(lock)
+    check = stack.docker("run", "--rm", "--entrypoint", "pip", "coding-stack-proxy:local", "check", check=False)
+    assert check.returncode == 0, check.stdout
+
+
+def published(stack, container) -> dict:
+    return stack.inspect(container)["NetworkSettings"]["Ports"] or {}
+
+
+def test_ports_are_bound_to_loopback_only(stack):
+    for container, port in (("coding-stack-vllm", "8000/tcp"), ("coding-stack-proxy", "11433/tcp")):
+        bindings = published(stack, container)[port]
+        assert [b["HostIp"] for b in bindings] == ["127.0.0.1"], bindings
+    assert not any(published(stack, "coding-stack-searxng").values())
+
+
+def test_the_proxy_comes_back_after_its_process_dies(stack):
+    before = stack.inspect("coding-stack-proxy")["State"]
+    os.kill(before["Pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:
+        state = stack.inspect("coding-stack-proxy")["State"]
+        if state["Running"] and state["Pid"] != before["Pid"] and get(stack.proxy_url + "/proxy/health")[0] == 200:
+            break
+        assert time.monotonic() < deadline, state
+        time.sleep(0.5)
+    assert stack.inspect("coding-stack-proxy")["RestartCount"] >= 1
+
+
+def test_vllm_killed_mid_stream_gives_the_client_an_error_event(stack):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 1900,
+            "ignore_eos": True, "stream": True, "chat_template_kwargs": {"enable_thinking": False}}
+    parts = urllib.parse.urlsplit(stack.proxy_url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    conn.request("POST", CHAT, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    lines = [resp.fp.readline().decode() for _ in range(20)]  # the generation is under way
+    assert any(line.startswith("data: {") for line in lines)
+    os.kill(stack.inspect("coding-stack-vllm")["State"]["Pid"], signal.SIGKILL)
+    rest = resp.read().decode()
+    conn.close()
+    events = [line[6:] for line in rest.splitlines() if line.startswith("data: ")]
+    assert events, rest[-500:]
+    errors = [json.loads(e)["error"] for e in events if e.startswith("{") and '"error"' in e]
+    assert errors and errors[-1]["code"] in (502, 504), events[-3:]
+    # Not a clean end: no finish_reason came, and the error event is what the stream closes on.
+    assert not any('"finish_reason":"length"' in e or '"finish_reason": "length"' in e for e in events)
+    # And vLLM comes back by itself (restart: unless-stopped).
+    stack.wait_healthy("coding-stack-vllm", UP_TIMEOUT_S)
+
+
+def test_down_leaves_nothing(stack):
+    stack.compose("down", "-v")
+    label = f"label=com.docker.compose.project={PROJECT}"
+    assert stack.docker("ps", "-aq", "--filter", label).stdout.strip() == ""
+    assert stack.docker("network", "ls", "-q", "--filter", label).stdout.strip() == ""
+    assert stack.docker("volume", "ls", "-q", "--filter", label).stdout.strip() == ""
