@@ -20,7 +20,7 @@ import anthropic
 import openai
 import pytest
 
-from conftest import EXTRA_VLLM_ARGS, PROJECT, UP_TIMEOUT_S, get
+from compose_stack import EXTRA_VLLM_ARGS, PROJECT, REPO, UP_TIMEOUT_S, get
 from realvllm import FORCED_CALL, MODEL, QUERY, Http
 from test_claude_code import claude_env
 from test_codex import CODEX, codex_config
@@ -197,7 +197,6 @@ def lock_pins(path) -> dict[str, str]:
 
 
 def test_the_proxy_image_holds_exactly_the_lock(stack):
-    from conftest import REPO
     lock = lock_pins(REPO / "requirements.txt")
     frozen = stack.docker("run", "--rm", "--entrypoint", "pip", "coding-stack-proxy:local", "list",
                           "--format", "json").stdout
@@ -243,13 +242,16 @@ def test_vllm_killed_mid_stream_gives_the_client_an_error_event(stack):
     conn.request("POST", CHAT, body=json.dumps(body), headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200
+    # The raw chunked body, line by line (chunk sizes included): a client library's reader would hide
+    # whether the stream ended in an event or in a cut.
     lines = [resp.fp.readline().decode() for _ in range(20)]  # the generation is under way
     assert any(line.startswith("data: {") for line in lines)
     os.kill(stack.inspect("coding-stack-vllm")["State"]["Pid"], signal.SIGKILL)
-    rest = resp.read().decode()
+    while lines[-1] and lines[-1].rstrip("\r\n") != "data: [DONE]":
+        lines.append(resp.fp.readline().decode())
     conn.close()
-    events = [line[6:] for line in rest.splitlines() if line.startswith("data: ")]
-    assert events, rest[-500:]
+    events = [line.rstrip("\r\n")[6:] for line in lines[20:] if line.startswith("data: ")]
+    assert events, lines[-10:]
     errors = [json.loads(e)["error"] for e in events if e.startswith("{") and '"error"' in e]
     assert errors and errors[-1]["code"] in (502, 504), events[-3:]
     # Not a clean end: no finish_reason came, and the error event is what the stream closes on.

@@ -1,0 +1,165 @@
+"""The container tier's stack: the compose command line, the Stack handle the tests use, and the session fixture that builds
+the images, fetches the model and starts it; used by tests/container/conftest.py and test_stack.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO / "tests" / "real_vllm"))
+
+import engine as engine_mod  # noqa: E402
+import images  # noqa: E402
+import realvllm  # noqa: E402
+from standins.hf_hub import REPO_ID, HubStandin  # noqa: E402
+
+OVERRIDE = REPO / "tests" / "compose.cpu-test.yaml"
+WORK = REPO / "tests" / ".work" / "container"
+# The bound on `up --wait` once the images exist: vLLM's CPU boot of the tiny model is most of it.
+UP_TIMEOUT_S = 300
+# One JSON value with spaces and quotes, as a user would write it in .env: it must reach `vllm serve` as one
+# argument (and vLLM must accept it). It also bounds every answer at 1024 tokens: the random model never stops
+# on its own, and Codex asks for no limit; long enough for the stream that vLLM's death cuts.
+EXTRA_VLLM_ARGS = """--override-generation-config '{"max_new_tokens": 1024, "temperature": 0.7}'"""
+PROJECT = "coding-stack"
+
+
+@dataclass
+class Stack:
+    engine: engine_mod.Engine
+    env: dict
+    model: Path                      # the tiny model's files (for token ids)
+    proxy_url: str
+    vllm_url: str
+    up_seconds: float = 0.0
+    notes: list = field(default_factory=list)
+
+    def compose(self, *args, check=True, timeout=600) -> subprocess.CompletedProcess:
+        cmd = [realvllm.compose_binary(), "-f", str(REPO / "docker-compose.yaml"), "-f", str(OVERRIDE),
+               "--env-file", os.devnull, *args]
+        proc = subprocess.run(cmd, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"docker compose {' '.join(args)} exited {proc.returncode}:\n"
+                                 f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        return proc
+
+    def docker(self, *args, **kw) -> subprocess.CompletedProcess:
+        return self.engine.docker(*args, **kw)
+
+    def inspect(self, container: str) -> dict:
+        return json.loads(self.docker("inspect", container).stdout)[0]
+
+    def logs(self, service: str) -> str:
+        proc = self.compose("logs", "--no-color", "--no-log-prefix", service)
+        return proc.stdout + proc.stderr
+
+    def token_id(self, text: str) -> int:
+        tok = json.loads((self.model / "tokenizer.json").read_text())
+        return next(a["id"] for a in tok["added_tokens"] if a["content"] == text)
+
+    def wait_healthy(self, container: str, timeout: float) -> float:
+        started = time.monotonic()
+        while True:
+            state = self.inspect(container)["State"]
+            if state.get("Health", {}).get("Status") == "healthy":
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise AssertionError(f"{container} not healthy after {timeout} s: {state}")
+            time.sleep(1)
+
+
+def _tag_from_dockerfile() -> str:
+    return re.search(r"^FROM (\S+)$", (REPO / "Dockerfile").read_text(), re.M).group(1)
+
+
+def _fetch_model(model_dir: Path, tiny: Path, log) -> None:
+    """download-model.sh, as a user runs it, against a Hub that serves the tiny model as the checkpoint."""
+    files = {str(p.relative_to(tiny)): p.read_bytes() for p in tiny.rglob("*")
+             if p.is_file() and not p.name.startswith(".")}
+    with HubStandin(files) as hub:
+        env = {"PATH": os.environ["PATH"], "HOME": str(WORK / "home"), "MODEL_DIR": str(model_dir),
+               "HF_ENDPOINT": hub.url, "HF_VENV": sys.prefix, "HF_HUB_DISABLE_TELEMETRY": "1"}
+        proc = subprocess.run(["bash", str(REPO / "download-model.sh")], env=env, stdout=log, stderr=log, timeout=300)
+    if proc.returncode != 0:
+        pytest.fail(f"download-model.sh against the Hub stand-in failed; see {log.name}")
+
+
+def _free_port() -> int:
+    return realvllm.free_port()
+
+
+@pytest.fixture(scope="session", name="stack")
+def stack_session():
+    WORK.mkdir(parents=True, exist_ok=True)
+    cache = realvllm.cache_dir()
+    env_info = realvllm.locate_env()
+    log = open(WORK / "setup.log", "wb")
+    try:
+        eng = engine_mod.start(cache)
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    st = None
+    try:
+        config = realvllm.compose_config()
+        wanted = [images.python_slim(_tag_from_dockerfile()), images.searxng(config["services"]["searxng"]["image"]),
+                  images.vllm(config["services"]["vllm"]["image"], env_info.python.parent.parent)]
+        notes = []
+        for image in wanted:
+            started = time.monotonic()
+            notes.append(f"{images.ensure(eng, image, log)} in {time.monotonic() - started:.0f} s")
+
+        model_dir = WORK / "models"
+        subprocess.run(["rm", "-rf", str(model_dir)], check=True)
+        model_dir.mkdir()
+        _fetch_model(model_dir, env_info.model_dir, log)
+
+        proxy_port, vllm_port = _free_port(), _free_port()
+        env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), "DOCKER_HOST": eng.host,
+               "MODEL_DIR": str(model_dir), "PROXY_PORT": str(proxy_port), "VLLM_PORT": str(vllm_port),
+               "EXTRA_VLLM_ARGS": EXTRA_VLLM_ARGS,
+               # Two rounds: a forced search reaches the cap after one search and one repeat.
+               "MAX_SEARCH_ITER": "2", "KEEPALIVE_INTERVAL": "1"}
+        st = Stack(eng, env, env_info.model_dir, f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{vllm_port}",
+                   notes=notes)
+        # Leftovers of an interrupted run would keep the fixed container names taken.
+        st.compose("down", "-v", "--remove-orphans", check=False)
+        started = time.monotonic()
+        st.compose("build", "proxy", timeout=900)
+        notes.append(f"proxy image built in {time.monotonic() - started:.0f} s")
+        started = time.monotonic()
+        up = st.compose("up", "-d", "--wait", "--wait-timeout", str(UP_TIMEOUT_S), check=False, timeout=UP_TIMEOUT_S + 60)
+        st.up_seconds = time.monotonic() - started
+        if up.returncode != 0:
+            logs = "\n".join(f"--- {s}:\n{st.compose('logs', '--no-color', '--tail', '60', s, check=False).stdout}"
+                             for s in ("vllm", "proxy", "searxng"))
+            pytest.fail(f"docker compose up --wait exited {up.returncode}:\n{up.stderr[-3000:]}\n{logs}")
+        (WORK / "notes.txt").write_text("\n".join([*notes, f"up --wait returned in {st.up_seconds:.0f} s"]) + "\n")
+        yield st
+    finally:
+        if st is not None:
+            st.compose("down", "-v", "--remove-orphans", check=False)
+        engine_mod.stop(eng)
+        log.close()
+
+
+def get(url: str, timeout: float = 10) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError:
+        return 0, b""  # nothing listening (yet)
