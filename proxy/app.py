@@ -14,7 +14,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from . import chat, messages, responses
 from .config import Config
-from .exchange import ClientWatch, Exchange, shutdown
+from .exchange import Exchange, response_headers
 from .errors import error_for_path, upstream_error_status
 from .search import SearXNG
 from .upstream import Backend, UpstreamError, end_to_end_headers
@@ -181,21 +181,21 @@ def create_app(cfg: Config) -> Flask:
 def relay(ex: Exchange, body: bytes) -> Response:
     """Send the request on unchanged and the answer back unchanged, streaming if it streams."""
     method = ex.environ["REQUEST_METHOD"]
-    watch = ClientWatch(ex.environ)
+    watch = ex.watch_client()
     send_body = body if body or method in ("POST", "PUT", "PATCH") else None
     try:
-        up = ex.backend.request(method, ex.target, send_body, ex.headers,
-                                on_open=lambda conn: watch.attach(lambda: shutdown(conn)))
+        call = ex.call(method, ex.target, send_body, ex.headers)
     except UpstreamError as e:
         watch.stop()
         if watch.gone:
             # Not vLLM's failure: the watch cut the connection for a client that left.
             return error_for_path(ex.target, 499, "client closed the request")
         return gateway_error(e, method, ex.target)
-    headers = [(n, v) for n, v in end_to_end_headers(up.headers) if n.lower() != "content-length"]
+    up = call.response
+    headers = response_headers(up)
     if up.header("content-length") and not up.is_event_stream:
         try:
-            data = up.read()
+            data = call.read()
         except UpstreamError as e:
             if watch.gone:
                 return error_for_path(ex.target, 499, "client closed the request")
@@ -225,7 +225,7 @@ def relay(ex: Exchange, body: bytes) -> Response:
             client.shutdown(socket.SHUT_RDWR)
         finally:
             watch.stop()
-            up.abort()
+            call.end()
     return _without_default_type(Response(stream(), status=up.status, headers=headers, direct_passthrough=True), up)
 
 

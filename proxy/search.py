@@ -285,6 +285,7 @@ class SearchSession:
         self.searches = 0
         self.empty = 0
         self.failed = 0
+        self.repeated = 0   # queries answered from memory, not searched again
         self._seen: dict[str, SearchOutcome] = {}
         self._on_search = on_search
         self._lock = threading.Lock()
@@ -321,6 +322,7 @@ class SearchSession:
                 outcomes = list(pool.map(one, queries))
         for o in outcomes:
             if o.repeated:
+                self.repeated += 1
                 continue
             self.searches += 1
             self.empty += o.status == "empty"
@@ -330,8 +332,15 @@ class SearchSession:
         return outcomes
 
     def cap_message(self) -> str:
-        """The error the client reads when the model wants more rounds than allowed."""
-        msg = f"Exceeded max search iterations ({self.searches} searches, {self.empty + self.failed} empty)"
-        if self.searches and self.empty + self.failed == self.searches:
+        """The error the client reads when the model wants more rounds than allowed: the
+        limit (MAX_SEARCH_ITER), and what the rounds it had found."""
+        unusable = self.empty + self.failed
+        msg = (f"{self.rounds} of {_count(self.max_rounds, 'search round', 'search rounds')} used "
+               f"({_count(self.searches, 'search', 'searches')}, {self.repeated} repeated, {unusable} empty)")
+        if self.searches and unusable == self.searches:
             msg += " — SearXNG returned no usable results"
         return msg
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"

@@ -82,7 +82,7 @@ class Connection:
     """One connection to the backend.
 
     `sock` is None until connected and after close; another greenlet may shut it down
-    (exchange.shutdown) to wake a reader blocked here.
+    (exchange.Call.abort) to wake a reader blocked here.
     """
 
     __slots__ = ("sock", "idle_since")
@@ -432,21 +432,22 @@ class Backend:
                 on_open=None) -> UpstreamResponse:
         """Send one request and wait for the status line and headers.
 
-        `on_open(conn)` is called once the connection exists, so a watcher can abort it
-        while this call blocks. A reused connection is retried once on a fresh one only when
-        the failure shows the server cannot have acted on the request (may_retry).
+        `on_open(conn)` is called once the connection's socket exists and before anything is
+        sent (again for a retry's fresh connection), so a watcher can shut it down while this
+        call blocks. A reused connection is retried once on a fresh one only when the failure
+        shows the server cannot have acted on the request (may_retry).
         """
         head = request_head(method, self._prefix + path, self.host_header, headers,
                             None if body is None else len(body))
         for attempt in (0, 1):
             conn, reused = self._take() if attempt == 0 else (Connection(), False)
-            if on_open:
-                on_open(conn)
             up = UpstreamResponse(self, conn, method)
             sent = False
             try:
                 if conn.sock is None:
                     self._connect(conn)
+                if on_open:
+                    on_open(conn)
                 if body is None:
                     conn.sock.sendall(head)
                 elif len(body) <= ONE_WRITE:

@@ -554,7 +554,7 @@ def test_search_iteration_cap(start_proxy, backend, searxng, stream):
     backend.responder = lambda r: reply([W.tool_use("web_search", {"query": f"q{len(backend.received)}"})], stream)
     with pytest.raises(anthropic.APIStatusError) as e:
         ask(proxy, stream, tools=[SERVER_TOOL])
-    assert "Exceeded max search iterations" in str(e.value)
+    assert "2 of 2 search rounds used (2 searches" in str(e.value)
     assert len(searxng.queries) == 2 and len(turns(backend)) == 3
 
 

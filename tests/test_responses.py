@@ -396,7 +396,7 @@ def test_cap_plain(start_proxy, backend, searxng):
     body.pop("stream")
     with pytest.raises(openai.APIStatusError) as e:
         client(proxy).responses.create(**body)
-    assert e.value.status_code == 422 and "Exceeded max search iterations (2 searches" in e.value.message
+    assert e.value.status_code == 422 and "2 of 2 search rounds used (2 searches" in e.value.message
     assert searxng.queries == ["try 0", "try 1"]
 
 
@@ -405,7 +405,7 @@ def test_cap_streaming_ends_as_failed_response(start_proxy, backend, searxng):
     backend.responder = w.model(*[always_search] * 5)
     events = list(client(proxy).responses.create(**codex_body()))
     assert events[-1].type == "response.failed"
-    assert "Exceeded max search iterations" in events[-1].response.error.message
+    assert "2 of 2 search rounds used (2 searches" in events[-1].response.error.message
     assert [o.type for o in events[-1].response.output] == ["web_search_call", "web_search_call"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert sum(e.type == "response.created" for e in events) == 1

@@ -198,14 +198,17 @@ def test_session_repeats_are_not_searched_again_and_counts_add_up():
     assert session.exhausted and session.searches == 3 and session.failed == 1
 
 
-@pytest.mark.parametrize("status, expected", [
-    ("empty", "Exceeded max search iterations (2 searches, 2 empty) — SearXNG returned no usable results"),
-    ("ok", "Exceeded max search iterations (2 searches, 0 empty)"),
+@pytest.mark.parametrize("status, rounds, expected", [
+    ("empty", [["a"], ["b"]], "2 of 2 search rounds used (2 searches, 0 repeated, 2 empty) — SearXNG returned no usable results"),
+    ("ok", [["a"], ["b"]], "2 of 2 search rounds used (2 searches, 0 repeated, 0 empty)"),
+    ("ok", [["a"], ["a"]], "2 of 2 search rounds used (1 search, 1 repeated, 0 empty)"),
+    ("empty", [["a"]], "1 of 1 search round used (1 search, 0 repeated, 1 empty) — SearXNG returned no usable results"),
+    ("ok", [["a", "b"], ["A", "b", "c"], []], "3 of 3 search rounds used (3 searches, 2 repeated, 0 empty)"),
 ])
-def test_cap_message(status, expected):
-    session = SearchSession(FakeSearxng(status), max_rounds=2)
-    session.run([("a", None)])
-    session.run([("b", None)])
+def test_cap_message(status, rounds, expected):
+    session = SearchSession(FakeSearxng(status), max_rounds=len(rounds))
+    for queries in rounds:
+        session.run([(q, None) for q in queries])
     assert session.cap_message() == expected
 
 

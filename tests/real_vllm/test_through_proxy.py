@@ -175,7 +175,7 @@ def test_forced_search_runs_against_searxng_and_stops_at_the_cap(real_vllm, tapp
     assert reply.status == 422, reply.body
     error = reply.json()["error"]
     assert error["type"] == "search_iterations_exceeded"
-    assert error["message"] == "Exceeded max search iterations (1 searches, 0 empty)"
+    assert error["message"] == f"{MAX_SEARCH_ITER} of {MAX_SEARCH_ITER} search rounds used (1 search, {MAX_SEARCH_ITER - 1} repeated, 0 empty)"
     assert_loop_grew(tap, searxng)
     assert all(status == 200 for _, _, status, _ in tap.exchanges)
 
