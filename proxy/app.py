@@ -14,8 +14,8 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from . import chat, messages, responses
 from .config import Config
-from .exchange import Exchange, response_headers
 from .errors import error_for_path, upstream_error_status
+from .exchange import Exchange, response_headers
 from .search import SearXNG
 from .upstream import Backend, UpstreamError, end_to_end_headers
 
@@ -152,8 +152,7 @@ def create_app(cfg: Config) -> Flask:
             qs = request.environ.get("QUERY_STRING", "")
             raw = request.path + ("?" + qs if qs else "")
         ex = Exchange(cfg, backend, searxng, body, outbound_headers(request.headers.items(), cfg),
-                      raw, request.environ, relay=None)
-        ex.relay = lambda b=None: relay(ex, ex.body if b is None else b)
+                      raw, request.environ, relay_with=relay)
         return ex
 
     @app.route("/v1/chat/completions", methods=["POST"])
@@ -174,7 +173,7 @@ def create_app(cfg: Config) -> Flask:
     def passthrough(path):
         return exchange().relay()
 
-    app.wsgi_app = AccessLog(app.wsgi_app)
+    app.wsgi_app = AccessLog(app.wsgi_app)  # type: ignore[method-assign]  # Flask's documented way to add WSGI middleware
     return app
 
 

@@ -170,7 +170,7 @@ class _Chat(loop.Dialect):
         super().__init__(ex, body)
         self.body = body
         self.messages = list(body["messages"])
-        self.usage = None
+        self.usage: dict | None = None
 
     def searches(self, turn) -> list:
         return [c for c in turn.calls if is_search(c)]
@@ -337,19 +337,23 @@ class StreamedChat(loop.Stream, _Chat):
         turn.calls = turn.gather_calls() if turn.held else []
         return turn
 
-    def restamp(self, payload: bytes, usage=None) -> bytes | None:
-        return _restamp(payload, self.ident, self.created, usage)
+    def restamp(self, payload: bytes | None, usage=None) -> bytes:
+        """A later turn's frame as the first turn's; b"" for a frame that carries no data."""
+        if payload is None:
+            return b""
+        return _restamp(payload, self.ident, self.created, usage) or b""
 
     def finish(self, turn: _Turn):
         first = self.session.rounds == 0
         for frame in turn.held:
-            yield frame if first else self.restamp(data_of(frame)) or b""
+            yield frame if first else self.restamp(data_of(frame))
         if turn.usage_frame is not None:
             if first:
                 yield turn.usage_frame
             else:
-                total = add_usage(self.usage, jsonio.loads(data_of(turn.usage_frame)).get("usage"))
-                yield self.restamp(data_of(turn.usage_frame), usage=total)
+                payload = data_of(turn.usage_frame) or b"{}"
+                total = add_usage(self.usage, jsonio.loads(payload).get("usage"))
+                yield self.restamp(payload, usage=total)
         yield b"data: [DONE]\n\n"
 
     def record(self, turn: _Turn, calls, outcomes):

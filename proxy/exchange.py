@@ -8,12 +8,14 @@ import logging
 import select
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+
+from flask import Response
 
 from . import jsonio
 from .config import Config
-from .search import SearXNG, SearchSession
+from .search import SearchSession, SearXNG
 from .upstream import Backend, UpstreamResponse, end_to_end_headers
 
 log = logging.getLogger("proxy")
@@ -83,7 +85,7 @@ class ClientWatch:
             try:
                 readable, _, _ = select.select([self._raw], [], [], 0.5)
             except (OSError, ValueError):
-                readable = True
+                readable = [self._raw]  # a socket select() refuses is closed: _check finds that out
             if readable and self._check():
                 return
 
@@ -116,15 +118,22 @@ class Call:
     the call off the watch, so nothing of this request holds the connection afterwards.
     """
 
-    __slots__ = ("response", "_conn", "_aborted", "_watch")
+    __slots__ = ("_response", "_conn", "_aborted", "_watch")
 
     def __init__(self, watch: ClientWatch | None):
-        self.response: UpstreamResponse | None = None
+        self._response: UpstreamResponse | None = None  # set by Exchange.call once vLLM's head is in
         self._conn = None
         self._aborted = False
         self._watch = watch
         if watch is not None:
             watch.attach(self)
+
+    @property
+    def response(self) -> UpstreamResponse:
+        """vLLM's answer; every Call that Exchange.call returns has one."""
+        if self._response is None:
+            raise RuntimeError("Call.response read before vLLM answered")
+        return self._response
 
     def opened(self, conn):
         """Backend.request's on_open: the socket exists and nothing has been sent yet."""
@@ -135,8 +144,8 @@ class Call:
     def abort(self):
         """Stop vLLM's work for this call now; safe from any greenlet or thread."""
         self._aborted = True
-        if self.response is not None:
-            self.response.abort()
+        if self._response is not None:
+            self._response.abort()
         elif self._conn is not None:
             _cut(self._conn)  # still inside Backend.request, which wakes with an error
 
@@ -152,8 +161,8 @@ class Call:
         answer was read to its end, else closed, which is how vLLM learns to stop."""
         if self._watch is not None:
             self._watch.detach(self)
-        if self.response is not None:
-            self.response.close()
+        if self._response is not None:
+            self._response.close()
 
 
 def _cut(conn):
@@ -177,8 +186,13 @@ class Exchange:
     headers: list                    # the client's headers as vLLM should see them
     target: str                      # path and query string, as sent
     environ: dict
-    relay: Callable                  # relay(body_bytes) -> Response: the transparent path
+    relay_with: Callable[[Exchange, bytes], Response]  # the transparent path (proxy.app.relay)
     watch: ClientWatch | None = None
+
+    def relay(self, body: bytes | None = None) -> Response:
+        """Send this request on to vLLM unchanged (or with `body` instead of the client's) and
+        its answer back unchanged."""
+        return self.relay_with(self, self.body if body is None else body)
 
     def watch_client(self) -> ClientWatch:
         """Start watching the client for the rest of this request (stop() it at the end)."""
@@ -195,7 +209,7 @@ class Exchange:
         throughout; raises UpstreamError. The caller ends the call when it is done with it."""
         call = Call(self.watch)
         try:
-            call.response = self.backend.request(method, target, body, headers, on_open=call.opened)
+            call._response = self.backend.request(method, target, body, headers, on_open=call.opened)
         except BaseException:
             call.end()
             raise

@@ -15,13 +15,14 @@ finishing steps as generators, and the loop passes it on untouched.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from flask import Response
 
 from . import jsonio
 from .background import run_with_keepalive
 from .errors import upstream_error_status
-from .exchange import Call, Exchange, response_headers
+from .exchange import Call, ClientWatch, Exchange, response_headers
 from .sse import comment
 from .upstream import UpstreamError, UpstreamResponse
 
@@ -41,7 +42,7 @@ class Dialect:
     name = "search"          # what log lines call this loop
     path = ""                # where every turn is POSTed
     stream = False
-    first_turn = None        # a turn the proxy made itself, in place of vLLM's first
+    first_turn: Any = None   # a turn the proxy made itself, in place of vLLM's first
     headers: list = []       # a stream's headers when no vLLM turn opened it
 
     def __init__(self, ex: Exchange, request: dict):
@@ -69,6 +70,17 @@ class Dialect:
     def vllm_reply(self, up: UpstreamResponse, raw: bytes) -> Response:
         """vLLM's own answer, sent as the client's HTTP answer (its errors, on any plain turn)."""
         return Response(raw, status=up.status, headers=response_headers(up))
+
+    # ---- how a turn is read (Plain and Stream supply these) ---------------------------------
+
+    def read(self, call: Call):
+        """A generator: what the client gets of one turn, returning the turn (None once what ends
+        the loop was yielded)."""
+        raise NotImplementedError
+
+    def keepalive(self, calls: list) -> bytes:
+        """A stream's bytes that keep the client's idle timeouts away while a search runs."""
+        raise NotImplementedError
 
     # ---- what the client sees: iterables of what it gets ------------------------------------
 
@@ -157,7 +169,7 @@ def run(ex: Exchange, d: Dialect) -> Response:
     """Serve one searching request the dialect's way: a plain Response, or a streamed one."""
     watch = ex.watch_client()
     if not d.stream:
-        rounds = _rounds(ex, d, None)
+        rounds = _rounds(ex, d, None, watch)
         try:
             answer = next(rounds, None)
         finally:
@@ -168,26 +180,32 @@ def run(ex: Exchange, d: Dialect) -> Response:
     if d.first_turn is None:
         # The first turn opens before the client's answer does: until vLLM streams, its
         # status and body are still the client's to get.
-        try:
-            call = ex.post(d.path, d.request)
-            answer = None if streaming(call.response) else d.vllm_reply(call.response, call.read())
-        except UpstreamError as e:
-            answer = d.error_reply(499, GONE) if watch.gone else _gateway_error(d, e, d.error_reply)
-        if answer is not None:
+        opened = _open_first_turn(ex, d, watch)
+        if isinstance(opened, Response):
             watch.stop()
-            return answer
+            return opened
+        call = opened
         headers = response_headers(call.response)
-    return Response(_streamed(ex, d, call), status=200, headers=headers, direct_passthrough=True)
+    return Response(_streamed(ex, d, call, watch), status=200, headers=headers, direct_passthrough=True)
 
 
-def _streamed(ex: Exchange, d: Dialect, call):
+def _open_first_turn(ex: Exchange, d: Dialect, watch: ClientWatch) -> Call | Response:
+    """The first turn's call once vLLM streams it, or the whole answer when vLLM did not."""
     try:
-        yield from _rounds(ex, d, call)
+        call = ex.post(d.path, d.request)
+        return call if streaming(call.response) else d.vllm_reply(call.response, call.read())
+    except UpstreamError as e:
+        return d.error_reply(499, GONE) if watch.gone else _gateway_error(d, e, d.error_reply)
+
+
+def _streamed(ex: Exchange, d: Dialect, call, watch: ClientWatch):
+    try:
+        yield from _rounds(ex, d, call, watch)
     finally:
-        ex.watch.stop()
+        watch.stop()
 
 
-def _rounds(ex: Exchange, d: Dialect, call):
+def _rounds(ex: Exchange, d: Dialect, call, watch: ClientWatch):
     """The loop itself; yields what the client gets. `call` is the first turn when already open."""
     session = d.session
     turn = d.first_turn
@@ -195,7 +213,7 @@ def _rounds(ex: Exchange, d: Dialect, call):
         while True:
             if turn is None:
                 if call is None:
-                    if ex.watch.gone:
+                    if watch.gone:
                         return  # no turn starts for a client that has gone
                     call = ex.post(d.path, d.request)
                 turn = yield from d.read(call)
@@ -213,16 +231,16 @@ def _rounds(ex: Exchange, d: Dialect, call):
             yield from d.announce(calls)
             if d.stream:
                 outcomes = yield from run_with_keepalive(
-                    lambda: d.search(calls), ex.cfg.keepalive_interval, d.keepalive(calls),
-                    should_stop=lambda: ex.watch.gone)
+                    lambda calls=calls: d.search(calls), ex.cfg.keepalive_interval, d.keepalive(calls),
+                    should_stop=lambda: watch.gone)
             else:
                 outcomes = d.search(calls)
-            if ex.watch.gone or outcomes is None:
+            if watch.gone or outcomes is None:
                 return
             yield from d.record(turn, calls, outcomes)
             turn = None
     except UpstreamError as e:
-        if not ex.watch.gone:  # else it is the watch's doing, not vLLM's failure
+        if not watch.gone:  # else it is the watch's doing, not vLLM's failure
             yield _gateway_error(d, e, d.error)
     finally:
         if call is not None:

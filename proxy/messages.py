@@ -23,9 +23,18 @@ from flask import Response
 from . import loop
 from .errors import anthropic_error, as_anthropic_error, upstream_error_status
 from .exchange import Exchange, encode_json, response_headers
+from .jsonio import as_dict
 from .messages_stream import PING, SSE_HEADERS, ClientMessage, error_event
-from .search import (NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, Hit, SearchOutcome, filter_domains,
-                     format_for_model, parse_arguments)
+from .search import (
+    NOT_EXECUTED,
+    QUERY_SCHEMA,
+    TOOL_DESCRIPTION,
+    Hit,
+    SearchOutcome,
+    filter_domains,
+    format_for_model,
+    parse_arguments,
+)
 from .upstream import UpstreamError
 
 log = logging.getLogger("proxy.messages")
@@ -197,7 +206,7 @@ def rewrite_history(messages: list[dict], name: str) -> list[dict]:
                 or not any(isinstance(b, dict) and b.get("type") in SERVER_BLOCKS for b in content):
             out.append(msg)
             continue
-        queries = {b.get("id"): str((b.get("input") if isinstance(b.get("input"), dict) else {}).get("query", ""))
+        queries = {b.get("id"): str((as_dict(b.get("input"))).get("query", ""))
                    for b in content if isinstance(b, dict) and b.get("type") == "server_tool_use"}
         ids = set(queries)
         seg: list[dict] = []
@@ -251,7 +260,7 @@ def encode_content(hit: Hit, outcome: SearchOutcome | None = None) -> str:
     """`encrypted_content`: NOT encrypted, base64 of compact JSON holding the snippet (and, on a
     search's first result, its answers and infoboxes), so a replayed result gives the model
     back exactly what it read the first time."""
-    data = {"snippet": hit.snippet}
+    data: dict[str, object] = {"snippet": hit.snippet}
     if outcome is not None and outcome.answers:
         data["answers"] = outcome.answers
     if outcome is not None and outcome.infoboxes:
@@ -269,6 +278,7 @@ def decode_content(text) -> dict:
 
 
 def result_block(tool_use_id: str, outcome: SearchOutcome) -> dict:
+    content: dict | list[dict]
     if outcome.status == "failed":
         content = {"type": "web_search_tool_result_error", "error_code": outcome.error_code or "unavailable"}
     else:
@@ -304,7 +314,7 @@ def client_id(vllm_id) -> str:
 
 def server_use_block(call: dict) -> dict:
     return {"type": "server_tool_use", "id": client_id(call.get("id")), "name": SERVER_NAME,
-            "input": call.get("input") if isinstance(call.get("input"), dict) else {}}
+            "input": as_dict(call.get("input"))}
 
 
 def counts_as_search(block: dict) -> bool:
@@ -342,7 +352,7 @@ def next_request(body: dict, messages: list[dict], plan: Plan) -> dict:
 
 def tool_results(calls: list[dict], searches: list[dict], outcomes: list[SearchOutcome]) -> dict:
     """The user turn answering every tool call of a search turn: results, or not-executed."""
-    text = {id(c): format_for_model(o) for c, o in zip(searches, outcomes)}
+    text = {id(c): format_for_model(o) for c, o in zip(searches, outcomes, strict=True)}
     return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": c.get("id"),
                                          "content": text.get(id(c), NOT_EXECUTED)} for c in calls]}
 
@@ -365,7 +375,7 @@ def served_models(ex: Exchange) -> list[str] | None:
     try:
         call = ex.call("GET", "/v1/models", None, headers)
         raw = call.read()
-        names = [m.get("id") for m in json.loads(raw).get("data") or [] if isinstance(m, dict) and m.get("id")]
+        names = [str(m["id"]) for m in json.loads(raw).get("data") or [] if isinstance(m, dict) and m.get("id")]
     except (UpstreamError, ValueError, AttributeError) as e:
         log.warning("ANTHROPIC_ANY_MODEL: cannot list vLLM's models: %s", e)
         return None
@@ -440,7 +450,7 @@ class _Messages(loop.Dialect):
         self.limit = ex.cfg.searxng_results
         self.used = 0          # searches asked for, against max_uses
         self.requests = 0      # searches that count as done (web_search_requests)
-        self.usage = None
+        self.usage: dict | None = None
         self.uses: list[dict] = []  # the server_tool_use blocks of the round under way
 
     def searches(self, turn: _Blocks) -> list:
@@ -466,7 +476,7 @@ class _Messages(loop.Dialect):
 
     def results(self, outcomes: list[SearchOutcome]) -> list[dict]:
         """The web_search_tool_result blocks answering this round's server_tool_use blocks."""
-        results = [result_block(u["id"], o) for u, o in zip(self.uses, outcomes)]
+        results = [result_block(u["id"], o) for u, o in zip(self.uses, outcomes, strict=True)]
         self.requests += sum(counts_as_search(r) for r in results)
         return results
 
@@ -501,7 +511,7 @@ class PlainMessages(loop.Plain, _Messages):
         if self.session.rounds == 0:
             yield Response(turn.raw, status=200, headers=response_headers(turn.up))  # untouched
             return
-        data = turn.data
+        data = turn.data or {}  # a plain turn always has its JSON object (Plain.read)
         data["id"], data["content"] = self.ident, self.content + turn.blocks  # one message, as the stream says
         data["usage"] = with_searches(self.usage, self.requests)
         yield Response(encode_json(data), status=200, mimetype="application/json")

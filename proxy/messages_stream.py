@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from typing import Any
 
 from .errors import anthropic_error_bytes, as_anthropic_error
 from .exchange import encode_json
@@ -30,10 +31,11 @@ def error_event(status: int, message: str, raw: bytes | None = None) -> bytes:
     return b"event: error\ndata: " + body.strip().replace(b"\n", b" ") + b"\n\n"
 
 
-def reindex(frame: bytes, data: dict, new: int) -> bytes:
+def reindex(frame: bytes, data: dict, new: int | None) -> bytes:
     """The event with its block index renumbered over the whole client message. The client's
-    accumulator looks blocks up by index, so after a held-back or added block it must move."""
-    if data.get("index") == new:
+    accumulator looks blocks up by index, so after a held-back or added block it must move.
+    An event without an index (None) has nothing to renumber."""
+    if new is None or data.get("index") == new:
         return frame
     out, n = _INDEX_TAIL.subn(b'"index":%d}\\1' % new, frame, count=1)
     if n:
@@ -63,10 +65,11 @@ class Turn:
     history), the held tool_use events, the final message_delta."""
 
     def __init__(self):
-        self.by_index: dict[int, dict] = {}
+        # Keyed by the events' `index` exactly as sent (JSON: vLLM's ints, in practice).
+        self.by_index: dict[Any, dict] = {}
         self.blocks: list[dict] = []      # in order, once the turn has ended
-        self.index: dict[int, int] = {}   # vLLM's block index -> the client's
-        self.json: dict[int, str] = {}
+        self.index: dict[Any, int] = {}   # vLLM's block index -> the client's
+        self.json: dict[Any, str] = {}
         self.held: list[tuple[bytes, dict]] = []
         self.delta: dict | None = None
         self.delta_frame = b""
@@ -155,7 +158,7 @@ class ClientMessage:
                 turn.stop_frame = frame
                 continue
             elif kind == "error":
-                yield frame if payload.startswith(b'{"type":"error"') else error_event(500, "", payload)
+                yield frame if (payload or b"").startswith(b'{"type":"error"') else error_event(500, "", payload)
                 return None
             else:
                 yield frame

@@ -19,9 +19,18 @@ from flask import Response
 from . import jsonio, loop
 from .errors import error_response
 from .exchange import Exchange, encode_json
+from .jsonio import as_dict, as_list
 from .responses_stream import ClientStream, Turn, is_client_call
-from .search import (NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, SearchOutcome, SearchSession, filter_domains,
-                     format_for_model, parse_arguments)
+from .search import (
+    NOT_EXECUTED,
+    QUERY_SCHEMA,
+    TOOL_DESCRIPTION,
+    SearchOutcome,
+    SearchSession,
+    filter_domains,
+    format_for_model,
+    parse_arguments,
+)
 
 PATH = "/v1/responses"
 HOSTED_TYPES = frozenset({"web_search", "web_search_2025_08_26", "web_search_preview",
@@ -159,7 +168,7 @@ def make_plan(body: dict, default_results: int) -> Plan:
     tools = body.get("tools") or []
     hosted = next((t for t in tools if is_hosted(t)), None)
     spec = hosted or {}
-    filters = spec.get("filters") if isinstance(spec.get("filters"), dict) else {}
+    filters = as_dict(spec.get("filters"))
     allowed = filters.get("allowed_domains") or ()
     return Plan(name=internal_name(tools), hosted=hosted is not None,
                 results=result_count(spec.get("search_context_size"), default_results),
@@ -203,10 +212,10 @@ def rewrite_include(include: list) -> list:
 
 
 def replayed_query(item: dict) -> str:
-    action = item.get("action") if isinstance(item.get("action"), dict) else {}
+    action = as_dict(item.get("action"))
     if action.get("type") == "find_in_page":
         return f"{action.get('pattern') or ''} {action.get('url') or ''}".strip()
-    queries = action.get("queries") if isinstance(action.get("queries"), list) else []
+    queries = as_list(action.get("queries"))
     return str(action.get("query") or (queries[0] if queries else "") or action.get("url") or "")
 
 
@@ -214,7 +223,7 @@ def replayed_output(item: dict, query: str) -> str:
     """What the model reads for an earlier search: only what the client kept of it."""
     if item.get("status") == "failed":
         return f'Search failed for "{query}" (in an earlier turn).'
-    action = item.get("action") if isinstance(item.get("action"), dict) else {}
+    action = as_dict(item.get("action"))
     urls = [s.get("url") for s in action.get("sources") or [] if isinstance(s, dict) and s.get("url")]
     if urls:
         return "\n".join([f'Search results for "{query}" (an earlier turn; only the URLs were kept):']
@@ -287,7 +296,7 @@ def ws_id(call: dict) -> str:
 
 def web_search_item(call: dict, outcome: SearchOutcome, plan: Plan) -> dict:
     """The client's record of one search: failed only when SearXNG gave no usable answer."""
-    action = {"type": "search", "query": outcome.query}
+    action: dict[str, object] = {"type": "search", "query": outcome.query}
     if plan.sources:
         action["sources"] = [{"type": "url", "url": h.url} for h in outcome.hits]
     return {"id": ws_id(call), "type": "web_search_call",
@@ -436,7 +445,7 @@ class _Responses(loop.Dialect):
     def __init__(self, ex: Exchange, request: dict, plan: Plan):
         super().__init__(ex, request)
         self.plan = plan
-        self.usage = None
+        self.usage: dict | None = None
 
     def searches(self, turn) -> list:
         return search_calls(turn.output, self.plan.name)
@@ -449,7 +458,7 @@ class _Responses(loop.Dialect):
 
     def follow(self, turn, calls: list, outcomes: list) -> dict:
         """The next request: the turn's items and their outputs appended; the outcomes by call_id."""
-        by_call = dict(zip([c.get("call_id") for c in calls], outcomes))
+        by_call = dict(zip([c.get("call_id") for c in calls], outcomes, strict=True))
         self.request = next_request(self.request, turn.output, self.plan, by_call)
         return by_call
 
@@ -471,7 +480,7 @@ class PlainResponses(loop.Plain, _Responses):
 
     def __init__(self, ex, request, plan):
         super().__init__(ex, request, plan)
-        self.first = None           # the first turn's response: its id and created_at are the client's
+        self.first: dict | None = None           # the first turn's response: its id and created_at are the client's
         self.output: list = []      # the visible items of the turns before the last
 
     def parse(self, up, raw, data) -> _Answer:
@@ -480,7 +489,7 @@ class PlainResponses(loop.Plain, _Responses):
         return _Answer(data)
 
     def finish(self, turn: _Answer):
-        result = final_response(turn.data, self.first, self.output + list(turn.output), self.usage, self.plan)
+        result = final_response(turn.data, self.first or turn.data, self.output + list(turn.output), self.usage, self.plan)
         yield Response(compact(result), status=200, mimetype="application/json")
 
     def record(self, turn: _Answer, calls, outcomes):
@@ -516,8 +525,8 @@ class StreamedResponses(loop.Stream, _Responses):
 
     def finish(self, turn: Turn):
         yield from turn.flush(self.out)
-        final = final_response(turn.response, self.out.first or turn.response, list(self.out.items), self.usage,
-                               self.plan)
+        response = turn.response or {}  # relay returns a turn only once its response.completed came
+        final = final_response(response, self.out.first or response, list(self.out.items), self.usage, self.plan)
         yield self.out.emit({"type": "response.completed", "response": final, "sequence_number": 0})
 
     def announce(self, calls):
@@ -539,7 +548,7 @@ class StreamedResponses(loop.Stream, _Responses):
         """Each search's result shown: completed (unless it failed), then its item done."""
         self.follow(turn, calls, outcomes)
         shown = []
-        for (call, index), outcome in zip(self.placed, outcomes):
+        for (call, index), outcome in zip(self.placed, outcomes, strict=True):
             item = self.out.items[index] = web_search_item(call, outcome, self.plan)
             if item["status"] == "completed":
                 shown.append(self.out.emit({"type": "response.web_search_call.completed", "item_id": item["id"],

@@ -9,7 +9,7 @@ drives it end to end).
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
 
 from . import jsonio
 from .sse import event_and_data, iter_frames
@@ -39,7 +39,7 @@ class Turn:
         self.error: str | None = None     # vLLM's mid-stream error message
         self.output: list = []            # the final response's items, once it has come
 
-    def flush(self, stream: "ClientStream"):
+    def flush(self, stream: ClientStream):
         """The turn's client calls, now known not to sit beside a search: sent as vLLM wrote them."""
         for vi in sorted(self.held):
             events = self.held[vi]

@@ -10,7 +10,6 @@ import gzip
 import http.client
 import json
 import logging
-import socket
 import threading
 import time
 import urllib.parse
@@ -249,14 +248,14 @@ class SearXNG:
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         # A fresh connection per search: searches are seconds apart and few, and the
         # client's X-Forwarded-For never rides along (SearXNG would rate-limit by it).
-        conn = cls(parts.hostname, parts.port, timeout=self.timeout)
+        conn = cls(parts.hostname or "", parts.port, timeout=self.timeout)
         started = time.monotonic()
         try:
             conn.request("GET", parts.path + "?" + parts.query, headers=dict(REQUEST_HEADERS))
             resp = conn.getresponse()
             body = _decode_body(resp.read(), resp.getheader("Content-Encoding", ""))
             outcome = outcome_from_response(query, self.base_url, resp.status, body, limit or self.results)
-        except socket.timeout:
+        except TimeoutError:
             outcome = SearchOutcome(query, "failed", error_code="unavailable",
                                     message=f"Search failed: {self.base_url} did not answer within {self.timeout:g} s.")
         except (OSError, http.client.HTTPException, zlib.error, EOFError) as e:

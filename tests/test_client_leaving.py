@@ -11,11 +11,10 @@ import json
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
-
 from standins import anthropic_wire as A
 from standins import responses_wire as R
 from standins.scripted_backend import Reply
@@ -111,7 +110,9 @@ def test_client_leaving_a_search_loop(proxy, backend, searxng, api, stream, mome
     is on turn 2): vLLM's current turn is cut, and no turn starts once the client has gone."""
     a = APIS[api]
     searxng.behave("slow", "slow", seconds=SEARCH)
-    first = (lambda req: a.search(req, "slow"))
+    def first(req):
+        return a.search(req, "slow")
+
     if moment == "before":
         first = stalled(first, stream)
     serve(backend, first, prefill(a.answer) if moment == "after" else a.answer)

@@ -7,16 +7,25 @@ import gzip
 import json
 
 import pytest
+from standins.searxng import default_results, page, result
 
 from proxy import chat
 from proxy.app import key_ok, outbound_headers, presented_key
 from proxy.config import Config
 from proxy.errors import upstream_error_status
-from proxy.search import (SearchOutcome, SearchSession, Hit, filter_domains, format_for_model,
-                          outcome_from_response, parse_arguments, search_url, _decode_body)
+from proxy.search import (
+    Hit,
+    SearchOutcome,
+    SearchSession,
+    _decode_body,
+    filter_domains,
+    format_for_model,
+    outcome_from_response,
+    parse_arguments,
+    search_url,
+)
 from proxy.sse import data_of, event_and_data, iter_frame_batches, iter_frames
 from proxy.upstream import UpstreamError, end_to_end_headers
-from standins.searxng import default_results, page, result
 
 USER = [{"role": "user", "content": "hi"}]
 CLIENT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}

@@ -13,9 +13,11 @@ import time
 import urllib.parse
 
 import pytest
+from realvllm import QUERY, Tap, chat, forced_call_request
 
 from proxy.chat import WEB_SEARCH_TOOL
-from realvllm import QUERY, Tap, chat, forced_call_request
+
+pytestmark = pytest.mark.real_vllm
 
 CHAT = "/v1/chat/completions"
 MAX_SEARCH_ITER = 3
