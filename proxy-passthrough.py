@@ -61,7 +61,7 @@ if STREAM_SEARCH not in ("server", "client"):
 try:
     parse_networks(WEB_FETCH_ALLOWED_NETWORKS)
 except ValueError as e:
-    raise SystemExit(f"proxy-passthrough.py: {e}")
+    raise SystemExit(f"proxy-passthrough.py: {e}") from None
 
 logging.basicConfig(level=LOG_LEVEL, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

@@ -19,7 +19,8 @@ import time
 import urllib.parse
 import zlib
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import Any
 
 import lxml.html
 import markdownify
@@ -109,6 +110,7 @@ class Decoder:
 
     def __init__(self, encoding: str):
         encoding = (encoding or "identity").strip().lower()
+        self._z: Any  # a zlib decompressor, "deflate" until the first bytes pick one, or None
         if encoding in ("", "identity"):
             self._z = None
         elif encoding in ("gzip", "x-gzip"):
@@ -240,7 +242,7 @@ def status_error(status: int, reason: str, url: str) -> FetchError:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # -- the cache ------------------------------------------------------------------------------
@@ -346,8 +348,8 @@ class Fetcher:
     @staticmethod
     def _target(url) -> netguard.Target:
         target, problem = netguard.parse_url(url)
-        if problem:
-            raise FetchError(*problem)
+        if target is None:  # parse_url gives exactly one of the two
+            raise FetchError(*(problem or ("invalid_tool_input", "The URL cannot be read.")))
         return target
 
     @staticmethod
@@ -389,7 +391,8 @@ class Fetcher:
     def _open(self, target: netguard.Target, address: str, started: float):
         """One request to `address`, with the name of `target` in Host, SNI and the certificate check."""
         timeout = urllib3.Timeout(connect=self._remaining(started, target.url), read=self._remaining(started, target.url))
-        kw = dict(host=address, port=target.port, timeout=timeout, retries=False, maxsize=1, block=False)
+        kw: dict[str, Any] = dict(host=address, port=target.port, timeout=timeout, retries=False, maxsize=1, block=False)
+        pool: urllib3.HTTPConnectionPool
         if target.scheme == "https":
             pool = urllib3.HTTPSConnectionPool(server_hostname=target.host, assert_hostname=target.host,
                                                cert_reqs="CERT_REQUIRED", ca_certs=self.ca_file, **kw)
@@ -401,7 +404,7 @@ class Fetcher:
         return pool, resp
 
     def _connect(self, target: netguard.Target, started: float):
-        last = None
+        last: Exception | None = None
         for address in self._addresses(target):
             try:
                 return self._open(target, address, started)
@@ -409,7 +412,7 @@ class Fetcher:
                 last = e  # refused or unreachable (urllib3 files this under timeouts): try the next address
             except urllib3.exceptions.SSLError as e:
                 raise FetchError("url_not_accessible", f"{target.url}: the TLS connection failed ({_short(e)}).") from None
-            except (urllib3.exceptions.TimeoutError, socket.timeout):
+            except (TimeoutError, urllib3.exceptions.TimeoutError):
                 raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s.") from None
             except (urllib3.exceptions.HTTPError, OSError) as e:
                 last = e  # try the host's next address: IPv6 is often listed first and unreachable in a container
@@ -435,9 +438,10 @@ class Fetcher:
 
     def _redirect_target(self, current: netguard.Target, location: str) -> netguard.Target:
         nxt, problem = netguard.parse_url(urllib.parse.urljoin(current.url, location.strip()))
-        if problem:
-            code = "url_not_allowed" if problem[0] == "invalid_tool_input" else problem[0]
-            raise FetchError(code, f"{current.url} redirected to a URL that is not fetched: {problem[1]}")
+        if nxt is None:  # parse_url gives exactly one of the two
+            code, why = problem or ("invalid_tool_input", "it cannot be read")
+            code = "url_not_allowed" if code == "invalid_tool_input" else code
+            raise FetchError(code, f"{current.url} redirected to a URL that is not fetched: {why}")
         return nxt
 
     def _read_page(self, target: netguard.Target, resp, started: float) -> Page:
@@ -475,7 +479,7 @@ class Fetcher:
             return b"".join(chunks), False
         except zlib.error as e:
             raise FetchError("url_not_accessible", f"{target.url} sent a body that does not decompress ({e}).") from None
-        except (urllib3.exceptions.TimeoutError, socket.timeout):
+        except (TimeoutError, urllib3.exceptions.TimeoutError):
             raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s.") from None
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise FetchError("url_not_accessible", f"{target.url}: the connection broke while reading ({_short(e)}).") from None

@@ -10,7 +10,6 @@ import gzip
 import http.client
 import json
 import logging
-import socket
 import threading
 import time
 import urllib.parse
@@ -249,14 +248,14 @@ class SearXNG:
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         # A fresh connection per search: searches are seconds apart and few, and the
         # client's X-Forwarded-For never rides along (SearXNG would rate-limit by it).
-        conn = cls(parts.hostname, parts.port, timeout=self.timeout)
+        conn = cls(parts.hostname or "", parts.port, timeout=self.timeout)
         started = time.monotonic()
         try:
             conn.request("GET", parts.path + "?" + parts.query, headers=dict(REQUEST_HEADERS))
             resp = conn.getresponse()
             body = _decode_body(resp.read(), resp.getheader("Content-Encoding", ""))
             outcome = outcome_from_response(query, self.base_url, resp.status, body, limit or self.results)
-        except socket.timeout:
+        except TimeoutError:
             outcome = SearchOutcome(query, "failed", error_code="unavailable",
                                     message=f"Search failed: {self.base_url} did not answer within {self.timeout:g} s.")
         except (OSError, http.client.HTTPException, zlib.error, EOFError) as e:
@@ -285,6 +284,7 @@ class SearchSession:
         self.searches = 0
         self.empty = 0
         self.failed = 0
+        self.repeated = 0   # queries answered from memory, not searched again
         self._seen: dict[str, SearchOutcome] = {}
         self._on_search = on_search
         self._lock = threading.Lock()
@@ -321,6 +321,7 @@ class SearchSession:
                 outcomes = list(pool.map(one, queries))
         for o in outcomes:
             if o.repeated:
+                self.repeated += 1
                 continue
             self.searches += 1
             self.empty += o.status == "empty"
@@ -330,8 +331,15 @@ class SearchSession:
         return outcomes
 
     def cap_message(self) -> str:
-        """The error the client reads when the model wants more rounds than allowed."""
-        msg = f"Exceeded max search iterations ({self.searches} searches, {self.empty + self.failed} empty)"
-        if self.searches and self.empty + self.failed == self.searches:
+        """The error the client reads when the model wants more rounds than allowed: the
+        limit (MAX_SEARCH_ITER), and what the rounds it had found."""
+        unusable = self.empty + self.failed
+        msg = (f"{self.rounds} of {_count(self.max_rounds, 'search round', 'search rounds')} used "
+               f"({_count(self.searches, 'search', 'searches')}, {self.repeated} repeated, {unusable} empty)")
+        if self.searches and unusable == self.searches:
             msg += " — SearXNG returned no usable results"
         return msg
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"

@@ -24,6 +24,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from standins.scripted_backend import ScriptedBackend  # noqa: E402
 from standins.searxng import SearxngStandIn  # noqa: E402
 
+# The tiers that need more than the test venv (pyproject.toml's markers). tests/run.sh collects the
+# selection first with CODING_STACK_TIERS_OUT set, and installs only the tiers named in that file.
+TIERS = ("real_vllm", "agents", "container")
+
+
+def pytest_collection_finish(session):
+    out = os.environ.get("CODING_STACK_TIERS_OUT")
+    if out:
+        used = {m.name for item in session.items for m in item.iter_markers() if m.name in TIERS}
+        Path(out).write_text("".join(f"{t}\n" for t in sorted(used)))
+
+
 # Each run logs into a folder of its own, so two runs on one checkout never share a log file.
 WORK = Path(__file__).resolve().parent / ".work" / f"run-{os.getpid()}"
 

@@ -10,9 +10,9 @@ import urllib.parse
 
 import openai
 import pytest
+from standins.vllm_wire import completion, error_reply, json_reply, tool_call
 
 from proxy.chat import NOT_EXECUTED, WEB_SEARCH_TOOL
-from standins.vllm_wire import completion, error_reply, json_reply, tool_call
 
 USER = [{"role": "user", "content": "What is new in vLLM?"}]
 
@@ -158,8 +158,18 @@ def test_iteration_cap_is_a_counting_error(start_proxy, backend, searxng, mode, 
     with pytest.raises(openai.UnprocessableEntityError) as exc:
         client(p).chat.completions.create(model="foundation", messages=USER)
     empty = 2 if mode == "empty" else 0
-    assert exc.value.body["message"] == f"Exceeded max search iterations (2 searches, {empty} empty){tail}"
+    assert exc.value.body["message"] == f"2 of 2 search rounds used (2 searches, 0 repeated, {empty} empty){tail}"
     assert searxng.queries == ["one", "two"] and len(backend.received) == 3
+
+
+def test_iteration_cap_names_the_limit_and_the_repeats(start_proxy, backend, searxng):
+    p = start_proxy(MAX_SEARCH_ITER="2")
+    backend.script(search_turn("same"), search_turn("same"), search_turn("more"))
+    with pytest.raises(openai.UnprocessableEntityError) as exc:
+        client(p).chat.completions.create(model="foundation", messages=USER)
+    assert exc.value.body["message"] == "2 of 2 search rounds used (1 search, 1 repeated, 0 empty)"
+    assert exc.value.body["type"] == "search_iterations_exceeded"
+    assert searxng.queries == ["same"] and len(backend.received) == 3
 
 
 def test_client_tools_come_back_untouched(proxy, backend, searxng):

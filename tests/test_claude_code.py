@@ -14,9 +14,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from standins import anthropic_wire as W
 from standins.scripted_backend import Reply
+
+pytestmark = pytest.mark.agents
 
 SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"
 QUERY = "vllm 0.32 release notes"

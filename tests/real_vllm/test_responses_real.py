@@ -12,8 +12,9 @@ import re
 
 import openai
 import pytest
-
 from realvllm import FORCED_CALL, MODEL, QUERY
+
+pytestmark = pytest.mark.real_vllm
 
 RESPONSES = "/v1/responses"
 HOSTED = {"type": "web_search", "external_web_access": False}

@@ -13,9 +13,11 @@ import time
 import urllib.parse
 
 import pytest
+from realvllm import QUERY, Tap, chat, forced_call_request
 
 from proxy.chat import WEB_SEARCH_TOOL
-from realvllm import QUERY, Tap, chat, forced_call_request
+
+pytestmark = pytest.mark.real_vllm
 
 CHAT = "/v1/chat/completions"
 MAX_SEARCH_ITER = 3
@@ -175,7 +177,7 @@ def test_forced_search_runs_against_searxng_and_stops_at_the_cap(real_vllm, tapp
     assert reply.status == 422, reply.body
     error = reply.json()["error"]
     assert error["type"] == "search_iterations_exceeded"
-    assert error["message"] == "Exceeded max search iterations (1 searches, 0 empty)"
+    assert error["message"] == f"{MAX_SEARCH_ITER} of {MAX_SEARCH_ITER} search rounds used (1 search, {MAX_SEARCH_ITER - 1} repeated, 0 empty)"
     assert_loop_grew(tap, searxng)
     assert all(status == 200 for _, _, status, _ in tap.exchanges)
 
