@@ -16,6 +16,7 @@ from . import chat, messages, responses
 from .config import Config
 from .errors import error_for_path, upstream_error_status
 from .exchange import Exchange, response_headers
+from .fetch import Fetcher
 from .search import SearXNG
 from .upstream import Backend, UpstreamError, end_to_end_headers
 
@@ -110,6 +111,7 @@ def create_app(cfg: Config) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
     backend = Backend(cfg.backend_url, cfg.connect_timeout, cfg.read_timeout, cfg.backend_api_key)
     searxng = SearXNG(cfg.searxng_url, cfg.searxng_results, cfg.searxng_timeout)
+    fetcher = Fetcher(cfg)  # one per worker: its page cache is shared by that worker's requests
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_e):
@@ -152,7 +154,7 @@ def create_app(cfg: Config) -> Flask:
             qs = request.environ.get("QUERY_STRING", "")
             raw = request.path + ("?" + qs if qs else "")
         ex = Exchange(cfg, backend, searxng, body, outbound_headers(request.headers.items(), cfg),
-                      raw, request.environ, relay_with=relay)
+                      raw, request.environ, relay_with=relay, fetcher=fetcher)
         return ex
 
     @app.route("/v1/chat/completions", methods=["POST"])

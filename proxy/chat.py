@@ -1,5 +1,5 @@
-"""POST /v1/chat/completions: inject web_search and run the search loop server-side, in plain
-responses and inside live streams; everything else goes back to the client untouched.
+"""POST /v1/chat/completions: inject web_search and web_fetch and run their loop server-side, in
+plain responses and inside live streams; everything else goes back to the client untouched.
 
 Used by proxy.app; not run on its own. The rules (when to inject, which calls are searches,
 how turns and usage add up) are pure functions at the top, tested without a network; below
@@ -14,7 +14,8 @@ from flask import Response
 from . import jsonio, loop
 from .errors import error_response, sse_error
 from .exchange import Exchange, encode_json, response_headers
-from .search import NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, format_for_model, parse_arguments
+from .fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchRequest, parse_fetch_arguments
+from .search import NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, format_result, parse_arguments
 from .sse import data_of, iter_frame_batches
 
 log = logging.getLogger("proxy.chat")
@@ -23,6 +24,10 @@ PATH = "/v1/chat/completions"
 WEB_SEARCH = "web_search"
 WEB_SEARCH_TOOL = {"type": "function",
                    "function": {"name": WEB_SEARCH, "description": TOOL_DESCRIPTION, "parameters": QUERY_SCHEMA}}
+WEB_FETCH = "web_fetch"
+WEB_FETCH_TOOL = {"type": "function",
+                  "function": {"name": WEB_FETCH, "description": FETCH_TOOL_DESCRIPTION, "parameters": URL_SCHEMA}}
+PROXY_TOOLS = {WEB_SEARCH: WEB_SEARCH_TOOL, WEB_FETCH: WEB_FETCH_TOOL}  # in the order they are added
 
 
 # ---- pure rules ---------------------------------------------------------------------------
@@ -52,32 +57,59 @@ def tool_name(tool: dict) -> str | None:
     return fn.get("name") if isinstance(fn, dict) else tool.get("name")
 
 
-def should_inject(body: dict, enabled: bool) -> bool:
-    """Inject web_search unless that would change what the client asked for. Pure.
+def tools_to_inject(body: dict, search: bool = True, fetch: bool = True) -> tuple[str, ...]:
+    """The names of the proxy's tools this request gets (web_search, web_fetch), none when adding
+    one would change what the client asked for. Pure.
 
-    Not when switched off, when the client forbids tools (tool_choice "none"), when the
-    client has its own web_search (its calls are its own), or when it asks for several
-    choices (a loop can only follow one).
+    None when the client forbids tools (tool_choice "none") or asks for several choices (a loop
+    can only follow one); each tool unless it is switched off (INJECT_WEB_SEARCH,
+    INJECT_WEB_FETCH) or the client has a tool of that name (its calls are its own).
     """
-    if not enabled or body.get("tool_choice") == "none":
-        return False
-    if (body.get("n") or 1) != 1:
-        return False
-    return not any(tool_name(t) == WEB_SEARCH for t in body.get("tools") or [])
+    if body.get("tool_choice") == "none" or (body.get("n") or 1) != 1:
+        return ()
+    theirs = {tool_name(t) for t in body.get("tools") or []}
+    wanted = ((WEB_SEARCH, search), (WEB_FETCH, fetch))
+    return tuple(name for name, on in wanted if on and name not in theirs)
+
+
+def should_inject(body: dict, enabled: bool) -> bool:
+    """web_search alone: whether tools_to_inject would add it."""
+    return WEB_SEARCH in tools_to_inject(body, search=enabled, fetch=False)
+
+
+def with_tools(body: dict, names) -> dict:
+    """A copy of the request with the proxy's named tools added; every other field as it was."""
+    return {**body, "tools": list(body.get("tools") or []) + [PROXY_TOOLS[n] for n in names]}
 
 
 def with_web_search(body: dict) -> dict:
-    """A copy of the request with the web_search tool added; every other field as it was."""
-    return {**body, "tools": list(body.get("tools") or []) + [WEB_SEARCH_TOOL]}
+    return with_tools(body, (WEB_SEARCH,))
+
+
+def forced_tool(tool_choice) -> str | None:
+    """The function a tool_choice forces, if it forces one."""
+    if isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict):
+        return tool_choice["function"].get("name")
+    return None
 
 
 def forces_web_search(tool_choice) -> bool:
-    return (isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict)
-            and tool_choice["function"].get("name") == WEB_SEARCH)
+    return forced_tool(tool_choice) in PROXY_TOOLS
 
 
-def is_search(call: dict) -> bool:
-    return (call.get("function") or {}).get("name") == WEB_SEARCH
+def call_name(call: dict):
+    return (call.get("function") or {}).get("name")
+
+
+def is_search(call: dict, ours=(WEB_SEARCH,)) -> bool:
+    """Whether the proxy runs this call: one of its injected tools (web_search by default)."""
+    return call_name(call) in ours
+
+
+def tool_request(call: dict):
+    """A call of the proxy's as the search session runs it: a query, or a fetch request."""
+    arguments = (call.get("function") or {}).get("arguments")
+    return parse_fetch_arguments(arguments) if call_name(call) == WEB_FETCH else parse_arguments(arguments)
 
 
 def add_usage(total: dict | None, turn: dict | None) -> dict | None:
@@ -112,11 +144,12 @@ def assistant_turn(message: dict) -> dict:
     return out
 
 
-def tool_results(calls: list[dict], outcomes: list) -> list[dict]:
-    """One tool message per call, in order: search results, or the not-executed stub."""
+def tool_results(calls: list[dict], outcomes: list, ours=tuple(PROXY_TOOLS)) -> list[dict]:
+    """One tool message per call, in order: the proxy's results (of the calls named in `ours`,
+    in `outcomes`' order), or the not-executed stub."""
     found = iter(outcomes)
     return [{"role": "tool", "tool_call_id": c.get("id"),
-             "content": format_for_model(next(found)) if is_search(c) else NOT_EXECUTED}
+             "content": format_result(next(found)) if is_search(c, ours) else NOT_EXECUTED}
             for c in calls]
 
 
@@ -151,42 +184,44 @@ def handle(ex: Exchange) -> Response:
     problem = validate(body)
     if problem:
         return error_response(400, problem[0], param=problem[1])
-    if not should_inject(body, ex.cfg.inject_web_search):
+    ours = tools_to_inject(body, ex.cfg.inject_web_search, ex.cfg.inject_web_fetch)
+    if not ours:
         return ex.relay()
-    body = with_web_search(body)
+    body = with_tools(body, ours)
     if body.get("stream"):
         if ex.cfg.stream_search == "client":
             return ex.relay(encode_json(body))
-        return loop.run(ex, StreamedChat(ex, body))
-    return loop.run(ex, PlainChat(ex, body))
+        return loop.run(ex, StreamedChat(ex, body, ours))
+    return loop.run(ex, PlainChat(ex, body, ours))
 
 
 class _Chat(loop.Dialect):
-    """What both kinds of chat request share: the calls, the searches, the next request."""
+    """What both kinds of chat request share: the calls, the searches and fetches, the next request."""
 
     path = PATH
 
-    def __init__(self, ex: Exchange, body: dict):
+    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...] = (WEB_SEARCH,)):
         super().__init__(ex, body)
         self.body = body
+        self.ours = ours  # the proxy's tools in this request: the calls it runs itself
         self.messages = list(body["messages"])
         self.usage: dict | None = None
 
     def searches(self, turn) -> list:
-        return [c for c in turn.calls if is_search(c)]
+        return [c for c in turn.calls if is_search(c, self.ours)]
 
     def queries(self, calls: list) -> list:
-        return [parse_arguments((c.get("function") or {}).get("arguments")) for c in calls]
+        return [(r.url, None) if isinstance(r, FetchRequest) else r for r in map(tool_request, calls)]
 
     def search(self, calls: list) -> list:
-        return self.session.run(self.queries(calls))
+        return self.session.run([tool_request(c) for c in calls])
 
     def error_reply(self, status, message, type_=None) -> Response:
         return error_response(status, message, type_=type_)
 
     def follow(self, message: dict, calls: list, outcomes: list):
         """The next request: the assistant turn, then one tool message per call."""
-        self.messages = self.messages + [assistant_turn(message)] + tool_results(calls, outcomes)
+        self.messages = self.messages + [assistant_turn(message)] + tool_results(calls, outcomes, self.ours)
         self.request = next_request(self.body, self.messages)
 
 
@@ -288,8 +323,8 @@ class StreamedChat(loop.Stream, _Chat):
 
     name = "chat stream"
 
-    def __init__(self, ex: Exchange, body: dict):
-        super().__init__(ex, body)
+    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...] = (WEB_SEARCH,)):
+        super().__init__(ex, body, ours)
         self.ident = self.created = None  # the first turn's, which every later chunk takes
 
     def relay(self, up):

@@ -15,6 +15,7 @@ from flask import Response
 
 from . import jsonio
 from .config import Config
+from .fetch import Fetcher
 from .search import SearchSession, SearXNG
 from .upstream import Backend, UpstreamResponse, end_to_end_headers
 
@@ -188,6 +189,7 @@ class Exchange:
     environ: dict
     relay_with: Callable[[Exchange, bytes], Response]  # the transparent path (proxy.app.relay)
     watch: ClientWatch | None = None
+    fetcher: Fetcher | None = None   # web_fetch's; None where no API injects it
 
     def relay(self, body: bytes | None = None) -> Response:
         """Send this request on to vLLM unchanged (or with `body` instead of the client's) and
@@ -202,7 +204,7 @@ class Exchange:
     def session(self) -> SearchSession:
         def count(n):
             self.environ["proxy.searches"] = self.environ.get("proxy.searches", 0) + n
-        return SearchSession(self.searxng, self.cfg.max_search_iter, on_search=count)
+        return SearchSession(self.searxng, self.cfg.max_search_iter, on_search=count, fetcher=self.fetcher)
 
     def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:
         """Send one request to vLLM and wait for its head, the watch able to abort it

@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import collections
 import ipaddress
+import json
 import logging
 import re
 import socket
@@ -29,6 +30,13 @@ from readability import Document
 
 from . import netguard
 from .config import Config
+
+try:  # gunicorn's gevent worker patches the socket module before it loads the app
+    import gevent
+    from gevent import monkey
+    _GEVENT = monkey.is_module_patched("socket")
+except ImportError:
+    _GEVENT = False
 
 log = logging.getLogger("proxy.fetch")
 
@@ -71,6 +79,60 @@ class Page:
     content_type: str   # "text/html", "text/plain", "application/json", ...
     retrieved_at: str   # ISO 8601 UTC, e.g. "2026-12-03T16:20:00Z"
     truncated: bool
+
+
+@dataclass(frozen=True)
+class FetchOutcome:
+    """What one web_fetch call produced, in a form every API renders: a page, or the error code
+    (Anthropic's vocabulary) and the sentence the model reads. The fetch counterpart of
+    search.SearchOutcome; search.SearchSession runs both kinds in one round."""
+    url: str
+    page: Page | None = None
+    error_code: str | None = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.page is not None
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """One web_fetch call as the loop runs it: the URL (or the outcome that refuses it before any
+    fetch) and the client's limits (Anthropic's max_content_tokens and domain lists)."""
+    url: str
+    early: FetchOutcome | None = None
+    max_tokens: int | None = None
+    allowed_domains: tuple[str, ...] = ()
+    blocked_domains: tuple[str, ...] = ()
+
+
+def parse_fetch_arguments(arguments) -> FetchRequest:
+    """Read the `url` out of a web_fetch call's arguments (a JSON string or an object). Pure."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return _refused(arguments[:80], 'the arguments are not valid JSON. Call web_fetch with {"url": "https://..."}.')
+    if not isinstance(arguments, dict) or not isinstance(arguments.get("url"), str):
+        return _refused(str(arguments)[:80], 'missing "url". Call web_fetch with {"url": "https://..."}.')
+    return FetchRequest(arguments["url"].strip())
+
+
+def _refused(shown: str, why: str) -> FetchRequest:
+    return FetchRequest(shown, FetchOutcome(shown, error_code="invalid_tool_input", message=f"Fetch failed: {why}"))
+
+
+def format_page_for_model(outcome: FetchOutcome) -> str:
+    """The text a model reads as a web_fetch result. Pure."""
+    page = outcome.page
+    if page is None:
+        return outcome.message
+    head = [f"Page {page.url}" + (f' "{page.title}"' if page.title else ""),
+            f"Content-Type: {page.content_type}; retrieved {page.retrieved_at}"]
+    if page.truncated:
+        head.append("(cut short: only the beginning of the page follows)")
+    return "\n".join(head) + "\n\n" + page.text
 
 
 # -- pure helpers ---------------------------------------------------------------------------
@@ -179,6 +241,15 @@ def html_to_text(html: str, url: str) -> tuple[str | None, str]:
         return (" ".join(found.split()) or None) if found else None, tidy(root.text_content())
     text = markdownify.markdownify(content, heading_style="ATX", bullets="-", strip=["img"])
     return (" ".join(title.split()) or None) if title else None, tidy(text)
+
+
+def off_the_loop(fn, *args):
+    """fn(*args) on a thread of gevent's pool under the proxy's gevent worker: extraction takes up to
+    half a second of CPU on a long page, which would otherwise stall every other stream the worker
+    carries. Elsewhere (the development server, tests in-process) a plain call."""
+    if _GEVENT:
+        return gevent.get_hub().threadpool.apply(fn, args)
+    return fn(*args)
 
 
 def tidy(text: str) -> str:
@@ -343,6 +414,18 @@ class Fetcher:
             # Host and sizes only: the page and the URL's path and query come from the prompt.
             log.info("fetch %s -> %s (%d chars, %.0f ms)", host, status, size, (time.monotonic() - started) * 1000)
 
+    def run(self, request: FetchRequest) -> FetchOutcome:
+        """One web_fetch call of the loop; never raises: every failure is an outcome."""
+        if request.early is not None:
+            return request.early
+        try:
+            page = self.fetch(request.url, max_tokens=request.max_tokens,
+                              allowed_domains=list(request.allowed_domains) or None,
+                              blocked_domains=list(request.blocked_domains) or None)
+        except FetchError as e:
+            return FetchOutcome(request.url, error_code=e.code, message=f"Fetch failed: {e.message}")
+        return FetchOutcome(request.url, page=page)
+
     # Each step below raises FetchError with the sentence the model reads.
 
     @staticmethod
@@ -454,7 +537,7 @@ class Fetcher:
         if kind is None:
             raise FetchError("unsupported_content_type", f"{target.url} sent no Content-Type and does not look like text.")
         text = decode_text(body, charset, kind == "html")
-        title, text = html_to_text(text, target.url) if kind == "html" else (None, text)
+        title, text = off_the_loop(html_to_text, text, target.url) if kind == "html" else (None, text)
         return Page(url=target.url, title=title, text=text, content_type=mime, retrieved_at=now_iso(), truncated=cut)
 
     def _read_body(self, target: netguard.Target, resp, started: float) -> tuple[bytes, bool]:

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from standins.scripted_backend import ScriptedBackend  # noqa: E402
 from standins.searxng import SearxngStandIn  # noqa: E402
+from standins.web_pages import WebSite  # noqa: E402
 
 # The tiers that need more than the test venv (pyproject.toml's markers). tests/run.sh collects the
 # selection first with CODING_STACK_TIERS_OUT set, and installs only the tiers named in that file.
@@ -142,3 +143,19 @@ def start_proxy(_proxies, backend, searxng):
 def proxy(start_proxy):
     """The proxy with its default settings, pointed at the stand-ins."""
     return start_proxy(KEEPALIVE_INTERVAL="0.2")
+
+
+@pytest.fixture(scope="session")
+def _site():
+    site = WebSite()
+    yield site
+    site.close()
+
+
+@pytest.fixture
+def site(_site):
+    """A web site on loopback for web_fetch (tests/standins/web_pages.py), emptied for each test.
+    Proxies reach it only with WEB_FETCH_ALLOWED_NETWORKS=127.0.0.0/8 (loopback is refused by default)."""
+    _site.reset()
+    yield _site
+    _site.reset()

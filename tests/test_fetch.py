@@ -54,18 +54,6 @@ def config(**kw) -> Config:
     return Config(**{**base, **kw})
 
 
-@pytest.fixture(scope="module")
-def _site():
-    site = WebSite()
-    yield site
-    site.close()
-
-
-@pytest.fixture
-def site(_site):
-    _site.reset()
-    yield _site
-    _site.reset()
 
 
 def make(site=None, calls=None, names=None, **kw) -> Fetcher:

@@ -15,7 +15,7 @@ import urllib.parse
 import pytest
 from realvllm import QUERY, Tap, chat, forced_call_request
 
-from proxy.chat import WEB_SEARCH_TOOL
+from proxy.chat import WEB_FETCH_TOOL, WEB_SEARCH_TOOL
 
 pytestmark = pytest.mark.real_vllm
 
@@ -33,8 +33,8 @@ def scrub(value):
 
 
 def direct_body(body: dict) -> dict:
-    """What the proxy sends vLLM for a client body without tools: the same plus web_search."""
-    return {**body, "tools": list(body.get("tools") or []) + [WEB_SEARCH_TOOL]}
+    """What the proxy sends vLLM for a client body without tools: the same plus web_search and web_fetch."""
+    return {**body, "tools": list(body.get("tools") or []) + [WEB_SEARCH_TOOL, WEB_FETCH_TOOL]}
 
 
 @pytest.fixture
@@ -152,7 +152,7 @@ def assert_loop_grew(tap: Tap, searxng):
     requests = [b for _, b in tap.bodies(CHAT)]
     assert len(requests) == MAX_SEARCH_ITER + 1
     first = requests[0]["messages"]
-    assert [t["function"]["name"] for t in requests[0]["tools"]] == ["web_search"]
+    assert [t["function"]["name"] for t in requests[0]["tools"]] == ["web_search", "web_fetch"]
     for n, req in enumerate(requests[1:], start=1):
         messages = req["messages"]
         assert messages[:len(first)] == first
