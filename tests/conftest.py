@@ -25,16 +25,17 @@ from standins.scripted_backend import ScriptedBackend  # noqa: E402
 from standins.searxng import SearxngStandIn  # noqa: E402
 from standins.web_pages import WebSite  # noqa: E402
 
-# The tiers that need more than the test venv (pyproject.toml's markers). tests/run.sh collects the
-# selection first with CODING_STACK_TIERS_OUT set, and installs only the tiers named in that file.
+# The tiers that need more than the test venv (pyproject.toml's markers). tests/run.sh collects a
+# narrowed selection first with CODING_STACK_TIERS_OUT set, and installs only the tiers that file
+# names: one line per selected test, its node id, a tab, and its tiers (comma-separated, maybe none).
 TIERS = ("real_vllm", "agents", "container")
 
 
 def pytest_collection_finish(session):
     out = os.environ.get("CODING_STACK_TIERS_OUT")
     if out:
-        used = {m.name for item in session.items for m in item.iter_markers() if m.name in TIERS}
-        Path(out).write_text("".join(f"{t}\n" for t in sorted(used)))
+        lines = (f"{item.nodeid}\t{','.join(m for m in TIERS if item.get_closest_marker(m))}\n" for item in session.items)
+        Path(out).write_text("".join(lines))
 
 
 # Each run logs into a folder of its own, so two runs on one checkout never share a log file.

@@ -37,17 +37,21 @@ else
   echo "run.sh: test environment already built: $VENV" >&2
 fi
 
-# Which tiers the selection holds (pyproject.toml's markers, set on each test module): pytest
-# collects it once (a few seconds) and tests/conftest.py writes the tiers' names to a file. If the
-# collection fails, everything is installed and the real run below reports the error.
-tiers_file=$(mktemp)
-if CODING_STACK_TIERS_OUT=$tiers_file "$VENV/bin/python" -m pytest --collect-only -q -p no:cacheprovider "$@" \
-     >"$CACHE/collect.log" 2>&1 || [ $? = 5 ]; then  # 5: nothing selected
-  TIERS=$(tr '\n' ' ' <"$tiers_file")
-else
-  TIERS="real_vllm agents container"
+# Which tiers the selection holds (pyproject.toml's markers, set on each test module). Every tier
+# unless the arguments narrow the run (-m, -k, paths); then pytest collects the selection once
+# (10-20 s) and tests/conftest.py lists each test's tiers. If that collection fails, everything is
+# installed and the real run below reports the error.
+TIERS="real_vllm agents container"
+narrowed=false
+for arg in "$@"; do case $arg in -m*|-k*|tests*|*.py|*::*) narrowed=true;; esac; done
+if $narrowed; then
+  tiers_file=$(mktemp)
+  if CODING_STACK_TIERS_OUT=$tiers_file "$VENV/bin/python" -m pytest --collect-only -q -p no:cacheprovider "$@" \
+       >"$CACHE/collect.log" 2>&1 || [ $? = 5 ]; then  # 5: nothing selected
+    TIERS=$(cut -f2 "$tiers_file" | tr ',' '\n' | sort -u | tr '\n' ' ')
+  fi
+  rm -f "$tiers_file"
 fi
-rm -f "$tiers_file"
 wants() { case " $TIERS " in *" $1 "*) return 0;; *) return 1;; esac; }
 
 # The real coding agents (each ships a native binary in its npm package), pinned to the
