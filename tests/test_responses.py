@@ -480,7 +480,7 @@ def test_client_web_search_function_of_its_own(proxy, backend, searxng):
     assert json.loads(r.output[1].arguments) == {"q": "client side"}
     assert searxng.queries == ["hosted side"]
     names = [t.get("name") for t in vllm_requests(backend)[0]["tools"]]
-    assert names == ["web_search", "web_search_hosted"]
+    assert names == ["web_search", "web_search_hosted", "web_fetch", "find_in_page"]  # the hosted tool reads pages too
     assert vllm_requests(backend)[0]["tools"][0] == OWN_WEB_SEARCH
 
 
