@@ -90,8 +90,9 @@ def test_codex_search_runs_the_models_query_and_feeds_the_result_back(real_vllm,
 
     # vLLM saw the hosted tool as a function tool, and the forced call was the model's query.
     first, second = [b for _, b in t.bodies(RESPONSES)]
-    assert first["tools"] == [{"type": "function", "name": "web_search", "description": first["tools"][0]["description"],
-                               "parameters": first["tools"][0]["parameters"]}]
+    # The hosted tool reads pages too: its search, then web_fetch and find_in_page (tests/test_responses_fetch.py).
+    assert [t["name"] for t in first["tools"]] == ["web_search", "web_fetch", "find_in_page"]
+    assert all(sorted(t) == ["description", "name", "parameters", "type"] and t["type"] == "function" for t in first["tools"])
     assert first["tools"][0]["parameters"]["required"] == ["query"]
     assert first["store"] is False and first["structured_outputs"] == extra["structured_outputs"]
     assert searxng.queries == [QUERY]
