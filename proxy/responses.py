@@ -387,13 +387,20 @@ def arguments_of(call: dict) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+FIND_USAGE = f'Call {FIND_IN_PAGE} with {{"url": "https://...", "pattern": "text"}}.'
+
+
 def find_request(arguments) -> FetchRequest:
     """A find_in_page call as the fetch it needs, refused early when there is no pattern. Pure."""
     request = parse_fetch_arguments(arguments)
+    if request.early is not None:
+        # The fetch core's refusal tells how to call web_fetch; this call was find_in_page.
+        said = request.early.message.replace('Call web_fetch with {"url": "https://..."}.', FIND_USAGE)
+        return replace(request, early=replace(request.early, message=said))
     pattern = arguments_of({"arguments": arguments}).get("pattern")
-    if request.early is None and not (isinstance(pattern, str) and pattern.strip()):
-        return replace(request, early=FetchOutcome(request.url, error_code="invalid_tool_input", message=(
-            f'Find failed: missing "pattern". Call {FIND_IN_PAGE} with {{"url": "https://...", "pattern": "text"}}.')))
+    if not (isinstance(pattern, str) and pattern.strip()):
+        return replace(request, early=FetchOutcome(request.url, error_code="invalid_tool_input",
+                                                   message=f'Find failed: missing "pattern". {FIND_USAGE}'))
     return request
 
 

@@ -108,7 +108,7 @@ def test_calls_become_what_the_session_runs(call, expected):
 def test_a_bad_find_call_is_refused_before_fetching(args, phrase):
     request = R.tool_request(fn("find_in_page", args), plan())
     assert request.early is not None and request.early.error_code == "invalid_tool_input"
-    assert phrase in request.early.message
+    assert phrase in request.early.message and R.FIND_USAGE in request.early.message, request.early.message
 
 
 @pytest.mark.parametrize("call,outcome,status,action", [
