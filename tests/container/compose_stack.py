@@ -134,7 +134,7 @@ def stack_session():
         eng = engine_mod.start(cache)
     except RuntimeError as e:
         pytest.fail(str(e))
-    st = None
+    st = hub = None
     try:
         config = merged_config()
         (base,) = _base_images()  # the proxy's and the model service's images start from the same one
@@ -172,12 +172,17 @@ def stack_session():
             logs = "\n".join(f"--- {s}:\n{st.compose('logs', '--no-color', '--tail', '60', s, check=False).stdout}"
                              for s in ("preflight", "model", "vllm", "proxy", "searxng"))
             pytest.fail(f"docker compose up --wait exited {up.returncode}:\n{up.stderr[-3000:]}\n{logs}")
+        for name in ("preflight", "model"):
+            state = st.inspect(f"coding-stack-{name}")["State"]
+            notes.append(f"{name}: started {state['StartedAt']}, finished {state['FinishedAt']}")
+        notes.append(f"vllm: started {st.inspect('coding-stack-vllm')['State']['StartedAt']}")
         (WORK / "notes.txt").write_text("\n".join([*notes, f"up --wait returned in {st.up_seconds:.0f} s"]) + "\n")
         yield st
     finally:
         if st is not None:
             st.compose("down", "-v", "--remove-orphans", check=False)
-            st.hub.stop()
+        if hub is not None:
+            hub.stop()
         engine_mod.stop(eng)
         log.close()
 
