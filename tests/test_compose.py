@@ -466,6 +466,8 @@ def test_cpu_trial_keeps_vllms_entrypoint_environment_and_contract(config, cpu):
     gpu, trial = config["services"]["vllm"], cpu["services"]["vllm"]
     for key in ("entrypoint", "healthcheck", "ports", "depends_on", "restart", "volumes", "container_name"):
         assert trial[key] == gpu[key], key
+    assert (trial["cap_add"], trial["security_opt"]) == (["SYS_NICE"], ["seccomp=unconfined"])  # vLLM's CPU docs
+    assert "cap_add" not in gpu and "security_opt" not in gpu
     extra = {k: v for k, v in trial["environment"].items() if k not in gpu["environment"]}
     assert extra == {"VLLM_CPU_KVCACHE_SPACE": "4"}
     assert {k: v for k, v in trial["environment"].items() if k in gpu["environment"]} == gpu["environment"]
