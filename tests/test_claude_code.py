@@ -1,4 +1,4 @@
-"""End to end with the real Claude Code (npm @anthropic-ai/claude-code 2.1.328, installed by
+"""End to end with the real Claude Code (npm @anthropic-ai/claude-code 2.1.332, installed by
 tests/run.sh into $AGENTS_BIN): `claude -p` against the proxy, a stand-in model that answers
 each request by its shape, and the SearXNG stand-in; Claude Code's WebSearch must really search.
 
@@ -143,7 +143,7 @@ def test_claude_code_sees_a_failed_search_as_an_error(start_proxy, backend, sear
     (usage,) = lines[-1]["modelUsage"].values()
     assert usage["webSearchRequests"] == 0
     found = search_tool_result(lines)
-    # Claude Code 2.1.328's searchCount counts attempts; the billed count above stays 0.
+    # Claude Code's searchCount (2.1.328 and 2.1.332) counts attempts; the billed count above stays 0.
     assert found["searchCount"] == 1
     assert found["results"] == ["Web search error: too_many_requests", SUMMARY]
     assert searxng.queries == [QUERY]

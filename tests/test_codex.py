@@ -1,4 +1,4 @@
-"""End to end with the real Codex CLI (`@openai/codex` 0.169.0, installed by tests/run.sh into
+"""End to end with the real Codex CLI (`@openai/codex` 0.171.0, installed by tests/run.sh into
 $AGENTS_BIN): `codex exec --json` against the proxy with a provider using wire_api =
 "responses"; the stand-in model calls web_search, the proxy searches the SearXNG stand-in, and
 Codex shows its own web_search item. Run: tests/run.sh tests/test_codex.py

@@ -29,8 +29,9 @@ def sdk(proxy) -> anthropic.Anthropic:
 
 
 def claude_code_search(**kw) -> dict:
-    """Claude Code 2.1.328's search sub-request (shared/reference/agent-apis.md), with a
-    max_tokens the tiny model's context fits."""
+    """Claude Code's search sub-request (tests/data/agent-wire/claude-code-2.1.332-websearch.json:
+    the same tool, tool_choice and user message; a one-line system prompt), with a max_tokens the
+    tiny model's context fits."""
     body = {"model": MODEL, "max_tokens": 16, "system": SYSTEM, "messages": ASK, "tools": [SERVER_TOOL],
             "tool_choice": {"type": "auto"}, "stream": True}
     body.update(kw)

@@ -34,7 +34,7 @@ def client(proxy) -> openai.OpenAI:
 
 
 def codex_request(**kw) -> dict:
-    """What Codex 0.169.0 sends (shared/reference/agent-apis.md), small enough for the tiny model."""
+    """What Codex 0.171.0 sends (tests/data/agent-wire/codex-0.171.0-websearch.json), small enough for the tiny model."""
     body = {"model": MODEL, "instructions": "You are Codex, a coding agent.",
             "input": [{"type": "message", "role": "user",
                        "content": [{"type": "input_text", "text": "Look up hello."}]}],
