@@ -42,6 +42,21 @@ def claude_websearch(rec, backend, proxy, tmp):
                  {"ANTHROPIC_MODEL": "foundation", "ANTHROPIC_SMALL_FAST_MODEL": "foundation"})
 
 
+def claude_webfetch(rec, backend, proxy, tmp):
+    import test_claude_code as t
+    from standins.pages import PageServer
+    pages = PageServer({"/notes": ("text/html; charset=utf-8", t.PAGE)}, tls=True)
+    try:
+        url = pages.url + "/notes"
+        backend.responder = t.WebFetchModel(url)
+        t.run_claude(rec.url, f"Fetch {url} and tell me the magic word.",
+                     {"ANTHROPIC_MODEL": "foundation", "ANTHROPIC_SMALL_FAST_MODEL": "foundation",
+                      "NODE_EXTRA_CA_CERTS": str(pages.ca_file)},
+                     allowed="WebFetch", args=("--settings", t.SKIP_PREFLIGHT))
+    finally:
+        pages.close()
+
+
 def codex_websearch(rec, backend, proxy, tmp):
     import test_codex as t
     backend.responder = t.stand_in_model
@@ -50,7 +65,7 @@ def codex_websearch(rec, backend, proxy, tmp):
     assert proc.returncode == 0, diagnostics
 
 
-SCENARIOS = {"claude-websearch": claude_websearch, "codex-websearch": codex_websearch}
+SCENARIOS = {"claude-websearch": claude_websearch, "claude-webfetch": claude_webfetch, "codex-websearch": codex_websearch}
 
 
 def capture(agents_bin: str, out: Path, names: list[str]):
