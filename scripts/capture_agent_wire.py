@@ -44,8 +44,7 @@ def claude_websearch(rec, backend, proxy, tmp):
 
 def claude_webfetch(rec, backend, proxy, tmp):
     import test_claude_code as t
-    from standins.pages import PageServer
-    pages = PageServer({"/notes": ("text/html; charset=utf-8", t.PAGE)}, tls=True)
+    pages = t.tls_site(Path(tmp))
     try:
         url = pages.url + "/notes"
         backend.responder = t.WebFetchModel(url)

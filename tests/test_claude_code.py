@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from standins import anthropic_wire as W
-from standins.pages import PageServer
+from standins.web_pages import WebSite
 from standins.scripted_backend import Reply
 
 SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"
@@ -198,11 +199,26 @@ class WebFetchModel:
         return "background", [W.text("ok")]
 
 
+def tls_site(folder: Path) -> WebSite:
+    """The page over HTTPS (WebFetch turns http:// into https://, for 127.0.0.1 too), with a
+    throw-away certificate for 127.0.0.1 that Claude Code trusts through NODE_EXTRA_CA_CERTS."""
+    if not shutil.which("openssl"):
+        pytest.fail("the openssl command is needed to make the test certificate (apt-get install openssl)")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True)
+    site = WebSite(str(cert), str(key))
+    site.route("/notes", PAGE)
+    site.url, site.ca_file = f"https://127.0.0.1:{site.port}", cert
+    return site
+
+
 @pytest.fixture(scope="module")
-def tls_pages():
-    server = PageServer({"/notes": ("text/html; charset=utf-8", PAGE)}, tls=True)
-    yield server
-    server.close()
+def tls_pages(tmp_path_factory):
+    site = tls_site(tmp_path_factory.mktemp("tls"))
+    yield site
+    site.close()
 
 
 def webfetch_results(lines) -> list:
@@ -226,7 +242,7 @@ def settings_in(where: str) -> tuple[dict, tuple]:
 # in -p mode; an interactive session reads it only in a folder the user trusted), or --settings.
 @pytest.mark.parametrize("where", ["user", "project", "flag"])
 def test_claude_code_webfetch_is_summarised_by_the_local_model(start_proxy, backend, searxng, tls_pages, where):
-    tls_pages.reset()
+    tls_pages.requests.clear()
     proxy = start_proxy(KEEPALIVE_INTERVAL="0.2")
     url = tls_pages.url + "/notes"
     model = WebFetchModel(url)
@@ -259,7 +275,7 @@ def test_claude_code_webfetch_is_summarised_by_the_local_model(start_proxy, back
 
 def test_claude_code_webfetch_without_the_setting_fails_offline(start_proxy, backend, searxng, tls_pages):
     """Without skipWebFetchPreflight Claude Code asks api.anthropic.com first, ignoring ANTHROPIC_BASE_URL."""
-    tls_pages.reset()
+    tls_pages.requests.clear()
     proxy = start_proxy(KEEPALIVE_INTERVAL="0.2")
     url = tls_pages.url + "/notes"
     model = WebFetchModel(url)
