@@ -64,7 +64,24 @@ def codex_websearch(rec, backend, proxy, tmp):
     assert proc.returncode == 0, diagnostics
 
 
-SCENARIOS = {"claude-websearch": claude_websearch, "claude-webfetch": claude_webfetch, "codex-websearch": codex_websearch}
+def codex_alpha_search(rec, backend, proxy, tmp):
+    """Codex with supports_standalone_web_search: its web.run call becomes POST /v1/alpha/search."""
+    import test_codex as t
+    from standins.web_pages import WebSite
+    site = WebSite()
+    site.route("/notes", t.DOC)
+    try:
+        backend.responder = t.standalone_model(f"http://127.0.0.1:{site.port}/notes")
+        proc, _, diagnostics = t.run_codex(Shim(rec.url, proxy), Path(tmp), "--ephemeral",
+                                           "What changed in vLLM 0.32? Search the web.",
+                                           config=t.standalone_config(rec.url))
+        assert proc.returncode == 0, diagnostics
+    finally:
+        site.close()
+
+
+SCENARIOS = {"claude-websearch": claude_websearch, "claude-webfetch": claude_webfetch, "codex-websearch": codex_websearch,
+             "codex-alpha-search": codex_alpha_search}
 
 
 def capture(agents_bin: str, out: Path, names: list[str]):
@@ -72,8 +89,8 @@ def capture(agents_bin: str, out: Path, names: list[str]):
     out.mkdir(parents=True, exist_ok=True)
     backend, searxng = ScriptedBackend(), SearxngStandIn()
     work = Path(tempfile.mkdtemp(prefix="capture-"))
-    proxy = conftest.ProxyProcess({"BACKEND_URL": backend.url, "SEARXNG_URL": searxng.url,
-                                   "KEEPALIVE_INTERVAL": "0.2"}, work / "proxy.log")
+    proxy = conftest.ProxyProcess({"BACKEND_URL": backend.url, "SEARXNG_URL": searxng.url, "KEEPALIVE_INTERVAL": "0.2",
+                                   "WEB_FETCH_ALLOWED_NETWORKS": "127.0.0.0/8"}, work / "proxy.log")
     try:
         for name in names:
             backend.reset()

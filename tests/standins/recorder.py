@@ -26,6 +26,7 @@ class Recorded:
     headers: list               # [(name, value)] in the client's order and case
     body: bytes
     status: int | None = None   # what the client was answered
+    response: bytes | None = None  # the answer's body, kept when it is JSON (not a stream)
 
     @property
     def path(self) -> str:
@@ -43,8 +44,14 @@ class Recorded:
             body = self.json() if self.body else None
         except ValueError:
             body = self.body.decode("utf-8", "replace")
-        return {"method": self.method, "target": self.target, "headers": self.headers, "body": body,
-                "status": self.status}
+        out = {"method": self.method, "target": self.target, "headers": self.headers, "body": body,
+               "status": self.status}
+        if self.response is not None:
+            try:
+                out["response"] = json.loads(self.response)
+            except ValueError:
+                out["response"] = self.response.decode("utf-8", "replace")
+        return out
 
 
 class Recorder:
@@ -115,13 +122,18 @@ class Recorder:
                             self.send_header(n, v)
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
+                    kept = [] if "json" in (resp.getheader("Content-Type") or "") else None
                     while True:
                         piece = resp.read1(65536)
                         if not piece:
                             break
+                        if kept is not None:
+                            kept.append(piece)
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                         self.wfile.flush()
                     self.wfile.write(b"0\r\n\r\n")
+                    if kept is not None:
+                        rec.response = b"".join(kept)
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True
                 finally:
