@@ -48,7 +48,8 @@ def header(record, name):
 
 def test_captures_are_of_the_pinned_versions():
     versions = pinned()
-    claude, codex = capture(claude_file()), capture(codex_file())
+    claude = capture(claude_file()) + capture(f"claude-code-{versions['claude']}-webfetch.json")
+    codex = capture(codex_file()) + capture(f"codex-{versions['codex']}-alpha-search.json")
     assert claude and all(header(r, "user-agent") == f"claude-cli/{versions['claude']} (external, sdk-cli)" for r in claude)
     assert codex and all(f"codex_exec/{versions['codex']} " in header(r, "user-agent") for r in codex)
 
@@ -115,3 +116,16 @@ def test_replayed_codex_request_is_searched_by_the_proxy(proxy, backend, searxng
     assert {"type": "function", "name": "web_search"}.items() <= next(t for t in sent[0]["tools"] if t.get("name") == "web_search").items()
     assert not any(t.get("type") == "web_search" for t in sent[0]["tools"])
     assert all(r.headers.get("authorization") == "Bearer sk-local" for r in backend.received)
+
+
+def test_replayed_codex_alpha_search_is_answered_by_the_proxy(proxy, backend, searxng):
+    """The standalone search request exactly as Codex sent it; its `open` named a loopback page
+    of the capture run, which the default SSRF rules refuse, so only the search answers."""
+    (record,) = [r for r in capture(f"codex-{pinned()['codex']}-alpha-search.json") if r["target"] == "/v1/alpha/search"]
+    status, body = replay(proxy.url, record)
+    assert status == 200, body[:500]
+    answer = json.loads(body)
+    assert set(answer) == {"output", "encrypted_output"}
+    assert '## search_query "vllm 0.32 release notes"' in answer["output"] and "[turn0search0]" in answer["output"]
+    assert "Failed (url_not_allowed)" in answer["output"]
+    assert searxng.queries == ["vllm 0.32 release notes"] and backend.received == []
