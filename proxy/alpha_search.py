@@ -146,11 +146,11 @@ def parse_request(body) -> Parsed:
         opens.append((_text(item, "ref_id", param), _whole(item.get("lineno"), f"{param}.lineno", 0)))
     finds = [(_text(item, "ref_id", f"commands.find[{i}]"), _text(item, "pattern", f"commands.find[{i}]"))
              for i, item in enumerate(_items(commands, "find"))]
-    unsupported = tuple(name for name in UNSUPPORTED if commands.get(name))
-    unknown = sorted(set(commands) - set(SUPPORTED) - set(UNSUPPORTED))
+    unknown = sorted(k for k in set(commands) - set(SUPPORTED) - set(UNSUPPORTED) if commands[k])
+    # Named in the output, so the model learns they did nothing rather than seeing silence.
+    unsupported = tuple(name for name in UNSUPPORTED if commands.get(name)) + tuple(unknown)
     if not (queries or opens or finds or unsupported):
-        extra = f" (unknown: {', '.join(unknown)})" if unknown else ""
-        raise BadRequest(f"`commands` holds no command{extra}; send search_query, open or find.", "commands")
+        raise BadRequest("`commands` holds no command; send search_query, open or find.", "commands")
     if len(queries) > MAX_QUERIES:
         raise BadRequest(f"At most {MAX_QUERIES} search queries per request.", "commands.search_query")
     length = commands.get("response_length")
@@ -194,7 +194,10 @@ class RefStore:
         self._lock = threading.Lock()
 
     def begin(self, session_id: str) -> tuple[int, dict]:
-        """This call's turn number and a copy of the refs known so far."""
+        """This call's turn number and a copy of the refs known so far; a request without a
+        thread id remembers nothing (unrelated clients must not share one store)."""
+        if not session_id:
+            return 0, {}
         with self._lock:
             s = self._sessions.pop(session_id, None) or Session()
             self._sessions[session_id] = s

@@ -49,7 +49,7 @@ def body(**commands) -> dict:
     ({"id": "t"}, "commands"),
     ({"commands": []}, "commands"),
     ({"commands": {}}, "commands"),
-    ({"commands": {"bogus": [1]}}, "commands"),
+    ({"commands": {"bogus": []}}, "commands"),
     ({"commands": {"search_query": {"q": "x"}}}, "commands.search_query"),
     ({"commands": {"search_query": [{"query": "x"}]}}, "commands.search_query[0].q"),
     ({"commands": {"search_query": [{"q": 3}]}}, "commands.search_query[0].q"),
@@ -87,6 +87,7 @@ def test_the_captured_request_parses():
     ({"find": [{"ref_id": "turn0view0", "pattern": "Annie"}]}, {"finds": (("turn0view0", "Annie"),)}),
     ({"finance": [{"ticker": "AMD", "type": "equity"}], "time": [{"utc_offset": "+03:00"}]},
      {"unsupported": ("finance", "time")}),
+    ({"search_query": [{"q": "a"}], "teleport": [{"to": "mars"}]}, {"unsupported": ("teleport",)}),
     ({"search_query": [{"q": "a"}], "response_length": "long"}, {"results": 10}),
     ({"search_query": [{"q": "a"}]}, {"results": None, "output_tokens": 2500}),
 ])
@@ -213,6 +214,9 @@ def test_ref_store_is_bounded_and_counts_turns():
     store.begin("b")
     store.begin("c")  # "a" is the least recently used of three: dropped
     assert store.begin("a") == (0, {})
+    # No thread id: nothing is remembered.
+    store.add("", {"r": "u"})
+    assert store.begin("") == (0, {}) and store.begin("") == (0, {})
 
 
 def test_both_cores_say_timeouts_in_the_words_504_depends_on():
