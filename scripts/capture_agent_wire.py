@@ -5,8 +5,10 @@ after tests/run.sh has installed the agents (DIR is an agents-*/node_modules/.bi
 Each scenario runs one agent the way its end-to-end test does (tests/test_claude_code.py,
 tests/test_codex.py): the stand-in model and SearXNG, the real proxy under gunicorn, and in
 front of the proxy a recording relay (tests/standins/recorder.py) that keeps every request
-exactly as the agent sent it. One JSON file per scenario: a list of
-{method, target, headers, body, status}. Loopback only. Compare two versions' files with
+exactly as the agent sent it. Scenarios: claude-websearch, claude-webfetch (a loopback HTTPS page,
+skipWebFetchPreflight), codex-websearch (the hosted tool), codex-alpha-search (standalone search:
+Codex's own POST /v1/alpha/search). One JSON file per scenario: a list of
+{method, target, headers, body, status, response (JSON answers only)}. Loopback only. Compare two versions' files with
 `--compare OLD_DIR NEW_DIR`, which prints the differences in headers, body keys, tools and
 betas per request shape.
 """
