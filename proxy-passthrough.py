@@ -28,6 +28,7 @@ SEARXNG_TIMEOUT = float(os.environ.get("SEARXNG_TIMEOUT", "15"))
 # Search rounds one request may run before the client gets an error.
 MAX_SEARCH_ITER = int(os.environ.get("MAX_SEARCH_ITER", "10"))
 INJECT_WEB_SEARCH = _flag("INJECT_WEB_SEARCH", True)
+INJECT_WEB_FETCH = _flag("INJECT_WEB_FETCH", True)
 # "server" runs searches inside streams; "client" passes web_search calls to the client.
 STREAM_SEARCH = os.environ.get("STREAM_SEARCH", "server").strip().lower()
 CONNECT_TIMEOUT = float(os.environ.get("CONNECT_TIMEOUT", "10"))
@@ -61,7 +62,7 @@ if STREAM_SEARCH not in ("server", "client"):
 try:
     parse_networks(WEB_FETCH_ALLOWED_NETWORKS)
 except ValueError as e:
-    raise SystemExit(f"proxy-passthrough.py: {e}")
+    raise SystemExit(f"proxy-passthrough.py: {e}") from None
 
 logging.basicConfig(level=LOG_LEVEL, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -73,6 +74,7 @@ app = create_app(Config(
     searxng_timeout=SEARXNG_TIMEOUT,
     max_search_iter=MAX_SEARCH_ITER,
     inject_web_search=INJECT_WEB_SEARCH,
+    inject_web_fetch=INJECT_WEB_FETCH,
     stream_search=STREAM_SEARCH,
     connect_timeout=CONNECT_TIMEOUT,
     read_timeout=READ_TIMEOUT,

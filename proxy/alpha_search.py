@@ -20,7 +20,7 @@ from flask import Response, request
 from . import jsonio
 from .config import Config
 from .errors import error_response
-from .fetch import FetchError, Fetcher, Page
+from .fetch import Fetcher, FetchError, Page
 from .search import SearchOutcome, SearXNG, clean_query, filter_domains
 
 log = logging.getLogger("proxy.alpha_search")
@@ -167,7 +167,7 @@ def parse_request(body) -> Parsed:
     session = body.get("id")
     return Parsed(session=session if isinstance(session, str) else "", queries=tuple(queries), opens=tuple(opens),
                   finds=tuple(finds), unsupported=unsupported,
-                  results=RESULTS.get(length) or RESULTS.get(size),
+                  results=RESULTS.get(str(length)) or RESULTS.get(str(size)),
                   output_tokens=max(1, min(tokens or DEFAULT_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS)),
                   allowed=_strings(filters.get("allowed_domains"), "settings.filters.allowed_domains"),
                   blocked=_strings(filters.get("blocked_domains"), "settings.filters.blocked_domains"))
@@ -259,7 +259,8 @@ def format_open(ref: str, page: Page, lineno: int, budget_chars: int) -> str:
     start = min(lineno, len(lines) - 1)
     head = (f"## open [{ref}] {page.title or page.url}\nURL: {page.url}\n"
             f"Retrieved: {page.retrieved_at}; {page.content_type}; {len(lines)} lines")
-    out, used, end = [], len(head), start
+    out: list[str] = []
+    used, end = len(head), start
     for n in range(start, len(lines)):
         line = f"L{n}: {lines[n]}"
         if out and used + len(line) + 1 > budget_chars:
@@ -316,8 +317,8 @@ class AlphaSearch:
 
     def _search(self, query: Query, limit: int, allowed) -> SearchOutcome:
         q, early = clean_query(query.q)
-        if early is not None:
-            return early
+        if q is None:  # clean_query gives exactly one of the two
+            return early or SearchOutcome(str(query.q), "failed", error_code="invalid_tool_input")
         outcome = self.searxng.search(q, limit=limit, time_range=time_range(query.recency))
         # Domains are enforced on the results, as on /v1/responses; the query is sent unchanged.
         domains = tuple(query.domains) + tuple(allowed)
@@ -331,7 +332,10 @@ class AlphaSearch:
         """-> (output sections, failures, commands that succeeded, searches run)."""
         turn, refs = self.refs.begin(p.session)
         budget = p.output_tokens * CHARS_PER_TOKEN
-        sections, failures, ok, new_refs = [], [], 0, {}
+        sections: list[str] = []
+        failures: list[Failure] = []
+        new_refs: dict[str, str] = {}
+        ok = 0
         limit = p.results or self.searxng.results
         if p.queries:
             if len(p.queries) == 1:

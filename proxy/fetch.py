@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import collections
 import ipaddress
+import json
 import logging
 import re
 import socket
@@ -19,7 +20,8 @@ import time
 import urllib.parse
 import zlib
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import Any
 
 import lxml.html
 import markdownify
@@ -28,6 +30,13 @@ from readability import Document
 
 from . import netguard
 from .config import Config
+
+try:  # gunicorn's gevent worker patches the socket module before it loads the app
+    import gevent
+    from gevent import monkey
+    _GEVENT = monkey.is_module_patched("socket")
+except ImportError:
+    _GEVENT = False
 
 log = logging.getLogger("proxy.fetch")
 
@@ -72,6 +81,60 @@ class Page:
     truncated: bool
 
 
+@dataclass(frozen=True)
+class FetchOutcome:
+    """What one web_fetch call produced, in a form every API renders: a page, or the error code
+    (Anthropic's vocabulary) and the sentence the model reads. The fetch counterpart of
+    search.SearchOutcome; search.SearchSession runs both kinds in one round."""
+    url: str
+    page: Page | None = None
+    error_code: str | None = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.page is not None
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """One web_fetch call as the loop runs it: the URL (or the outcome that refuses it before any
+    fetch) and the client's limits (Anthropic's max_content_tokens and domain lists)."""
+    url: str
+    early: FetchOutcome | None = None
+    max_tokens: int | None = None
+    allowed_domains: tuple[str, ...] = ()
+    blocked_domains: tuple[str, ...] = ()
+
+
+def parse_fetch_arguments(arguments) -> FetchRequest:
+    """Read the `url` out of a web_fetch call's arguments (a JSON string or an object). Pure."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return _refused(arguments[:80], 'the arguments are not valid JSON. Call web_fetch with {"url": "https://..."}.')
+    if not isinstance(arguments, dict) or not isinstance(arguments.get("url"), str):
+        return _refused(str(arguments)[:80], 'missing "url". Call web_fetch with {"url": "https://..."}.')
+    return FetchRequest(arguments["url"].strip())
+
+
+def _refused(shown: str, why: str) -> FetchRequest:
+    return FetchRequest(shown, FetchOutcome(shown, error_code="invalid_tool_input", message=f"Fetch failed: {why}"))
+
+
+def format_page_for_model(outcome: FetchOutcome) -> str:
+    """The text a model reads as a web_fetch result. Pure."""
+    page = outcome.page
+    if page is None:
+        return outcome.message
+    head = [f"Page {page.url}" + (f' "{page.title}"' if page.title else ""),
+            f"Content-Type: {page.content_type}; retrieved {page.retrieved_at}"]
+    if page.truncated:
+        head.append("(cut short: only the beginning of the page follows)")
+    return "\n".join(head) + "\n\n" + page.text
+
+
 # -- pure helpers ---------------------------------------------------------------------------
 
 def media_type(header: str | None) -> tuple[str, str | None]:
@@ -109,6 +172,7 @@ class Decoder:
 
     def __init__(self, encoding: str):
         encoding = (encoding or "identity").strip().lower()
+        self._z: Any  # a zlib decompressor, "deflate" until the first bytes pick one, or None
         if encoding in ("", "identity"):
             self._z = None
         elif encoding in ("gzip", "x-gzip"):
@@ -179,6 +243,15 @@ def html_to_text(html: str, url: str) -> tuple[str | None, str]:
     return (" ".join(title.split()) or None) if title else None, tidy(text)
 
 
+def off_the_loop(fn, *args):
+    """fn(*args) on a thread of gevent's pool under the proxy's gevent worker: extraction takes up to
+    half a second of CPU on a long page, which would otherwise stall every other stream the worker
+    carries. Elsewhere (the development server, tests in-process) a plain call."""
+    if _GEVENT:
+        return gevent.get_hub().threadpool.apply(fn, args)
+    return fn(*args)
+
+
 def tidy(text: str) -> str:
     """Trailing spaces off every line, at most one blank line in a row."""
     text = "\n".join(line.rstrip() for line in text.splitlines())
@@ -240,7 +313,7 @@ def status_error(status: int, reason: str, url: str) -> FetchError:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # -- the cache ------------------------------------------------------------------------------
@@ -341,13 +414,25 @@ class Fetcher:
             # Host and sizes only: the page and the URL's path and query come from the prompt.
             log.info("fetch %s -> %s (%d chars, %.0f ms)", host, status, size, (time.monotonic() - started) * 1000)
 
+    def run(self, request: FetchRequest) -> FetchOutcome:
+        """One web_fetch call of the loop; never raises: every failure is an outcome."""
+        if request.early is not None:
+            return request.early
+        try:
+            page = self.fetch(request.url, max_tokens=request.max_tokens,
+                              allowed_domains=list(request.allowed_domains) or None,
+                              blocked_domains=list(request.blocked_domains) or None)
+        except FetchError as e:
+            return FetchOutcome(request.url, error_code=e.code, message=f"Fetch failed: {e.message}")
+        return FetchOutcome(request.url, page=page)
+
     # Each step below raises FetchError with the sentence the model reads.
 
     @staticmethod
     def _target(url) -> netguard.Target:
         target, problem = netguard.parse_url(url)
-        if problem:
-            raise FetchError(*problem)
+        if target is None:  # parse_url gives exactly one of the two
+            raise FetchError(*(problem or ("invalid_tool_input", "The URL cannot be read.")))
         return target
 
     @staticmethod
@@ -389,7 +474,8 @@ class Fetcher:
     def _open(self, target: netguard.Target, address: str, started: float):
         """One request to `address`, with the name of `target` in Host, SNI and the certificate check."""
         timeout = urllib3.Timeout(connect=self._remaining(started, target.url), read=self._remaining(started, target.url))
-        kw = dict(host=address, port=target.port, timeout=timeout, retries=False, maxsize=1, block=False)
+        kw: dict[str, Any] = dict(host=address, port=target.port, timeout=timeout, retries=False, maxsize=1, block=False)
+        pool: urllib3.HTTPConnectionPool
         if target.scheme == "https":
             pool = urllib3.HTTPSConnectionPool(server_hostname=target.host, assert_hostname=target.host,
                                                cert_reqs="CERT_REQUIRED", ca_certs=self.ca_file, **kw)
@@ -401,7 +487,7 @@ class Fetcher:
         return pool, resp
 
     def _connect(self, target: netguard.Target, started: float):
-        last = None
+        last: Exception | None = None
         for address in self._addresses(target):
             try:
                 return self._open(target, address, started)
@@ -409,7 +495,7 @@ class Fetcher:
                 last = e  # refused or unreachable (urllib3 files this under timeouts): try the next address
             except urllib3.exceptions.SSLError as e:
                 raise FetchError("url_not_accessible", f"{target.url}: the TLS connection failed ({_short(e)}).") from None
-            except (urllib3.exceptions.TimeoutError, socket.timeout):
+            except (TimeoutError, urllib3.exceptions.TimeoutError):
                 raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s.") from None
             except (urllib3.exceptions.HTTPError, OSError) as e:
                 last = e  # try the host's next address: IPv6 is often listed first and unreachable in a container
@@ -435,9 +521,10 @@ class Fetcher:
 
     def _redirect_target(self, current: netguard.Target, location: str) -> netguard.Target:
         nxt, problem = netguard.parse_url(urllib.parse.urljoin(current.url, location.strip()))
-        if problem:
-            code = "url_not_allowed" if problem[0] == "invalid_tool_input" else problem[0]
-            raise FetchError(code, f"{current.url} redirected to a URL that is not fetched: {problem[1]}")
+        if nxt is None:  # parse_url gives exactly one of the two
+            code, why = problem or ("invalid_tool_input", "it cannot be read")
+            code = "url_not_allowed" if code == "invalid_tool_input" else code
+            raise FetchError(code, f"{current.url} redirected to a URL that is not fetched: {why}")
         return nxt
 
     def _read_page(self, target: netguard.Target, resp, started: float) -> Page:
@@ -450,7 +537,7 @@ class Fetcher:
         if kind is None:
             raise FetchError("unsupported_content_type", f"{target.url} sent no Content-Type and does not look like text.")
         text = decode_text(body, charset, kind == "html")
-        title, text = html_to_text(text, target.url) if kind == "html" else (None, text)
+        title, text = off_the_loop(html_to_text, text, target.url) if kind == "html" else (None, text)
         return Page(url=target.url, title=title, text=text, content_type=mime, retrieved_at=now_iso(), truncated=cut)
 
     def _read_body(self, target: netguard.Target, resp, started: float) -> tuple[bytes, bool]:
@@ -475,7 +562,7 @@ class Fetcher:
             return b"".join(chunks), False
         except zlib.error as e:
             raise FetchError("url_not_accessible", f"{target.url} sent a body that does not decompress ({e}).") from None
-        except (urllib3.exceptions.TimeoutError, socket.timeout):
+        except (TimeoutError, urllib3.exceptions.TimeoutError):
             raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s.") from None
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise FetchError("url_not_accessible", f"{target.url}: the connection broke while reading ({_short(e)}).") from None

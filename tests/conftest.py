@@ -23,6 +23,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from standins.scripted_backend import ScriptedBackend  # noqa: E402
 from standins.searxng import SearxngStandIn  # noqa: E402
+from standins.web_pages import WebSite  # noqa: E402
+
+# The tiers that need more than the test venv (pyproject.toml's markers). tests/run.sh collects a
+# narrowed selection first with CODING_STACK_TIERS_OUT set, and installs only the tiers that file
+# names: one line per selected test, its node id, a tab, and its tiers (comma-separated, maybe none).
+TIERS = ("real_vllm", "agents", "container")
+
+
+def pytest_collection_finish(session):
+    out = os.environ.get("CODING_STACK_TIERS_OUT")
+    if out:
+        lines = (f"{item.nodeid}\t{','.join(m for m in TIERS if item.get_closest_marker(m))}\n" for item in session.items)
+        Path(out).write_text("".join(lines))
+
 
 # Each run logs into a folder of its own, so two runs on one checkout never share a log file.
 WORK = Path(__file__).resolve().parent / ".work" / f"run-{os.getpid()}"
@@ -130,3 +144,19 @@ def start_proxy(_proxies, backend, searxng):
 def proxy(start_proxy):
     """The proxy with its default settings, pointed at the stand-ins."""
     return start_proxy(KEEPALIVE_INTERVAL="0.2")
+
+
+@pytest.fixture(scope="session")
+def _site():
+    site = WebSite()
+    yield site
+    site.close()
+
+
+@pytest.fixture
+def site(_site):
+    """A web site on loopback for web_fetch (tests/standins/web_pages.py), emptied for each test.
+    Proxies reach it only with WEB_FETCH_ALLOWED_NETWORKS=127.0.0.0/8 (loopback is refused by default)."""
+    _site.reset()
+    yield _site
+    _site.reset()

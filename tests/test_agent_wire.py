@@ -13,7 +13,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 import test_claude_code
 import test_codex
 from test_responses import HOSTED, codex_body

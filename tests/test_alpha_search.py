@@ -12,17 +12,16 @@ import socket
 import time
 import urllib.error
 import urllib.request
-
 import uuid
 
 import pytest
+from standins.searxng import result
+from standins.web_pages import WebSite
 
 from proxy import alpha_search as A
 from proxy.config import Config
-from proxy.fetch import FetchError, Fetcher, Page
+from proxy.fetch import Fetcher, FetchError, Page
 from proxy.search import Hit, SearchOutcome, SearXNG
-from standins.searxng import result
-from standins.web_pages import WebSite
 
 # Pages on loopback may be fetched; no page cache, so each test sees its own downloads.
 LOOPBACK = {"WEB_FETCH_ALLOWED_NETWORKS": "127.0.0.0/8", "WEB_FETCH_CACHE_TTL": "0", "KEEPALIVE_INTERVAL": "0.2"}

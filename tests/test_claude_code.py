@@ -17,10 +17,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from standins import anthropic_wire as W
-from standins.web_pages import WebSite
 from standins.scripted_backend import Reply
+from standins.web_pages import WebSite
+
+pytestmark = pytest.mark.agents
 
 SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"
 QUERY = "vllm 0.32 release notes"

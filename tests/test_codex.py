@@ -11,8 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from standins import responses_wire as w
+
+pytestmark = pytest.mark.agents
 
 CODEX = Path(os.environ.get("AGENTS_BIN", "/nonexistent")) / "codex"
 ANSWER = "Per the search, vLLM 0.32 shipped the Responses loop."

@@ -15,12 +15,12 @@ import time
 import zlib
 
 import pytest
+from standins.web_pages import WebSite
 
 from proxy import fetch as fetchmod
 from proxy.config import Config
-from proxy.fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchError, Fetcher, PageCache, Page, domain_matches
+from proxy.fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, Fetcher, FetchError, Page, PageCache, domain_matches
 from proxy.netguard import address_refusal, parse_networks, parse_url
-from standins.web_pages import WebSite
 
 ARTICLE = """<!doctype html><html><head><title>Ownership - The Book</title></head><body>
 <nav class="sidebar"><ul><li><a href="/a">Getting Started With Everything</a></li>
@@ -54,18 +54,6 @@ def config(**kw) -> Config:
     return Config(**{**base, **kw})
 
 
-@pytest.fixture(scope="module")
-def _site():
-    site = WebSite()
-    yield site
-    site.close()
-
-
-@pytest.fixture
-def site(_site):
-    _site.reset()
-    yield _site
-    _site.reset()
 
 
 def make(site=None, calls=None, names=None, **kw) -> Fetcher:
@@ -597,7 +585,7 @@ def test_one_log_line_per_fetch_without_content(site, caplog):
     assert len(lines) == 2
     assert lines[0].startswith("fetch pages.test -> 200 (17 chars,") and lines[0].endswith("ms)")
     assert lines[1].startswith("fetch pages.test -> url_not_accessible")
-    assert not any("secret" in l or "token" in l or "private page" in l for l in lines)
+    assert not any("secret" in line or "token" in line or "private page" in line for line in lines)
 
 
 def test_proxy_environment_variables_are_ignored(site, monkeypatch):

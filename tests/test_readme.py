@@ -92,6 +92,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_codex_config_in_the_readme_is_the_one_the_codex_test_runs():
     import tomllib
+
     from test_codex import codex_config
     (block,) = [b for b in re.findall(r"```toml\n(.*?)```", section("Pointing clients at it"), re.S)
                 if "model_provider =" in b]
@@ -106,6 +107,7 @@ def test_codex_config_in_the_readme_is_the_one_the_codex_test_runs():
 
 def test_codex_standalone_search_switches_in_the_readme_are_the_tested_ones():
     import tomllib
+
     from test_codex import standalone_config
     (block,) = [b for b in re.findall(r"```toml\n(.*?)```", section("Pointing clients at it"), re.S)
                 if "supports_standalone_web_search" in b]

@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO / "tests" / "real_vllm"))
 import engine as engine_mod  # noqa: E402
 import images  # noqa: E402
 import realvllm  # noqa: E402
-from standins.hf_hub import REPO_ID, HubStandin  # noqa: E402
+from standins.hf_hub import HubStandin  # noqa: E402
 
 OVERRIDE = REPO / "tests" / "compose.cpu-test.yaml"
 WORK = REPO / "tests" / ".work" / "container"

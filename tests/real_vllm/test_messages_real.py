@@ -14,9 +14,11 @@ from pathlib import Path
 
 import anthropic
 import pytest
+from realvllm import FORCED_CALL, MODEL, QUERY
 
 from proxy import messages as M
-from realvllm import FORCED_CALL, MODEL, QUERY
+
+pytestmark = pytest.mark.real_vllm
 
 MESSAGES = "/v1/messages"
 SERVER_TOOL = {"type": "web_search_20250305", "name": "web_search", "max_uses": 8}

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import openai
 import pytest
-
 from realvllm import FORCED_CALL, MODEL, QUERY
+
+pytestmark = pytest.mark.real_vllm
 
 RESPONSES = "/v1/responses"
 HOSTED = {"type": "web_search", "external_web_access": False}
