@@ -83,8 +83,10 @@ def test_every_proxy_variable_is_documented():
 
 
 def test_ci_runs_the_readme_test_command():
-    (command,) = shell_blocks(section("Tests"))
-    command = command.strip()
+    later = [b.strip() for b in shell_blocks(section("Tests"))[1:]]
+    assert all(b.startswith("tests/run.sh ") for b in later), later
+    # The section's first command is the one test command; later ones are narrower runs of it.
+    command = shell_blocks(section("Tests"))[0].strip()
     assert command == "tests/run.sh"
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(rf"^exec {re.escape(command)}\b", ci, re.M)
