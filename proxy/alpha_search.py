@@ -353,40 +353,34 @@ class AlphaSearch:
                 new_refs.update(got)
         pages = len(p.opens) + len(p.finds)
         share = max(1000, budget // max(1, pages + bool(p.queries)))
+        def page_for(command: str, ref_id: str):
+            """The page a ref id (or URL) names, or None once the failure is recorded."""
+            url = resolve(ref_id, {**refs, **new_refs})
+            if url is None:
+                where = "in a URL" if command == "find" else "a URL"
+                failure = Failure("invalid_tool_input",
+                                  f"Unknown ref_id {ref_id!r}: {command} {where} or a ref id from an earlier result.")
+            else:
+                try:
+                    return self._fetch(url, p)
+                except FetchError as e:
+                    failure = Failure(e.code, e.message)
+            failures.append(failure)
+            sections.append(format_failure(command, ref_id, failure))
+            return None
+
         for i, (ref_id, lineno) in enumerate(p.opens):
-            url = resolve(ref_id, {**refs, **new_refs})
-            if url is None:
-                failure = Failure("invalid_tool_input", f"Unknown ref_id {ref_id!r}: open a URL or a ref id from an earlier result.")
-                failures.append(failure)
-                sections.append(format_failure("open", ref_id, failure))
-                continue
-            try:
-                page = self._fetch(url, p)
-            except FetchError as e:
-                failure = Failure(e.code, e.message)
-                failures.append(failure)
-                sections.append(format_failure("open", ref_id, failure))
-                continue
-            ok += 1
-            view = f"turn{turn}view{i}"
-            new_refs[view] = page.url
-            sections.append(format_open(view, page, lineno, share))
+            page = page_for("open", ref_id)
+            if page is not None:
+                ok += 1
+                view = f"turn{turn}view{i}"
+                new_refs[view] = page.url
+                sections.append(format_open(view, page, lineno, share))
         for ref_id, pattern in p.finds:
-            url = resolve(ref_id, {**refs, **new_refs})
-            if url is None:
-                failure = Failure("invalid_tool_input", f"Unknown ref_id {ref_id!r}: find in a URL or a ref id from an earlier result.")
-                failures.append(failure)
-                sections.append(format_failure("find", ref_id, failure))
-                continue
-            try:
-                page = self._fetch(url, p)
-            except FetchError as e:
-                failure = Failure(e.code, e.message)
-                failures.append(failure)
-                sections.append(format_failure("find", ref_id, failure))
-                continue
-            ok += 1
-            sections.append(format_find(ref_id, page, pattern, share))
+            page = page_for("find", ref_id)
+            if page is not None:
+                ok += 1
+                sections.append(format_find(ref_id, page, pattern, share))
         if p.unsupported:
             sections.append(unsupported_note(p.unsupported))
         self.refs.add(p.session, new_refs)
