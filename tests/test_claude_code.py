@@ -167,22 +167,12 @@ SKIP_PREFLIGHT = json.dumps({"skipWebFetchPreflight": True})
 FAILED_PREFLIGHT = "Unable to verify if domain 127.0.0.1 is safe to fetch."
 
 
-class WebFetchModel:
+class WebFetchModel(StandInModel):
     """Claude Code's requests in a WebFetch run, answered by shape (tests/data/agent-wire/claude-code-2.1.332-webfetch.json)."""
 
     def __init__(self, url: str):
+        super().__init__()
         self.url = url
-        self.shapes: list[str] = []
-
-    def __call__(self, r):
-        if r.path == "/v1/models":
-            return Reply(body=(SAMPLES / "models.json").read_bytes())
-        body = r.json()
-        if r.path.endswith("/count_tokens"):
-            return Reply(body=b'{"input_tokens":42}')
-        shape, blocks = self.answer(body)
-        self.shapes.append(shape)
-        return W.stream_reply(blocks) if body.get("stream") else W.message_reply(blocks)
 
     def answer(self, body):
         tools = [t.get("name") for t in body.get("tools") or []]
