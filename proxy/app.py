@@ -12,10 +12,11 @@ import time
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from . import chat, messages, responses
+from . import alpha_search, chat, messages, responses
 from .config import Config
-from .exchange import ClientWatch, Exchange, shutdown
 from .errors import error_for_path, upstream_error_status
+from .exchange import Exchange, response_headers
+from .fetch import Fetcher
 from .search import SearXNG
 from .upstream import Backend, UpstreamError, end_to_end_headers
 
@@ -110,6 +111,7 @@ def create_app(cfg: Config) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
     backend = Backend(cfg.backend_url, cfg.connect_timeout, cfg.read_timeout, cfg.backend_api_key)
     searxng = SearXNG(cfg.searxng_url, cfg.searxng_results, cfg.searxng_timeout)
+    fetcher = Fetcher(cfg)  # one per worker: its page cache is shared by that worker's requests
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_e):
@@ -152,8 +154,7 @@ def create_app(cfg: Config) -> Flask:
             qs = request.environ.get("QUERY_STRING", "")
             raw = request.path + ("?" + qs if qs else "")
         ex = Exchange(cfg, backend, searxng, body, outbound_headers(request.headers.items(), cfg),
-                      raw, request.environ, relay=None)
-        ex.relay = lambda b=None: relay(ex, ex.body if b is None else b)
+                      raw, request.environ, relay_with=relay, fetcher=fetcher)
         return ex
 
     @app.route("/v1/chat/completions", methods=["POST"])
@@ -169,33 +170,36 @@ def create_app(cfg: Config) -> Flask:
     def openai_responses():
         return responses.handle(exchange())
 
+    # Codex's standalone web search (supports_standalone_web_search); answered here, never by vLLM.
+    alpha_search.register(app, cfg, searxng)
+
     @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
     @app.route("/<path:path>", methods=ALL_METHODS)
     def passthrough(path):
         return exchange().relay()
 
-    app.wsgi_app = AccessLog(app.wsgi_app)
+    app.wsgi_app = AccessLog(app.wsgi_app)  # type: ignore[method-assign]  # Flask's documented way to add WSGI middleware
     return app
 
 
 def relay(ex: Exchange, body: bytes) -> Response:
     """Send the request on unchanged and the answer back unchanged, streaming if it streams."""
     method = ex.environ["REQUEST_METHOD"]
-    watch = ClientWatch(ex.environ)
+    watch = ex.watch_client()
     send_body = body if body or method in ("POST", "PUT", "PATCH") else None
     try:
-        up = ex.backend.request(method, ex.target, send_body, ex.headers,
-                                on_open=lambda conn: watch.attach(lambda: shutdown(conn)))
+        call = ex.call(method, ex.target, send_body, ex.headers)
     except UpstreamError as e:
         watch.stop()
         if watch.gone:
             # Not vLLM's failure: the watch cut the connection for a client that left.
             return error_for_path(ex.target, 499, "client closed the request")
         return gateway_error(e, method, ex.target)
-    headers = [(n, v) for n, v in end_to_end_headers(up.headers) if n.lower() != "content-length"]
+    up = call.response
+    headers = response_headers(up)
     if up.header("content-length") and not up.is_event_stream:
         try:
-            data = up.read()
+            data = call.read()
         except UpstreamError as e:
             if watch.gone:
                 return error_for_path(ex.target, 499, "client closed the request")
@@ -225,7 +229,7 @@ def relay(ex: Exchange, body: bytes) -> Response:
             client.shutdown(socket.SHUT_RDWR)
         finally:
             watch.stop()
-            up.abort()
+            call.end()
     return _without_default_type(Response(stream(), status=up.status, headers=headers, direct_passthrough=True), up)
 
 

@@ -1,8 +1,9 @@
-"""POST /v1/chat/completions: inject web_search, run the search loop server-side, in plain
-responses and inside live streams, and hand everything else back to the client untouched.
+"""POST /v1/chat/completions: inject web_search and web_fetch and run their loop server-side, in
+plain responses and inside live streams; everything else goes back to the client untouched.
 
 Used by proxy.app; not run on its own. The rules (when to inject, which calls are searches,
-how turns and usage add up) are pure functions at the top, tested without a network.
+how turns and usage add up) are pure functions at the top, tested without a network; below
+them, the chat dialects that proxy.loop drives.
 """
 from __future__ import annotations
 
@@ -10,13 +11,12 @@ import logging
 
 from flask import Response
 
-from . import jsonio
-from .background import run_with_keepalive
-from .errors import error_response, sse_error, upstream_error_status
-from .exchange import ClientWatch, Exchange, ask, encode_json, response_headers, start_stream
-from .search import NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, format_for_model, parse_arguments
-from .sse import comment, data_of, iter_frame_batches
-from .upstream import UpstreamError
+from . import jsonio, loop
+from .errors import error_response, sse_error
+from .exchange import Exchange, encode_json, response_headers
+from .fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchRequest, parse_fetch_arguments
+from .search import NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, format_result, parse_arguments
+from .sse import data_of, iter_frame_batches
 
 log = logging.getLogger("proxy.chat")
 
@@ -24,6 +24,10 @@ PATH = "/v1/chat/completions"
 WEB_SEARCH = "web_search"
 WEB_SEARCH_TOOL = {"type": "function",
                    "function": {"name": WEB_SEARCH, "description": TOOL_DESCRIPTION, "parameters": QUERY_SCHEMA}}
+WEB_FETCH = "web_fetch"
+WEB_FETCH_TOOL = {"type": "function",
+                  "function": {"name": WEB_FETCH, "description": FETCH_TOOL_DESCRIPTION, "parameters": URL_SCHEMA}}
+PROXY_TOOLS = {WEB_SEARCH: WEB_SEARCH_TOOL, WEB_FETCH: WEB_FETCH_TOOL}  # in the order they are added
 
 
 # ---- pure rules ---------------------------------------------------------------------------
@@ -53,32 +57,59 @@ def tool_name(tool: dict) -> str | None:
     return fn.get("name") if isinstance(fn, dict) else tool.get("name")
 
 
-def should_inject(body: dict, enabled: bool) -> bool:
-    """Inject web_search unless that would change what the client asked for. Pure.
+def tools_to_inject(body: dict, search: bool = True, fetch: bool = True) -> tuple[str, ...]:
+    """The names of the proxy's tools this request gets (web_search, web_fetch), none when adding
+    one would change what the client asked for. Pure.
 
-    Not when switched off, when the client forbids tools (tool_choice "none"), when the
-    client has its own web_search (its calls are its own), or when it asks for several
-    choices (a loop can only follow one).
+    None when the client forbids tools (tool_choice "none") or asks for several choices (a loop
+    can only follow one); each tool unless it is switched off (INJECT_WEB_SEARCH,
+    INJECT_WEB_FETCH) or the client has a tool of that name (its calls are its own).
     """
-    if not enabled or body.get("tool_choice") == "none":
-        return False
-    if (body.get("n") or 1) != 1:
-        return False
-    return not any(tool_name(t) == WEB_SEARCH for t in body.get("tools") or [])
+    if body.get("tool_choice") == "none" or (body.get("n") or 1) != 1:
+        return ()
+    theirs = {tool_name(t) for t in body.get("tools") or []}
+    wanted = ((WEB_SEARCH, search), (WEB_FETCH, fetch))
+    return tuple(name for name, on in wanted if on and name not in theirs)
+
+
+def should_inject(body: dict, enabled: bool) -> bool:
+    """web_search alone: whether tools_to_inject would add it."""
+    return WEB_SEARCH in tools_to_inject(body, search=enabled, fetch=False)
+
+
+def with_tools(body: dict, names) -> dict:
+    """A copy of the request with the proxy's named tools added; every other field as it was."""
+    return {**body, "tools": list(body.get("tools") or []) + [PROXY_TOOLS[n] for n in names]}
 
 
 def with_web_search(body: dict) -> dict:
-    """A copy of the request with the web_search tool added; every other field as it was."""
-    return {**body, "tools": list(body.get("tools") or []) + [WEB_SEARCH_TOOL]}
+    return with_tools(body, (WEB_SEARCH,))
+
+
+def forced_tool(tool_choice) -> str | None:
+    """The function a tool_choice forces, if it forces one."""
+    if isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict):
+        return tool_choice["function"].get("name")
+    return None
 
 
 def forces_web_search(tool_choice) -> bool:
-    return (isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict)
-            and tool_choice["function"].get("name") == WEB_SEARCH)
+    return forced_tool(tool_choice) in PROXY_TOOLS
 
 
-def is_search(call: dict) -> bool:
-    return (call.get("function") or {}).get("name") == WEB_SEARCH
+def call_name(call: dict):
+    return (call.get("function") or {}).get("name")
+
+
+def is_search(call: dict, ours=(WEB_SEARCH,)) -> bool:
+    """Whether the proxy runs this call: one of its injected tools (web_search by default)."""
+    return call_name(call) in ours
+
+
+def tool_request(call: dict):
+    """A call of the proxy's as the search session runs it: a query, or a fetch request."""
+    arguments = (call.get("function") or {}).get("arguments")
+    return parse_fetch_arguments(arguments) if call_name(call) == WEB_FETCH else parse_arguments(arguments)
 
 
 def add_usage(total: dict | None, turn: dict | None) -> dict | None:
@@ -113,11 +144,12 @@ def assistant_turn(message: dict) -> dict:
     return out
 
 
-def tool_results(calls: list[dict], outcomes: list) -> list[dict]:
-    """One tool message per call, in order: search results, or the not-executed stub."""
+def tool_results(calls: list[dict], outcomes: list, ours=tuple(PROXY_TOOLS)) -> list[dict]:
+    """One tool message per call, in order: the proxy's results (of the calls named in `ours`,
+    in `outcomes`' order), or the not-executed stub."""
     found = iter(outcomes)
     return [{"role": "tool", "tool_call_id": c.get("id"),
-             "content": format_for_model(next(found)) if is_search(c) else NOT_EXECUTED}
+             "content": format_result(next(found)) if is_search(c, ours) else NOT_EXECUTED}
             for c in calls]
 
 
@@ -127,64 +159,6 @@ def next_request(body: dict, messages: list[dict]) -> dict:
     if forces_web_search(body.get("tool_choice")):
         out["tool_choice"] = "auto"
     return out
-
-
-# ---- the handler --------------------------------------------------------------------------
-
-def handle(ex: Exchange) -> Response:
-    try:
-        body = jsonio.loads(ex.body)
-    except (ValueError, UnicodeDecodeError) as e:
-        return error_response(400, f"Request body is not valid JSON: {e}")
-    except RecursionError:
-        # `[[[[...` a few thousand deep: the client's mistake, not a 500.
-        return error_response(400, "Request body is not valid JSON: it is nested too deeply.")
-    problem = validate(body)
-    if problem:
-        return error_response(400, problem[0], param=problem[1])
-    if not should_inject(body, ex.cfg.inject_web_search):
-        return ex.relay()
-    body = with_web_search(body)
-    if body.get("stream"):
-        if ex.cfg.stream_search == "client":
-            return ex.relay(encode_json(body))
-        return stream_loop(ex, body)
-    return plain_loop(ex, body)
-
-
-def plain_loop(ex: Exchange, body: dict) -> Response:
-    """Non-streaming: ask, search, append, ask again, until the model answers."""
-    session = ex.session()
-    ex.watch = ClientWatch(ex.environ)
-    messages = list(body["messages"])
-    usage = None
-    request = body
-    try:
-        while True:
-            turn = ask(ex, PATH, request, f"chat turn {session.rounds + 1}")
-            if isinstance(turn, Response):
-                return turn
-            up, raw, data = turn
-            calls = completion_calls(data)
-            if calls is None:
-                # A 200 that is not a chat completion (a truncated or foreign body) is vLLM's
-                # fault, so it is a gateway error, not a 500 from the proxy.
-                log.warning("chat turn %d: vLLM answered 200 with a body that is not a chat completion", session.rounds + 1)
-                return error_response(502, "vLLM answered 200 with a body that is not a chat completion.")
-            choice = data["choices"][0] if data.get("choices") else {}
-            if not any(is_search(c) for c in calls):
-                if session.rounds == 0:
-                    return Response(raw, status=200, headers=response_headers(up))  # untouched
-                data["usage"] = add_usage(usage, data.get("usage"))
-                return Response(jsonio.dumps(data), status=200, mimetype="application/json")
-            usage = add_usage(usage, data.get("usage"))
-            if session.exhausted:
-                return error_response(422, session.cap_message(), type_="search_iterations_exceeded")
-            outcomes = session.run([parse_arguments((c.get("function") or {}).get("arguments")) for c in calls if is_search(c)])
-            messages = messages + [assistant_turn(choice["message"])] + tool_results(calls, outcomes)
-            request = next_request(body, messages)
-    finally:
-        ex.watch.stop()
 
 
 def completion_calls(data: dict) -> list | None:
@@ -197,14 +171,93 @@ def completion_calls(data: dict) -> list | None:
     return calls if isinstance(calls, list) and all(isinstance(c, dict) for c in calls) else None
 
 
-def stream_loop(ex: Exchange, body: dict) -> Response:
-    """Streaming: relay each event as it comes, hold back tool-call events until the turn
-    ends, and when its calls are searches, search and go on in the same client stream."""
-    first, answer = start_stream(ex, PATH, body)
-    if answer is not None:
-        return answer
-    return Response(_stream_events(ex, body, first), status=200, headers=response_headers(first),
-                    direct_passthrough=True)
+# ---- the handler, and the search loop (proxy.loop) as chat completions speak it -----------
+
+def handle(ex: Exchange) -> Response:
+    try:
+        body = jsonio.loads(ex.body)
+    except (ValueError, UnicodeDecodeError) as e:
+        return error_response(400, f"Request body is not valid JSON: {e}")
+    except RecursionError:
+        # `[[[[...` a few thousand deep: the client's mistake, not a 500.
+        return error_response(400, "Request body is not valid JSON: it is nested too deeply.")
+    problem = validate(body)
+    if problem:
+        return error_response(400, problem[0], param=problem[1])
+    ours = tools_to_inject(body, ex.cfg.inject_web_search, ex.cfg.inject_web_fetch)
+    if not ours:
+        return ex.relay()
+    body = with_tools(body, ours)
+    if body.get("stream"):
+        if ex.cfg.stream_search == "client":
+            return ex.relay(encode_json(body))
+        return loop.run(ex, StreamedChat(ex, body, ours))
+    return loop.run(ex, PlainChat(ex, body, ours))
+
+
+class _Chat(loop.Dialect):
+    """What both kinds of chat request share: the calls, the searches and fetches, the next request."""
+
+    path = PATH
+
+    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...] = (WEB_SEARCH,)):
+        super().__init__(ex, body)
+        self.body = body
+        self.ours = ours  # the proxy's tools in this request: the calls it runs itself
+        self.messages = list(body["messages"])
+        self.usage: dict | None = None
+
+    def searches(self, turn) -> list:
+        return [c for c in turn.calls if is_search(c, self.ours)]
+
+    def queries(self, calls: list) -> list:
+        return [(r.url, None) if isinstance(r, FetchRequest) else r for r in map(tool_request, calls)]
+
+    def search(self, calls: list) -> list:
+        return self.session.run([tool_request(c) for c in calls])
+
+    def error_reply(self, status, message, type_=None) -> Response:
+        return error_response(status, message, type_=type_)
+
+    def follow(self, message: dict, calls: list, outcomes: list):
+        """The next request: the assistant turn, then one tool message per call."""
+        self.messages = self.messages + [assistant_turn(message)] + tool_results(calls, outcomes, self.ours)
+        self.request = next_request(self.body, self.messages)
+
+
+class _Completion:
+    """A whole chat completion, as a plain turn."""
+
+    def __init__(self, up, raw: bytes, data: dict, calls: list):
+        self.up, self.raw, self.data, self.calls = up, raw, data, calls
+
+
+class PlainChat(loop.Plain, _Chat):
+    """Non-streaming: the client gets vLLM's last completion, usage summed over the turns."""
+
+    name = "chat"
+
+    def parse(self, up, raw, data):
+        calls = completion_calls(data)
+        if calls is None:
+            # A 200 that is not a chat completion (a truncated or foreign body) is vLLM's
+            # fault, so it is a gateway error, not a 500 from the proxy.
+            log.warning("chat turn %d: vLLM answered 200 with a body that is not a chat completion",
+                        self.session.rounds + 1)
+            return self.error(502, "vLLM answered 200 with a body that is not a chat completion.")
+        return _Completion(up, raw, data, calls)
+
+    def finish(self, turn: _Completion):
+        if self.session.rounds == 0:
+            yield Response(turn.raw, status=200, headers=response_headers(turn.up))  # untouched
+            return
+        turn.data["usage"] = add_usage(self.usage, turn.data.get("usage"))
+        yield Response(jsonio.dumps(turn.data), status=200, mimetype="application/json")
+
+    def record(self, turn: _Completion, calls, outcomes):
+        self.usage = add_usage(self.usage, turn.data.get("usage"))
+        self.follow(turn.data["choices"][0]["message"], turn.calls, outcomes)
+        return ()
 
 
 class _Turn:
@@ -216,8 +269,9 @@ class _Turn:
         self.held = []            # tool-call and finish events, kept until the turn's end
         self.usage_frame = None
         self.done = False
+        self.calls: list[dict] = []  # once the turn has ended
 
-    def calls(self) -> list[dict]:
+    def gather_calls(self) -> list[dict]:
         calls: dict[int, dict] = {}
         for frame in self.held:
             chunk = jsonio.loads(data_of(frame))
@@ -242,9 +296,9 @@ class _Turn:
             if r:
                 self.reasoning.append(r)
 
-    def message(self, calls) -> dict:
-        return assistant_turn({"content": "".join(self.content) or None, "tool_calls": calls,
-                               "reasoning": "".join(self.reasoning) or None})
+    def message(self) -> dict:
+        return {"content": "".join(self.content) or None, "tool_calls": self.calls,
+                "reasoning": "".join(self.reasoning) or None}
 
 
 def _restamp(payload: bytes, ident, created, usage=None) -> bytes | None:
@@ -263,102 +317,90 @@ def _restamp(payload: bytes, ident, created, usage=None) -> bytes | None:
     return b"data: " + jsonio.dumps(chunk) + b"\n\n"
 
 
-def _stream_events(ex: Exchange, body: dict, up):
-    session = ex.session()
-    messages = list(body["messages"])
-    usage = None
-    ident = created = None
-    turn_no = 1
-    try:
-        while True:
-            turn = _Turn()
-            try:
-                for frames in iter_frame_batches(up.iter_raw()):
-                    out, texts, failed = [], [], False
-                    for frame in frames:
-                        payload = data_of(frame)
-                        if payload is None or not payload.startswith(b"{"):
-                            if payload == b"[DONE]":
-                                # Read on to the end of the body (it ends right here) so this
-                                # connection goes back to the pool instead of being dropped.
-                                turn.done = True
-                            else:
-                                out.append(frame)  # comments and anything unknown pass as they are
-                            continue
-                        if ident is None:
-                            head = jsonio.loads(payload)
-                            ident, created = head.get("id"), head.get("created")
-                        if payload.startswith(b'{"error"'):
-                            out.append(frame)
-                            turn.done = failed = True
-                            break
-                        # Cheap substring tests keep the common event (a token) off the JSON parser.
-                        if b'"tool_calls"' in payload:
-                            turn.held.append(frame)
-                        elif b'"choices":[]' in payload and b'"usage"' in payload:
-                            turn.usage_frame = frame
-                        else:
-                            out.append(frame if turn_no == 1 else _restamp(payload, ident, created) or b"")
-                            texts.append(payload)
-                    # What one read brought leaves in one write: a proxy that fell behind a burst
-                    # catches up in one send, not one per event.
-                    data = b"".join(out)
-                    if data:
-                        yield data
-                    for payload in texts:
-                        turn.add_text(payload)  # after the yield: the client never waits on it
-                    if failed:
-                        break
-            except UpstreamError as e:
-                if ex.watch.gone:
-                    return
-                status, msg = upstream_error_status(e)
-                log.warning("chat stream turn %d: %s", turn_no, msg)
-                yield sse_error(status, msg)
-                return
-            if not turn.done:
-                yield sse_error(502, "vLLM ended the stream early (no [DONE]); the answer is incomplete")
-                return
+class StreamedChat(loop.Stream, _Chat):
+    """Streaming: each event relayed as it comes, tool-call events held back until the turn
+    ends, and when its calls are searches, the search goes on in the same client stream."""
 
-            calls = turn.calls() if turn.held else []
-            if not any(is_search(c) for c in calls):
-                for frame in turn.held:
-                    yield frame if turn_no == 1 else _restamp(data_of(frame), ident, created) or b""
-                if turn.usage_frame is not None:
-                    if turn_no == 1:
-                        yield turn.usage_frame
+    name = "chat stream"
+
+    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...] = (WEB_SEARCH,)):
+        super().__init__(ex, body, ours)
+        self.ident = self.created = None  # the first turn's, which every later chunk takes
+
+    def relay(self, up):
+        turn = _Turn()
+        first = self.session.rounds == 0
+        for frames in iter_frame_batches(up.iter_raw()):
+            out, texts, failed = [], [], False
+            for frame in frames:
+                payload = data_of(frame)
+                if payload is None or not payload.startswith(b"{"):
+                    if payload == b"[DONE]":
+                        # Read on to the end of the body (it ends right here) so this
+                        # connection goes back to the pool instead of being dropped.
+                        turn.done = True
                     else:
-                        total = add_usage(usage, jsonio.loads(data_of(turn.usage_frame)).get("usage"))
-                        yield _restamp(data_of(turn.usage_frame), ident, created, usage=total)
-                yield b"data: [DONE]\n\n"
-                return
+                        out.append(frame)  # comments and anything unknown pass as they are
+                    continue
+                if self.ident is None:
+                    head = jsonio.loads(payload)
+                    self.ident, self.created = head.get("id"), head.get("created")
+                if payload.startswith(b'{"error"'):
+                    out.append(frame)
+                    turn.done = failed = True
+                    break
+                # Cheap substring tests keep the common event (a token) off the JSON parser.
+                if b'"tool_calls"' in payload:
+                    turn.held.append(frame)
+                elif b'"choices":[]' in payload and b'"usage"' in payload:
+                    turn.usage_frame = frame
+                else:
+                    out.append(frame if first else self.restamp(payload) or b"")
+                    texts.append(payload)
+            # What one read brought leaves in one write: a proxy that fell behind a burst
+            # catches up in one send, not one per event.
+            data = b"".join(out)
+            if data:
+                yield data
+            for payload in texts:
+                turn.add_text(payload)  # after the yield: the client never waits on it
+            if failed:
+                break
+        if not turn.done:
+            yield sse_error(502, "vLLM ended the stream early (no [DONE]); the answer is incomplete")
+            return None
+        turn.calls = turn.gather_calls() if turn.held else []
+        return turn
 
-            if turn.usage_frame is not None:
-                usage = add_usage(usage, jsonio.loads(data_of(turn.usage_frame)).get("usage"))
-            if session.exhausted:
-                yield sse_error(422, session.cap_message(), "search_iterations_exceeded")
-                return
-            queries = [parse_arguments(c["function"]["arguments"]) for c in calls if is_search(c)]
-            label = ", ".join(repr(q) for q, _ in queries if q)
-            outcomes = yield from run_with_keepalive(
-                lambda: session.run(queries), ex.cfg.keepalive_interval,
-                comment(f"searching {label}"), should_stop=lambda: ex.watch.gone)
-            if ex.watch.gone or outcomes is None:
-                return
-            messages = messages + [turn.message(calls)] + tool_results(calls, outcomes)
-            try:
-                up = ex.post(PATH, next_request(body, messages))
-                if up.status != 200:
-                    raw = up.read()
-                    yield b"data: " + raw.strip() + b"\n\ndata: [DONE]\n\n"
-                    return
-            except UpstreamError as e:
-                if ex.watch.gone:
-                    return
-                status, msg = upstream_error_status(e)
-                yield sse_error(status, msg)
-                return
-            turn_no += 1
-    finally:
-        ex.watch.stop()
-        up.abort()
+    def restamp(self, payload: bytes | None, usage=None) -> bytes:
+        """A later turn's frame as the first turn's; b"" for a frame that carries no data."""
+        if payload is None:
+            return b""
+        return _restamp(payload, self.ident, self.created, usage) or b""
+
+    def finish(self, turn: _Turn):
+        first = self.session.rounds == 0
+        for frame in turn.held:
+            yield frame if first else self.restamp(data_of(frame))
+        if turn.usage_frame is not None:
+            if first:
+                yield turn.usage_frame
+            else:
+                payload = data_of(turn.usage_frame) or b"{}"
+                total = add_usage(self.usage, jsonio.loads(payload).get("usage"))
+                yield self.restamp(payload, usage=total)
+        yield b"data: [DONE]\n\n"
+
+    def record(self, turn: _Turn, calls, outcomes):
+        if turn.usage_frame is not None:
+            self.usage = add_usage(self.usage, jsonio.loads(data_of(turn.usage_frame)).get("usage"))
+        self.follow(turn.message(), turn.calls, outcomes)
+        return ()
+
+    def error(self, status, message, type_=None) -> bytes:
+        return sse_error(status, message, type_)
+
+    def refused(self, status, raw) -> bytes:
+        if status == 200:
+            return sse_error(502, "vLLM answered a streamed turn without an event stream")
+        return b"data: " + raw.strip() + b"\n\ndata: [DONE]\n\n"  # vLLM's own error, as it wrote it

@@ -16,6 +16,7 @@ class Config:
     searxng_timeout: float = 15.0
     max_search_iter: int = 10
     inject_web_search: bool = True
+    inject_web_fetch: bool = True  # chat completions get web_fetch next to web_search
     stream_search: str = "server"  # "server": run searches inside streams; "client": pass calls on
     connect_timeout: float = 10.0
     read_timeout: float = 900.0  # longest silence tolerated from vLLM (a 250k-token prefill)
@@ -23,3 +24,11 @@ class Config:
     max_body_bytes: int = 64 * 1024 * 1024
     proxy_api_keys: tuple[str, ...] = ()
     anthropic_any_model: bool = False
+    # web_fetch (proxy/fetch.py). Networks (CIDR strings) exempt from the SSRF refusals; empty: public addresses only.
+    web_fetch_allowed_networks: tuple[str, ...] = ()
+    web_fetch_timeout: float = 20.0  # whole fetch, redirects included
+    web_fetch_max_bytes: int = 5 * 1024 * 1024  # decoded body bytes read per page; the rest is never downloaded
+    web_fetch_max_tokens: int = 20000  # text handed to the model, ~4 characters a token
+    web_fetch_cache_ttl: float = 300.0
+    web_fetch_cache_bytes: int = 32 * 1024 * 1024
+    web_fetch_ca_file: str = ""  # a PEM bundle trusted instead of the system's CAs (a private CA; the tests)

@@ -1,6 +1,7 @@
-"""Error bodies in OpenAI's shape, the one vLLM and the openai SDK speak.
+"""Error bodies in the shapes clients parse: OpenAI's (vLLM and the openai SDK speak it) and,
+on /v1/messages, Anthropic's.
 
-Used by the handlers; not run on its own.
+Used by the handlers and the search loop; not run on its own.
 """
 from __future__ import annotations
 
@@ -50,6 +51,19 @@ ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 40
 def anthropic_error_bytes(status: int, message: str, type_: str | None = None) -> bytes:
     return json.dumps({"type": "error", "error": {"type": type_ or ANTHROPIC_TYPES.get(status, "api_error"),
                                                   "message": message}}, ensure_ascii=False).encode()
+
+
+def as_anthropic_error(status: int, raw: bytes) -> bytes:
+    """vLLM's error body in Anthropic's shape; one already in that shape is left as it is."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return anthropic_error_bytes(status, raw.decode("utf-8", "replace").strip()[:4000] or f"vLLM answered HTTP {status}")
+    if isinstance(data, dict) and data.get("type") == "error" and isinstance(data.get("error"), dict):
+        return raw
+    err = data.get("error") if isinstance(data, dict) else None
+    message = err.get("message") if isinstance(err, dict) else (err if isinstance(err, str) else None)
+    return anthropic_error_bytes(status, str(message or raw.decode("utf-8", "replace"))[:4000])
 
 
 def anthropic_error(status: int, message: str, type_: str | None = None) -> Response:

@@ -1,7 +1,6 @@
-"""One client request on its way through the proxy: what the search loops need to talk to
-vLLM on the client's behalf, and to notice when the client has gone.
-
-Used by proxy.app and the per-API loops; not run on its own.
+"""One client request on its way through the proxy: its calls to vLLM, each abortable by a
+watch on the client's socket until that call is over. Used by proxy.app (the relay) and
+proxy.loop (the search loop); not run on its own.
 """
 from __future__ import annotations
 
@@ -9,16 +8,16 @@ import logging
 import select
 import socket
 import threading
-from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flask import Response
 
 from . import jsonio
 from .config import Config
-from .search import SearXNG, SearchSession
-from flask import Response
-
-from .errors import error_response, upstream_error_status
-from .upstream import Backend, UpstreamError, UpstreamResponse, end_to_end_headers
+from .fetch import Fetcher
+from .search import SearchSession, SearXNG
+from .upstream import Backend, UpstreamResponse, end_to_end_headers
 
 log = logging.getLogger("proxy")
 
@@ -31,7 +30,8 @@ except ImportError:  # the development server (python proxy-passthrough.py) has 
 
 
 class ClientWatch:
-    """Notices a client that hangs up while the proxy waits on vLLM, and aborts vLLM's work.
+    """Notices a client that hangs up while the proxy waits on vLLM, and aborts the calls to
+    vLLM that are live for it (each call attaches itself, and detaches when it is over).
 
     WSGI has no disconnect signal, so the proxy watches the client socket for readability:
     a peek that returns b"" means the client closed. Anything else (a pipelined request)
@@ -42,7 +42,7 @@ class ClientWatch:
 
     def __init__(self, environ):
         self._sock = environ.get("gunicorn.socket")
-        self._aborts = []
+        self._calls: set[Call] = set()
         self._stop = threading.Event()
         self.gone = False
         self._io = None
@@ -77,8 +77,8 @@ class ClientWatch:
         self.gone = True
         self._end()
         log.info("client went away; aborting the backend request")
-        for abort in list(self._aborts):
-            abort()
+        for call in list(self._calls):
+            call.abort()
         return True
 
     def _poll(self):
@@ -86,15 +86,18 @@ class ClientWatch:
             try:
                 readable, _, _ = select.select([self._raw], [], [], 0.5)
             except (OSError, ValueError):
-                readable = True
+                readable = [self._raw]  # a socket select() refuses is closed: _check finds that out
             if readable and self._check():
                 return
 
-    def attach(self, abort):
-        """Register something to abort; aborts it at once if the client already left."""
-        self._aborts.append(abort)
+    def attach(self, call: Call):
+        """Watch over a live call; it is aborted at once if the client already left."""
+        self._calls.add(call)
         if self.gone:
-            abort()
+            call.abort()
+
+    def detach(self, call: Call):
+        self._calls.discard(call)
 
     def _end(self):
         if self._io is not None:
@@ -106,50 +109,65 @@ class ClientWatch:
         self._end()
 
 
-@dataclass
-class Exchange:
-    cfg: Config
-    backend: Backend
-    searxng: SearXNG
-    body: bytes                      # the client's body, as sent
-    headers: list                    # the client's headers as vLLM should see them
-    target: str                      # path and query string, as sent
-    environ: dict
-    relay: Callable                  # relay(body_bytes) -> Response: the transparent path
-    watch: ClientWatch = field(default=None)
-    last: UpstreamResponse | None = field(default=None, repr=False)  # the latest turn's response
+class Call:
+    """One request to vLLM for one client, from before its socket exists until it is over.
 
-    def session(self) -> SearchSession:
-        def count(n):
-            self.environ["proxy.searches"] = self.environ.get("proxy.searches", 0) + n
-        return SearchSession(self.searxng, self.cfg.max_search_iter, on_search=count)
+    The client's watch aborts it through here and nowhere else. Before vLLM has answered,
+    the connection is this call's alone (taken from the pool, or new), so cutting its socket
+    is safe; after, the abort is UpstreamResponse.abort, which leaves a finished response's
+    connection alone: once back in the pool it may be serving another client. end() takes
+    the call off the watch, so nothing of this request holds the connection afterwards.
+    """
 
-    def post(self, path: str, payload: dict) -> UpstreamResponse:
-        """POST a JSON body to vLLM for one turn of a loop; the watch can abort it."""
-        body = encode_json(payload)
-        headers = [(n, v) for n, v in self.headers if n.lower() != "content-type"]
-        headers.append(("Content-Type", "application/json"))
-        # Asking for the next turn means the last one is over. A stream loop stops reading a
-        # turn at [DONE] and used to drop it unclosed, so its connection stayed open to vLLM
-        # until garbage collection (scripts/load_test.py: twice the clients' connections left
-        # open). Aborting here covers every loop; a turn read to its end is left in the pool.
-        if self.last is not None:
-            self.last.abort()
-        self.last = self.backend.request("POST", path, body, headers, on_open=self._attach)
-        return self.last
+    __slots__ = ("_response", "_conn", "_aborted", "_watch")
 
-    def _attach(self, conn):
-        if self.watch is not None:
-            self.watch.attach(lambda: shutdown(conn))
+    def __init__(self, watch: ClientWatch | None):
+        self._response: UpstreamResponse | None = None  # set by Exchange.call once vLLM's head is in
+        self._conn = None
+        self._aborted = False
+        self._watch = watch
+        if watch is not None:
+            watch.attach(self)
+
+    @property
+    def response(self) -> UpstreamResponse:
+        """vLLM's answer; every Call that Exchange.call returns has one."""
+        if self._response is None:
+            raise RuntimeError("Call.response read before vLLM answered")
+        return self._response
+
+    def opened(self, conn):
+        """Backend.request's on_open: the socket exists and nothing has been sent yet."""
+        self._conn = conn
+        if self._aborted:
+            _cut(conn)  # the client left while it connected: the send fails, vLLM gets nothing
+
+    def abort(self):
+        """Stop vLLM's work for this call now; safe from any greenlet or thread."""
+        self._aborted = True
+        if self._response is not None:
+            self._response.abort()
+        elif self._conn is not None:
+            _cut(self._conn)  # still inside Backend.request, which wakes with an error
+
+    def read(self) -> bytes:
+        """The whole body; the call is over after it, whatever happens."""
+        try:
+            return self.response.read()
+        finally:
+            self.end()
+
+    def end(self):
+        """The call is over: off the watch, then its connection back to the pool if vLLM's
+        answer was read to its end, else closed, which is how vLLM learns to stop."""
+        if self._watch is not None:
+            self._watch.detach(self)
+        if self._response is not None:
+            self._response.close()
 
 
-def encode_json(obj) -> bytes:
-    """JSON bytes for vLLM: compact UTF-8, lone surrogates kept as the client's escapes."""
-    return jsonio.dumps(obj)
-
-
-def shutdown(conn):
-    """Cut a backend connection from any greenlet; a reader blocked on it wakes with an error."""
+def _cut(conn):
+    """Shut a connection in use by a call from any greenlet; a reader blocked on it wakes."""
     sock = conn.sock
     if sock is not None:
         try:
@@ -158,65 +176,60 @@ def shutdown(conn):
             pass  # already closed: the abort has nothing left to do
 
 
+@dataclass
+class Exchange:
+    """One client request: what it sent, as vLLM should get it, and the way to call vLLM for it."""
+
+    cfg: Config
+    backend: Backend
+    searxng: SearXNG
+    body: bytes                      # the client's body, as sent
+    headers: list                    # the client's headers as vLLM should see them
+    target: str                      # path and query string, as sent
+    environ: dict
+    relay_with: Callable[[Exchange, bytes], Response]  # the transparent path (proxy.app.relay)
+    watch: ClientWatch | None = None
+    fetcher: Fetcher | None = None   # web_fetch's; None where no API injects it
+
+    def relay(self, body: bytes | None = None) -> Response:
+        """Send this request on to vLLM unchanged (or with `body` instead of the client's) and
+        its answer back unchanged."""
+        return self.relay_with(self, self.body if body is None else body)
+
+    def watch_client(self) -> ClientWatch:
+        """Start watching the client for the rest of this request (stop() it at the end)."""
+        self.watch = ClientWatch(self.environ)
+        return self.watch
+
+    def session(self) -> SearchSession:
+        def count(n):
+            self.environ["proxy.searches"] = self.environ.get("proxy.searches", 0) + n
+        return SearchSession(self.searxng, self.cfg.max_search_iter, on_search=count, fetcher=self.fetcher)
+
+    def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:
+        """Send one request to vLLM and wait for its head, the watch able to abort it
+        throughout; raises UpstreamError. The caller ends the call when it is done with it."""
+        call = Call(self.watch)
+        try:
+            call._response = self.backend.request(method, target, body, headers, on_open=call.opened)
+        except BaseException:
+            call.end()
+            raise
+        return call
+
+    def post(self, path: str, payload: dict) -> Call:
+        """POST a JSON body to vLLM for one turn of the search loop."""
+        headers = [(n, v) for n, v in self.headers if n.lower() != "content-type"]
+        headers.append(("Content-Type", "application/json"))
+        return self.call("POST", path, encode_json(payload), headers)
+
+
+def encode_json(obj) -> bytes:
+    """JSON bytes for vLLM: compact UTF-8, lone surrogates kept as the client's escapes."""
+    return jsonio.dumps(obj)
+
+
 def response_headers(up: UpstreamResponse) -> list:
     """vLLM's response headers as the client should get them: end to end only, and no
     Content-Length, which whoever writes the body next computes."""
     return [(n, v) for n, v in end_to_end_headers(up.headers) if n.lower() != "content-length"]
-
-
-def start_stream(ex: Exchange, path: str, payload: dict, error=error_response, translate=None):
-    """Open the first turn of a streamed search loop, watching the client meanwhile.
-
-    Returns (upstream, None) when vLLM streams, or (None, response) to send as it is: a
-    gateway error (shaped by `error`), or vLLM's own non-streamed answer, its errors
-    re-shaped by `translate(status, raw)` when the API's clients expect another shape.
-    """
-    ex.watch = ClientWatch(ex.environ)
-    try:
-        up = ex.post(path, payload)
-    except UpstreamError as e:
-        ex.watch.stop()
-        status, msg = upstream_error_status(e)
-        log.warning("%s stream: %s", path.split("?", 1)[0], msg)
-        return None, error(status, msg)
-    if up.status == 200 and up.is_event_stream:
-        return up, None
-    try:
-        raw = up.read()
-    except UpstreamError as e:
-        status, msg = upstream_error_status(e)
-        return None, error(status, msg)
-    finally:
-        ex.watch.stop()
-    if up.status != 200 and translate is not None:
-        return None, Response(translate(up.status, raw), status=up.status, mimetype="application/json")
-    return None, Response(raw, status=up.status, headers=response_headers(up))
-
-
-def ask(ex: Exchange, path: str, payload: dict, what: str, error=error_response, translate=None):
-    """One whole non-streamed turn of a search loop: (upstream, raw body, parsed dict), or a
-    Response to send as it is: the client left (499), a gateway error, vLLM's own error
-    (re-shaped by `translate(status, raw)` if given), or a 200 that is not a JSON object
-    (vLLM's fault, so 502, never a 500 from the proxy)."""
-    try:
-        up = ex.post(path, payload)
-        raw = up.read()
-    except UpstreamError as e:
-        if ex.watch is not None and ex.watch.gone:
-            return error(499, "client closed the request")
-        status, msg = upstream_error_status(e)
-        log.warning("%s: %s", what, msg)
-        return error(status, msg)
-    if up.status != 200:
-        # vLLM's own error, on any turn: the client reads it as vLLM wrote it.
-        if translate is not None:
-            return Response(translate(up.status, raw), status=up.status, mimetype="application/json")
-        return Response(raw, status=up.status, headers=response_headers(up))
-    try:
-        data = jsonio.loads(raw)
-    except (ValueError, RecursionError):
-        data = None
-    if not isinstance(data, dict):
-        log.warning("%s: vLLM answered 200 with a body that is not a JSON object", what)
-        return error(502, "vLLM answered 200 with a body that is not a JSON object.")
-    return up, raw, data

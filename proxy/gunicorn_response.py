@@ -19,6 +19,7 @@ class OneWriteResponse(wsgi.Response):
     """gunicorn's Response, holding the head until the first body bytes go out."""
 
     _head = b""
+    headers_sent: bool  # gunicorn's own attribute (it ships no type information)
 
     def send_headers(self):
         # gunicorn's own send_headers without the send: the bytes wait for _emit_body.

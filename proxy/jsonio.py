@@ -30,3 +30,13 @@ def dumps(obj) -> bytes:
             return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
         except UnicodeEncodeError:
             return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def as_dict(value) -> dict:
+    """A JSON value where an object is expected: itself if it is one, else empty (clients send anything)."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value) -> list:
+    """A JSON value where an array is expected: itself if it is one, else empty."""
+    return value if isinstance(value, list) else []

@@ -4,7 +4,8 @@ shared search core; everything without server tools or server blocks is relayed 
 
 Used by proxy.app; not run on its own (tests: tests/run.sh tests/test_messages.py). The rules
 (which requests, the rewrite, replayed history, the blocks the client sees, usage) are pure
-functions at the top; the streaming loop is in proxy/messages_stream.py.
+functions at the top; below them, the dialects that proxy.loop drives, the streamed one
+writing its events with proxy/messages_stream.py.
 """
 from __future__ import annotations
 
@@ -19,10 +20,21 @@ from dataclasses import dataclass, field
 
 from flask import Response
 
-from .exchange import ClientWatch, Exchange, ask, encode_json, response_headers
-from .errors import anthropic_error, anthropic_error_bytes, upstream_error_status
-from .search import (NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, Hit, SearchOutcome, filter_domains,
-                     format_for_model, parse_arguments)
+from . import loop
+from .errors import anthropic_error, as_anthropic_error, upstream_error_status
+from .exchange import Exchange, encode_json, response_headers
+from .jsonio import as_dict
+from .messages_stream import PING, SSE_HEADERS, ClientMessage, error_event
+from .search import (
+    NOT_EXECUTED,
+    QUERY_SCHEMA,
+    TOOL_DESCRIPTION,
+    Hit,
+    SearchOutcome,
+    filter_domains,
+    format_for_model,
+    parse_arguments,
+)
 from .upstream import UpstreamError
 
 log = logging.getLogger("proxy.messages")
@@ -194,7 +206,7 @@ def rewrite_history(messages: list[dict], name: str) -> list[dict]:
                 or not any(isinstance(b, dict) and b.get("type") in SERVER_BLOCKS for b in content):
             out.append(msg)
             continue
-        queries = {b.get("id"): str((b.get("input") if isinstance(b.get("input"), dict) else {}).get("query", ""))
+        queries = {b.get("id"): str((as_dict(b.get("input"))).get("query", ""))
                    for b in content if isinstance(b, dict) and b.get("type") == "server_tool_use"}
         ids = set(queries)
         seg: list[dict] = []
@@ -248,7 +260,7 @@ def encode_content(hit: Hit, outcome: SearchOutcome | None = None) -> str:
     """`encrypted_content`: NOT encrypted, base64 of compact JSON holding the snippet (and, on a
     search's first result, its answers and infoboxes), so a replayed result gives the model
     back exactly what it read the first time."""
-    data = {"snippet": hit.snippet}
+    data: dict[str, object] = {"snippet": hit.snippet}
     if outcome is not None and outcome.answers:
         data["answers"] = outcome.answers
     if outcome is not None and outcome.infoboxes:
@@ -266,6 +278,7 @@ def decode_content(text) -> dict:
 
 
 def result_block(tool_use_id: str, outcome: SearchOutcome) -> dict:
+    content: dict | list[dict]
     if outcome.status == "failed":
         content = {"type": "web_search_tool_result_error", "error_code": outcome.error_code or "unavailable"}
     else:
@@ -301,7 +314,7 @@ def client_id(vllm_id) -> str:
 
 def server_use_block(call: dict) -> dict:
     return {"type": "server_tool_use", "id": client_id(call.get("id")), "name": SERVER_NAME,
-            "input": call.get("input") if isinstance(call.get("input"), dict) else {}}
+            "input": as_dict(call.get("input"))}
 
 
 def counts_as_search(block: dict) -> bool:
@@ -337,58 +350,9 @@ def next_request(body: dict, messages: list[dict], plan: Plan) -> dict:
     return out
 
 
-def as_anthropic_error(status: int, raw: bytes) -> bytes:
-    """vLLM's error body in Anthropic's shape; one already in that shape is left as it is."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return anthropic_error_bytes(status, raw.decode("utf-8", "replace").strip()[:4000] or f"vLLM answered HTTP {status}")
-    if isinstance(data, dict) and data.get("type") == "error" and isinstance(data.get("error"), dict):
-        return raw
-    err = data.get("error") if isinstance(data, dict) else None
-    message = err.get("message") if isinstance(err, dict) else (err if isinstance(err, str) else None)
-    return anthropic_error_bytes(status, str(message or raw.decode("utf-8", "replace"))[:4000])
-
-
-# ---- one request's searches ------------------------------------------------------------------
-
-class Searcher:
-    """The searches of one rewritten request: max_uses, domain filters, the shared session,
-    and the count that goes into usage.server_tool_use.web_search_requests."""
-
-    def __init__(self, ex: Exchange, plan: Plan):
-        self.plan = plan
-        self.session = ex.session()
-        self.limit = ex.cfg.searxng_results
-        self.used = 0
-        self.requests = 0
-
-    def is_search(self, block: dict) -> bool:
-        return block.get("type") == "tool_use" and block.get("name") == self.plan.name and self.plan.server
-
-    def run(self, calls: list[dict]) -> list[SearchOutcome]:
-        """One round: the search calls' outcomes, in order (blocking; searches run concurrently)."""
-        parsed = [parse_arguments(c.get("input")) for c in calls]
-        allowed = len(parsed) if self.plan.max_uses is None else max(0, self.plan.max_uses - self.used)
-        self.used += len(parsed)
-        # A round whose calls are all over max_uses still counts toward MAX_SEARCH_ITER.
-        run = self.session.run(parsed[:allowed], limit=self.limit)
-        over = [SearchOutcome(q or "", "failed", error_code="max_uses_exceeded", message=(
-            f"Not searched: this request allows at most {self.plan.max_uses} searches (max_uses) and "
-            "they are used up. Answer from the results you already have."))
-                for q, _ in parsed[allowed:]]
-        return [filter_domains(o, self.plan.allowed, self.plan.blocked) for o in run] + over
-
-    def results(self, uses: list[dict], outcomes: list[SearchOutcome]) -> list[dict]:
-        """The web_search_tool_result blocks answering the client's server_tool_use blocks."""
-        results = [result_block(u["id"], o) for u, o in zip(uses, outcomes)]
-        self.requests += sum(counts_as_search(r) for r in results)
-        return results
-
-
 def tool_results(calls: list[dict], searches: list[dict], outcomes: list[SearchOutcome]) -> dict:
     """The user turn answering every tool call of a search turn: results, or not-executed."""
-    text = {id(c): format_for_model(o) for c, o in zip(searches, outcomes)}
+    text = {id(c): format_for_model(o) for c, o in zip(searches, outcomes, strict=True)}
     return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": c.get("id"),
                                          "content": text.get(id(c), NOT_EXECUTED)} for c in calls]}
 
@@ -409,13 +373,13 @@ def served_models(ex: Exchange) -> list[str] | None:
         return _served["names"]
     headers = [(n, v) for n, v in ex.headers if n.lower() in ("authorization", "x-api-key")]
     try:
-        up = ex.backend.request("GET", "/v1/models", None, headers)
-        raw = up.read()
-        names = [m.get("id") for m in json.loads(raw).get("data") or [] if isinstance(m, dict) and m.get("id")]
+        call = ex.call("GET", "/v1/models", None, headers)
+        raw = call.read()
+        names = [str(m["id"]) for m in json.loads(raw).get("data") or [] if isinstance(m, dict) and m.get("id")]
     except (UpstreamError, ValueError, AttributeError) as e:
         log.warning("ANTHROPIC_ANY_MODEL: cannot list vLLM's models: %s", e)
         return None
-    if up.status != 200 or not names:
+    if call.response.status != 200 or not names:
         return None
     _served.update(names=names, at=time.monotonic())
     return names
@@ -440,70 +404,165 @@ def handle(ex: Exchange) -> Response:
     if ex.target.split("?", 1)[0].rstrip("/").endswith("/count_tokens"):
         return count_tokens(ex, vbody)
     query = subrequest_query(body) if SUBREQUEST_SHORTCUT else None
-    first = shortcut_turn(query, plan) if query is not None else None
-    if body.get("stream"):
-        from .messages_stream import stream_loop  # the streaming half lives beside this file
-        return stream_loop(ex, vbody, plan, first)
-    return plain_loop(ex, vbody, plan, first)
+    first = _Blocks(shortcut_turn(query, plan)) if query is not None else None
+    dialect = StreamedMessages if body.get("stream") else PlainMessages
+    return loop.run(ex, dialect(ex, vbody, plan, first))
 
 
 def count_tokens(ex: Exchange, vbody: dict) -> Response:
-    ex.watch = ClientWatch(ex.environ)
+    watch = ex.watch_client()
     try:
-        up = ex.post(ex.target, vbody)
-        raw = up.read()
+        call = ex.post(ex.target, vbody)
+        raw = call.read()
     except UpstreamError as e:
         status, msg = upstream_error_status(e)
         return anthropic_error(status, msg)
     finally:
-        ex.watch.stop()
+        watch.stop()
+    return vllm_reply(call.response, raw)
+
+
+def vllm_reply(up, raw: bytes) -> Response:
+    """vLLM's answer as the client's: its errors in Anthropic's shape, anything else as sent."""
     if up.status != 200:
         return Response(as_anthropic_error(up.status, raw), status=up.status, mimetype="application/json")
     return Response(raw, status=200, headers=response_headers(up))
 
 
+# ---- the dialects: the search loop (proxy.loop) as Anthropic's server tool ------------------
+
+class _Blocks:
+    """One turn's content blocks (and for a plain turn, vLLM's answer they came from)."""
+
+    def __init__(self, blocks: list[dict], up=None, raw: bytes = b"", data: dict | None = None):
+        self.blocks, self.up, self.raw, self.data = blocks, up, raw, data
 
 
-def plain_loop(ex: Exchange, body: dict, plan: Plan, first: list[dict] | None) -> Response:
-    """Non-streaming: ask, search, append, ask again, until the model answers; the client gets
-    one message holding every search's blocks and the model's text."""
-    searcher = Searcher(ex, plan)
-    ex.watch = ClientWatch(ex.environ)
-    messages = list(body["messages"])
-    content: list[dict] = []
-    usage = ident = None
-    request = body
-    try:
-        while True:
-            if first is not None:
-                turn, first = first, None
-            else:
-                answer = ask(ex, ex.target, request, f"messages turn {searcher.session.rounds + 1}",
-                             error=anthropic_error, translate=as_anthropic_error)
-                if isinstance(answer, Response):
-                    return answer
-                up, raw, data = answer
-                ident = ident or data.get("id")
-                turn = [b for b in data.get("content") or [] if isinstance(b, dict)]
-                usage = add_usage(usage, data.get("usage"))
-            searches = [b for b in turn if searcher.is_search(b)]
-            if not searches:
-                if searcher.session.rounds == 0:
-                    return Response(raw, status=200, headers=response_headers(up))  # untouched
-                data["id"], data["content"] = ident, content + turn  # one message, as the stream says
-                data["usage"] = with_searches(usage, searcher.requests)
-                return Response(encode_json(data), status=200, mimetype="application/json")
-            if searcher.session.exhausted:
-                return anthropic_error(422, searcher.session.cap_message())
-            uses = [server_use_block(c) for c in searches]
-            outcomes = searcher.run(searches)
-            results = searcher.results(uses, outcomes)
-            # The model's own words of a search turn stay; its tool calls become server blocks.
-            content += [b for b in turn if b.get("type") != "tool_use"] + uses + results
-            messages = messages + [{"role": "assistant", "content": turn}, tool_results(turn_calls(turn), searches, outcomes)]
-            request = next_request(body, messages, plan)
-    finally:
-        ex.watch.stop()
+class _Messages(loop.Dialect):
+    """What both kinds of Messages request share: the server tool's searches (max_uses,
+    domain filters, the count in usage.server_tool_use), its blocks, the next request."""
+
+    def __init__(self, ex: Exchange, body: dict, plan: Plan, first: _Blocks | None):
+        super().__init__(ex, body)
+        self.path = ex.target  # the client's own path and query (Claude Code's `?beta=true`)
+        self.body, self.plan, self.first_turn = body, plan, first
+        self.messages = list(body["messages"])
+        self.limit = ex.cfg.searxng_results
+        self.used = 0          # searches asked for, against max_uses
+        self.requests = 0      # searches that count as done (web_search_requests)
+        self.usage: dict | None = None
+        self.uses: list[dict] = []  # the server_tool_use blocks of the round under way
+
+    def searches(self, turn: _Blocks) -> list:
+        if not self.plan.server:
+            return []  # only replayed history was rewritten: the model has no search tool
+        return [b for b in turn.blocks if b.get("type") == "tool_use" and b.get("name") == self.plan.name]
+
+    def search(self, calls: list) -> list[SearchOutcome]:
+        parsed = [parse_arguments(c.get("input")) for c in calls]
+        allowed = len(parsed) if self.plan.max_uses is None else max(0, self.plan.max_uses - self.used)
+        self.used += len(parsed)
+        # A round whose calls are all over max_uses still counts toward MAX_SEARCH_ITER.
+        run = self.session.run(parsed[:allowed], limit=self.limit)
+        over = [SearchOutcome(q or "", "failed", error_code="max_uses_exceeded", message=(
+            f"Not searched: this request allows at most {self.plan.max_uses} searches (max_uses) and "
+            "they are used up. Answer from the results you already have."))
+                for q, _ in parsed[allowed:]]
+        return [filter_domains(o, self.plan.allowed, self.plan.blocked) for o in run] + over
+
+    def announce(self, calls: list):
+        self.uses = [server_use_block(c) for c in calls]
+        return ()
+
+    def results(self, outcomes: list[SearchOutcome]) -> list[dict]:
+        """The web_search_tool_result blocks answering this round's server_tool_use blocks."""
+        results = [result_block(u["id"], o) for u, o in zip(self.uses, outcomes, strict=True)]
+        self.requests += sum(counts_as_search(r) for r in results)
+        return results
+
+    def follow(self, turn: _Blocks, calls: list, outcomes: list):
+        self.messages = self.messages + [{"role": "assistant", "content": turn.blocks},
+                                         tool_results(turn_calls(turn.blocks), calls, outcomes)]
+        self.request = next_request(self.body, self.messages, self.plan)
+
+    def error_reply(self, status, message, type_=None) -> Response:
+        return anthropic_error(status, message)  # Anthropic's error types follow the status
+
+    def vllm_reply(self, up, raw) -> Response:
+        return vllm_reply(up, raw)
+
+
+class PlainMessages(loop.Plain, _Messages):
+    """Non-streaming: one message holding every search's blocks and the model's text."""
+
+    name = "messages"
+
+    def __init__(self, ex, body, plan, first):
+        super().__init__(ex, body, plan, first)
+        self.content: list[dict] = []  # the blocks of the turns before the last
+        self.ident = None              # the first turn's id, the client's message's
+
+    def parse(self, up, raw, data) -> _Blocks:
+        self.ident = self.ident or data.get("id")
+        self.usage = add_usage(self.usage, data.get("usage"))
+        return _Blocks([b for b in data.get("content") or [] if isinstance(b, dict)], up, raw, data)
+
+    def finish(self, turn: _Blocks):
+        if self.session.rounds == 0:
+            yield Response(turn.raw, status=200, headers=response_headers(turn.up))  # untouched
+            return
+        data = turn.data or {}  # a plain turn always has its JSON object (Plain.read)
+        data["id"], data["content"] = self.ident, self.content + turn.blocks  # one message, as the stream says
+        data["usage"] = with_searches(self.usage, self.requests)
+        yield Response(encode_json(data), status=200, mimetype="application/json")
+
+    def record(self, turn: _Blocks, calls, outcomes):
+        # The model's own words of a search turn stay; its tool calls become server blocks.
+        self.content += [b for b in turn.blocks if b.get("type") != "tool_use"] + self.uses + self.results(outcomes)
+        self.follow(turn, calls, outcomes)
+        return ()
+
+
+class StreamedMessages(loop.Stream, _Messages):
+    """Streaming: vLLM's events live, each search shown as server-tool blocks with `ping`
+    events while it runs, the whole reply one well-formed Anthropic message."""
+
+    name = "messages stream"
+    headers = SSE_HEADERS
+
+    def __init__(self, ex, body, plan, first):
+        super().__init__(ex, body, plan, first)
+        self.out = ClientMessage()
+
+    def relay(self, up):
+        turn = yield from self.out.relay(up)
+        if turn is not None:
+            self.usage = add_usage(self.usage, (turn.delta or {}).get("usage"))
+        return turn
+
+    def finish(self, turn):
+        # Nothing searched: vLLM's own message_delta; else one with usage over every turn.
+        usage = with_searches(self.usage, self.requests) if self.session.rounds else None
+        return self.out.finish(turn, usage)
+
+    def announce(self, calls):
+        super().announce(calls)
+        opening = [] if self.out.started else [self.out.open(self.body.get("model"))]
+        return opening + self.out.blocks(self.uses)
+
+    def keepalive(self, calls) -> bytes:
+        return PING
+
+    def record(self, turn, calls, outcomes):
+        shown = self.out.blocks(self.results(outcomes))
+        self.follow(turn, calls, outcomes)
+        return shown
+
+    def error(self, status, message, type_=None) -> bytes:
+        return error_event(status, message)
+
+    def refused(self, status, raw) -> bytes:
+        return error_event(status if status != 200 else 502, "", raw)
 
 
 def turn_calls(turn: list[dict]) -> list[dict]:

@@ -1,27 +1,19 @@
-"""The streaming half of the Messages server-tool loop: vLLM's events relayed live, its
-internal tool_use blocks held back, each search shown as server-tool blocks with `ping`
-events while it runs, and the whole reply kept as one well-formed Anthropic message.
+"""The Anthropic event stream a client reads over every turn of a /v1/messages search: vLLM's
+events relayed live with block indexes renumbered over the whole message, its internal
+tool_use blocks held back, server-tool blocks added, one message_start and one end.
 
-Used by proxy.messages; not run on its own (tests: tests/run.sh tests/test_messages.py).
+Used by proxy.messages' streamed dialect; not run on its own (tests: tests/test_messages.py).
 """
 from __future__ import annotations
 
 import json
-import logging
 import re
 import uuid
+from typing import Any
 
-from flask import Response
-
-from .background import run_with_keepalive
-from .errors import anthropic_error, anthropic_error_bytes, upstream_error_status
-from .exchange import ClientWatch, Exchange, encode_json, response_headers, start_stream
-from .messages import (Plan, Searcher, add_usage, as_anthropic_error,
-                       next_request, server_use_block, tool_results, turn_calls, with_searches)
+from .errors import anthropic_error_bytes, as_anthropic_error
+from .exchange import encode_json
 from .sse import event_and_data, iter_frames
-from .upstream import UpstreamError
-
-log = logging.getLogger("proxy.messages")
 
 PING = b'event: ping\ndata: {"type": "ping"}\n\n'
 SSE_HEADERS = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")]
@@ -39,10 +31,11 @@ def error_event(status: int, message: str, raw: bytes | None = None) -> bytes:
     return b"event: error\ndata: " + body.strip().replace(b"\n", b" ") + b"\n\n"
 
 
-def reindex(frame: bytes, data: dict, new: int) -> bytes:
+def reindex(frame: bytes, data: dict, new: int | None) -> bytes:
     """The event with its block index renumbered over the whole client message. The client's
-    accumulator looks blocks up by index, so after a held-back or added block it must move."""
-    if data.get("index") == new:
+    accumulator looks blocks up by index, so after a held-back or added block it must move.
+    An event without an index (None) has nothing to renumber."""
+    if new is None or data.get("index") == new:
         return frame
     out, n = _INDEX_TAIL.subn(b'"index":%d}\\1' % new, frame, count=1)
     if n:
@@ -67,13 +60,16 @@ def server_block_events(block: dict, index: int) -> list[bytes]:
             event("content_block_stop", {"type": "content_block_stop", "index": index})]
 
 
-class _Turn:
+class Turn:
     """One streamed vLLM turn, gathered as its events pass: the blocks (to append to the
     history), the held tool_use events, the final message_delta."""
 
     def __init__(self):
-        self.blocks: dict[int, dict] = {}
-        self.json: dict[int, str] = {}
+        # Keyed by the events' `index` exactly as sent (JSON: vLLM's ints, in practice).
+        self.by_index: dict[Any, dict] = {}
+        self.blocks: list[dict] = []      # in order, once the turn has ended
+        self.index: dict[Any, int] = {}   # vLLM's block index -> the client's
+        self.json: dict[Any, str] = {}
         self.held: list[tuple[bytes, dict]] = []
         self.delta: dict | None = None
         self.delta_frame = b""
@@ -82,9 +78,9 @@ class _Turn:
     def add(self, data: dict):
         kind, idx = data.get("type"), data.get("index")
         if kind == "content_block_start":
-            self.blocks[idx] = dict(data.get("content_block") or {})
-        elif kind == "content_block_delta" and idx in self.blocks:
-            block, delta = self.blocks[idx], data.get("delta") or {}
+            self.by_index[idx] = dict(data.get("content_block") or {})
+        elif kind == "content_block_delta" and idx in self.by_index:
+            block, delta = self.by_index[idx], data.get("delta") or {}
             dtype = delta.get("type")
             if dtype == "text_delta":
                 block["text"] = block.get("text", "") + delta.get("text", "")
@@ -96,12 +92,12 @@ class _Turn:
                 self.json[idx] = self.json.get(idx, "") + delta.get("partial_json", "")
 
     def is_tool(self, idx) -> bool:
-        return (self.blocks.get(idx) or {}).get("type") == "tool_use"
+        return (self.by_index.get(idx) or {}).get("type") == "tool_use"
 
     def content(self) -> list[dict]:
         out = []
-        for idx in sorted(self.blocks):
-            block = self.blocks[idx]
+        for idx in sorted(self.by_index):
+            block = self.by_index[idx]
             if block.get("type") == "tool_use" and self.json.get(idx):
                 try:
                     block = {**block, "input": json.loads(self.json[idx])}
@@ -111,143 +107,87 @@ class _Turn:
         return out
 
 
-def stream_loop(ex: Exchange, body: dict, plan: Plan, first: list[dict] | None) -> Response:
-    up = None
-    if first is None:
-        up, answer = start_stream(ex, ex.target, body, error=anthropic_error, translate=as_anthropic_error)
-        if answer is not None:
-            return answer
-        headers = response_headers(up)
-    else:
-        ex.watch = ClientWatch(ex.environ)
-        headers = SSE_HEADERS
-    return Response(_events(ex, body, plan, up, first), status=200, headers=headers, direct_passthrough=True)
+class ClientMessage:
+    """The one message the client's stream holds over every turn: opened once, its blocks
+    numbered in one sequence."""
 
+    def __init__(self):
+        self.started = False
+        self.next_index = 0
 
-def _events(ex: Exchange, body: dict, plan: Plan, up, first):
-    searcher = Searcher(ex, plan)
-    messages = list(body["messages"])
-    usage = None
-    started = False
-    next_index = 0          # the client's block index, counted over the whole message
-    try:
-        while True:
-            if first is not None:
-                turn_blocks, first = first, None
-                if not started:
-                    started = True
-                    yield event("message_start", {"type": "message_start", "message": {
-                        "id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant",
-                        "content": [], "model": body.get("model"), "stop_reason": None, "stop_sequence": None,
-                        "usage": {"input_tokens": 0, "output_tokens": 0}}})
-            else:
-                turn = _Turn()
-                index_map: dict[int, int] = {}
-                try:
-                    for frame in iter_frames(up.iter_raw()):
-                        name, payload = event_and_data(frame)
-                        try:
-                            data = json.loads(payload) if payload else None
-                        except ValueError:
-                            data = None
-                        if not isinstance(data, dict):
-                            yield frame  # comments and anything unknown pass as they are
-                            continue
-                        kind = data.get("type", name)
-                        if kind == "message_start":
-                            if not started:
-                                started = True
-                                yield frame
-                            continue  # a later turn's start: the client's message is already open
-                        if kind in ("content_block_start", "content_block_delta", "content_block_stop"):
-                            turn.add(data)
-                            idx = data.get("index")
-                            if turn.is_tool(idx):
-                                turn.held.append((frame, data))
-                                continue
-                            if kind == "content_block_start":
-                                index_map[idx] = next_index
-                                next_index += 1
-                            yield reindex(frame, data, index_map.get(idx, idx))
-                        elif kind == "message_delta":
-                            turn.delta, turn.delta_frame = data, frame
-                        elif kind == "message_stop":
-                            # Read on to the end of the body (it ends right here) so this
-                            # connection goes back to the pool instead of being dropped.
-                            turn.stop_frame = frame
-                            continue
-                        elif kind == "error":
-                            yield frame if payload.startswith(b'{"type":"error"') else error_event(500, "", payload)
-                            return
-                        else:
-                            yield frame
-                except UpstreamError as e:
-                    if ex.watch.gone:
-                        return
-                    status, msg = upstream_error_status(e)
-                    log.warning("messages stream turn %d: %s", searcher.session.rounds + 1, msg)
-                    yield error_event(status, msg)
-                    return
-                if not turn.stop_frame:
-                    yield error_event(502, "vLLM ended the stream early (no message_stop); the answer is incomplete")
-                    return
-                usage = add_usage(usage, (turn.delta or {}).get("usage"))
-                turn_blocks = turn.content()
-                if not any(searcher.is_search(b) for b in turn_blocks):
-                    yield from _finish(turn, index_map, next_index, searcher, usage)
-                    return
+    def open(self, model) -> bytes:
+        """A message_start of the proxy's own, for a stream whose first turn it made itself."""
+        self.started = True
+        return event("message_start", {"type": "message_start", "message": {
+            "id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant",
+            "content": [], "model": model, "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0}}})
 
-            searches = [b for b in turn_blocks if searcher.is_search(b)]
-            if searcher.session.exhausted:
-                yield error_event(422, searcher.session.cap_message())
-                return
-            uses = [server_use_block(b) for b in searches]
-            for u in uses:
-                for e in server_block_events(u, next_index):
-                    yield e
-                next_index += 1
-            outcomes = yield from run_with_keepalive(
-                lambda: searcher.run(searches), ex.cfg.keepalive_interval, PING,
-                should_stop=lambda: ex.watch.gone)
-            if ex.watch.gone or outcomes is None:
-                return
-            results = searcher.results(uses, outcomes)
-            for r in results:
-                for e in server_block_events(r, next_index):
-                    yield e
-                next_index += 1
-            messages = messages + [{"role": "assistant", "content": turn_blocks},
-                                   tool_results(turn_calls(turn_blocks), searches, outcomes)]
+    def relay(self, up):
+        """Relay one vLLM turn; returns it gathered, or None once its error event was sent."""
+        turn = Turn()
+        for frame in iter_frames(up.iter_raw()):
+            name, payload = event_and_data(frame)
             try:
-                up = ex.post(ex.target, next_request(body, messages, plan))
-                if up.status != 200 or not up.is_event_stream:
-                    raw = up.read()
-                    yield error_event(up.status if up.status != 200 else 502, "", raw)
-                    return
-            except UpstreamError as e:
-                if ex.watch.gone:
-                    return
-                status, msg = upstream_error_status(e)
-                yield error_event(status, msg)
-                return
-    finally:
-        ex.watch.stop()
-        if up is not None:
-            up.abort()
+                data = json.loads(payload) if payload else None
+            except ValueError:
+                data = None
+            if not isinstance(data, dict):
+                yield frame  # comments and anything unknown pass as they are
+                continue
+            kind = data.get("type", name)
+            if kind == "message_start":
+                if not self.started:
+                    self.started = True
+                    yield frame
+                continue  # a later turn's start: the client's message is already open
+            if kind in ("content_block_start", "content_block_delta", "content_block_stop"):
+                turn.add(data)
+                idx = data.get("index")
+                if turn.is_tool(idx):
+                    turn.held.append((frame, data))
+                    continue
+                if kind == "content_block_start":
+                    turn.index[idx] = self.take_index()
+                yield reindex(frame, data, turn.index.get(idx, idx))
+            elif kind == "message_delta":
+                turn.delta, turn.delta_frame = data, frame
+            elif kind == "message_stop":
+                # Read on to the end of the body (it ends right here) so this
+                # connection goes back to the pool instead of being dropped.
+                turn.stop_frame = frame
+                continue
+            elif kind == "error":
+                yield frame if (payload or b"").startswith(b'{"type":"error"') else error_event(500, "", payload)
+                return None
+            else:
+                yield frame
+        if not turn.stop_frame:
+            yield error_event(502, "vLLM ended the stream early (no message_stop); the answer is incomplete")
+            return None
+        turn.blocks = turn.content()
+        return turn
 
+    def take_index(self) -> int:
+        self.next_index += 1
+        return self.next_index - 1
 
-def _finish(turn: _Turn, index_map: dict, next_index: int, searcher: Searcher, usage):
-    """The last turn's held client tool calls, then the one message_delta and message_stop."""
-    for frame, data in turn.held:
-        idx = data.get("index")
-        if data.get("type") == "content_block_start":
-            index_map[idx] = next_index
-            next_index += 1
-        yield reindex(frame, data, index_map.get(idx, idx))
-    if searcher.session.rounds == 0:
-        yield turn.delta_frame  # nothing was searched: vLLM's own bytes
-    else:
-        delta = dict(turn.delta or {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}})
-        delta["usage"] = with_searches(usage, searcher.requests)
-        yield event("message_delta", delta)
-    yield turn.stop_frame
+    def blocks(self, blocks: list[dict]) -> list[bytes]:
+        """Server blocks of the proxy's own, each at the next index."""
+        return [e for b in blocks for e in server_block_events(b, self.take_index())]
+
+    def finish(self, turn: Turn, usage: dict | None):
+        """The last turn's held client tool calls, then the one message_delta (vLLM's own
+        bytes when `usage` is None: nothing was searched) and message_stop."""
+        for frame, data in turn.held:
+            idx = data.get("index")
+            if data.get("type") == "content_block_start":
+                turn.index[idx] = self.take_index()
+            yield reindex(frame, data, turn.index.get(idx, idx))
+        if usage is None:
+            yield turn.delta_frame
+        else:
+            delta = dict(turn.delta or {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}})
+            delta["usage"] = usage
+            yield event("message_delta", delta)
+        yield turn.stop_frame

@@ -1,28 +1,36 @@
 """POST /v1/responses (OpenAI's Responses API, Codex): the hosted web_search tool, run by the
-proxy as a function tool on vLLM's own /v1/responses, plain here and streaming in
-responses_stream.py; every other Responses request stays on the transparent relay.
+proxy as a function tool on vLLM's own /v1/responses; every other Responses request stays on
+the transparent relay.
 
 Used by proxy.app; not run on its own. The rules (which requests, the rewrite, replayed
 history, how turns, items and usage add up) are pure functions at the top, tested without a
-network by tests/test_responses.py.
+network by tests/test_responses.py; below them, the dialects that proxy.loop drives, the
+streamed one numbering its events with proxy/responses_stream.py.
 """
 from __future__ import annotations
 
 import copy
 import json
-import logging
 import uuid
 from dataclasses import dataclass
 
 from flask import Response
 
-from . import jsonio
+from . import jsonio, loop
 from .errors import error_response
-from .exchange import ClientWatch, Exchange, ask, encode_json
-from .search import (NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, SearchOutcome, SearchSession, filter_domains,
-                     format_for_model, parse_arguments)
-
-log = logging.getLogger("proxy.responses")
+from .exchange import Exchange, encode_json
+from .jsonio import as_dict, as_list
+from .responses_stream import ClientStream, Turn, is_client_call
+from .search import (
+    NOT_EXECUTED,
+    QUERY_SCHEMA,
+    TOOL_DESCRIPTION,
+    SearchOutcome,
+    SearchSession,
+    filter_domains,
+    format_for_model,
+    parse_arguments,
+)
 
 PATH = "/v1/responses"
 HOSTED_TYPES = frozenset({"web_search", "web_search_2025_08_26", "web_search_preview",
@@ -160,7 +168,7 @@ def make_plan(body: dict, default_results: int) -> Plan:
     tools = body.get("tools") or []
     hosted = next((t for t in tools if is_hosted(t)), None)
     spec = hosted or {}
-    filters = spec.get("filters") if isinstance(spec.get("filters"), dict) else {}
+    filters = as_dict(spec.get("filters"))
     allowed = filters.get("allowed_domains") or ()
     return Plan(name=internal_name(tools), hosted=hosted is not None,
                 results=result_count(spec.get("search_context_size"), default_results),
@@ -204,10 +212,10 @@ def rewrite_include(include: list) -> list:
 
 
 def replayed_query(item: dict) -> str:
-    action = item.get("action") if isinstance(item.get("action"), dict) else {}
+    action = as_dict(item.get("action"))
     if action.get("type") == "find_in_page":
         return f"{action.get('pattern') or ''} {action.get('url') or ''}".strip()
-    queries = action.get("queries") if isinstance(action.get("queries"), list) else []
+    queries = as_list(action.get("queries"))
     return str(action.get("query") or (queries[0] if queries else "") or action.get("url") or "")
 
 
@@ -215,7 +223,7 @@ def replayed_output(item: dict, query: str) -> str:
     """What the model reads for an earlier search: only what the client kept of it."""
     if item.get("status") == "failed":
         return f'Search failed for "{query}" (in an earlier turn).'
-    action = item.get("action") if isinstance(item.get("action"), dict) else {}
+    action = as_dict(item.get("action"))
     urls = [s.get("url") for s in action.get("sources") or [] if isinstance(s, dict) and s.get("url")]
     if urls:
         return "\n".join([f'Search results for "{query}" (an earlier turn; only the URLs were kept):']
@@ -265,10 +273,6 @@ def search_calls(output, name: str) -> list[dict]:
     return [i for i in output or [] if is_search_call(i, name)]
 
 
-def is_client_call(item) -> bool:
-    return isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call")
-
-
 def shape(outcome: SearchOutcome, plan: Plan) -> SearchOutcome:
     """The client's filters and result count applied to what SearXNG found. Pure."""
     outcome = filter_domains(outcome, plan.allowed or None)
@@ -292,7 +296,7 @@ def ws_id(call: dict) -> str:
 
 def web_search_item(call: dict, outcome: SearchOutcome, plan: Plan) -> dict:
     """The client's record of one search: failed only when SearXNG gave no usable answer."""
-    action = {"type": "search", "query": outcome.query}
+    action: dict[str, object] = {"type": "search", "query": outcome.query}
     if plan.sources:
         action["sources"] = [{"type": "url", "url": h.url} for h in outcome.hits]
     return {"id": ws_id(call), "type": "web_search_call",
@@ -413,10 +417,8 @@ def handle(ex: Exchange) -> Response:
     if not plan.hosted:
         # History only: the model has no search tool this time, so vLLM's answer is final.
         return ex.relay(encode_json(request))
-    if body.get("stream"):
-        from .responses_stream import stream_loop  # here: that module builds on this one
-        return stream_loop(ex, request, plan)
-    return plain_loop(ex, request, plan)
+    dialect = StreamedResponses if body.get("stream") else PlainResponses
+    return loop.run(ex, dialect(ex, request, plan))
 
 
 def compact(obj) -> bytes:
@@ -424,32 +426,148 @@ def compact(obj) -> bytes:
     return jsonio.dumps(obj)
 
 
-
-
-def plain_loop(ex: Exchange, request: dict, plan: Plan) -> Response:
-    """Non-streaming: ask, search, append, ask again, until the model answers."""
-    session = ex.session()
-    ex.watch = ClientWatch(ex.environ)
-    first = usage = None
-    output: list = []
+def vllm_error(status: int, raw: bytes) -> str:
     try:
-        while True:
-            turn = ask(ex, PATH, request, f"responses turn {session.rounds + 1}")
-            if isinstance(turn, Response):
-                return turn
-            up, raw, data = turn
-            first = first or data
-            usage = add_usage(usage, data.get("usage"))
-            calls = search_calls(data.get("output"), plan.name)
-            if not calls:
-                result = final_response(data, first, output + list(data.get("output") or []), usage, plan)
-                return Response(compact(result), status=200, mimetype="application/json")
-            if session.exhausted:
-                return error_response(422, session.cap_message(), type_="search_iterations_exceeded")
-            outcomes = dict(zip([c.get("call_id") for c in calls], run_searches(session, calls, plan)))
-            if ex.watch.gone:
-                return error_response(499, "client closed the request")
-            output += visible_output(data.get("output"), plan, outcomes)
-            request = next_request(request, data.get("output") or [], plan, outcomes)
-    finally:
-        ex.watch.stop()
+        message = json.loads(raw)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = raw[:300].decode("utf-8", "replace")
+    return f"vLLM answered HTTP {status}: {message}"
+
+
+# ---- the dialects: the search loop (proxy.loop) as the hosted web_search tool ----------------
+
+class _Responses(loop.Dialect):
+    """What both kinds of Responses request share: the search calls, the searches as the
+    client's filters shape them, the next request."""
+
+    path = PATH
+
+    def __init__(self, ex: Exchange, request: dict, plan: Plan):
+        super().__init__(ex, request)
+        self.plan = plan
+        self.usage: dict | None = None
+
+    def searches(self, turn) -> list:
+        return search_calls(turn.output, self.plan.name)
+
+    def queries(self, calls: list) -> list:
+        return [parse_arguments(c.get("arguments")) for c in calls]
+
+    def search(self, calls: list) -> list:
+        return run_searches(self.session, calls, self.plan)
+
+    def follow(self, turn, calls: list, outcomes: list) -> dict:
+        """The next request: the turn's items and their outputs appended; the outcomes by call_id."""
+        by_call = dict(zip([c.get("call_id") for c in calls], outcomes, strict=True))
+        self.request = next_request(self.request, turn.output, self.plan, by_call)
+        return by_call
+
+    def error_reply(self, status, message, type_=None) -> Response:
+        return error_response(status, message, type_=type_)
+
+
+class _Answer:
+    """A whole response object, as a plain turn."""
+
+    def __init__(self, data: dict):
+        self.data, self.output = data, data.get("output") or []
+
+
+class PlainResponses(loop.Plain, _Responses):
+    """Non-streaming: one response holding every turn's visible items, usage summed."""
+
+    name = "responses"
+
+    def __init__(self, ex, request, plan):
+        super().__init__(ex, request, plan)
+        self.first: dict | None = None           # the first turn's response: its id and created_at are the client's
+        self.output: list = []      # the visible items of the turns before the last
+
+    def parse(self, up, raw, data) -> _Answer:
+        self.first = self.first or data
+        self.usage = add_usage(self.usage, data.get("usage"))
+        return _Answer(data)
+
+    def finish(self, turn: _Answer):
+        result = final_response(turn.data, self.first or turn.data, self.output + list(turn.output), self.usage, self.plan)
+        yield Response(compact(result), status=200, mimetype="application/json")
+
+    def record(self, turn: _Answer, calls, outcomes):
+        self.output += visible_output(turn.output, self.plan, self.follow(turn, calls, outcomes))
+        return ()
+
+
+class StreamedResponses(loop.Stream, _Responses):
+    """Streaming: vLLM's events live, the internal function_call held back and replaced by
+    web_search_call events, every turn folded into one client stream."""
+
+    name = "responses stream"
+
+    def __init__(self, ex, request, plan):
+        super().__init__(ex, request, plan)
+        self.out = ClientStream(lambda response: client_view(response, plan))
+        self.turn: Turn | None = None  # the latest turn: a failure shows its response
+        self.placed: list = []         # (call, client output_index) of the round's searches
+
+    def relay(self, up):
+        turn = self.turn = Turn(self.session.rounds == 0)
+        yield from self.out.relay(up, turn)
+        if turn.error is not None:
+            yield self.error(502, turn.error)
+            return None
+        if turn.response is None:
+            yield self.error(502, "vLLM ended the stream early (no response.completed); the answer is incomplete")
+            return None
+        self.usage = add_usage(self.usage, turn.response.get("usage"))
+        turn.output = turn.response.get("output") or []
+        self.out.adopt(turn.output)
+        return turn
+
+    def finish(self, turn: Turn):
+        yield from turn.flush(self.out)
+        response = turn.response or {}  # relay returns a turn only once its response.completed came
+        final = final_response(response, self.out.first or response, list(self.out.items), self.usage, self.plan)
+        yield self.out.emit({"type": "response.completed", "response": final, "sequence_number": 0})
+
+    def announce(self, calls):
+        """Each search shown starting: its web_search_call item, in progress and searching."""
+        self.placed, shown = [], []
+        for call in calls:
+            query = parse_arguments(call.get("arguments"))[0] or ""
+            item = {"id": ws_id(call), "type": "web_search_call", "status": "in_progress",
+                    "action": {"type": "search", "query": query}}
+            index = self.out.new_index(item)
+            self.placed.append((call, index))
+            shown += [self.out.emit({"type": kind, **fields, "output_index": index, "sequence_number": 0})
+                      for kind, fields in (("response.output_item.added", {"item": item}),
+                                           ("response.web_search_call.in_progress", {"item_id": item["id"]}),
+                                           ("response.web_search_call.searching", {"item_id": item["id"]}))]
+        return shown
+
+    def record(self, turn: Turn, calls, outcomes):
+        """Each search's result shown: completed (unless it failed), then its item done."""
+        self.follow(turn, calls, outcomes)
+        shown = []
+        for (call, index), outcome in zip(self.placed, outcomes, strict=True):
+            item = self.out.items[index] = web_search_item(call, outcome, self.plan)
+            if item["status"] == "completed":
+                shown.append(self.out.emit({"type": "response.web_search_call.completed", "item_id": item["id"],
+                                            "output_index": index, "sequence_number": 0}))
+            shown.append(self.out.emit({"type": "response.output_item.done", "item": item, "output_index": index,
+                                        "sequence_number": 0}))
+        return shown
+
+    def error(self, status, message, type_=None) -> bytes:
+        """The stream's end as a failed response with the items the client already saw, or a
+        bare error event, as OpenAI sends, when no response was opened to fail."""
+        code = type_ or "server_error"
+        first = self.out.first
+        if first is None:
+            return self.out.emit({"type": "error", "code": code, "message": message, "param": None, "sequence_number": 0})
+        resp = failed_response((self.turn and self.turn.response) or first, list(self.out.items), self.usage,
+                               self.plan, code, message)
+        resp["id"], resp["created_at"] = first.get("id"), first.get("created_at")
+        return self.out.emit({"type": "response.failed", "response": resp, "sequence_number": 0})
+
+    def refused(self, status, raw) -> bytes:
+        return self.error(status, vllm_error(status, raw))

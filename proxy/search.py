@@ -10,13 +10,14 @@ import gzip
 import http.client
 import json
 import logging
-import socket
 import threading
 import time
 import urllib.parse
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+from .fetch import Fetcher, FetchOutcome, FetchRequest, format_page_for_model
 
 log = logging.getLogger("proxy.search")
 
@@ -41,8 +42,8 @@ QUERY_SCHEMA = {"type": "object",
                 "required": ["query"]}
 # The answer to a client's own tool call made in the same turn as a search (the proxy runs
 # only searches), so the model asks again in a turn of its own instead of losing the call.
-NOT_EXECUTED = ("Not executed: this call was made in the same turn as web_search, and the proxy only "
-                "runs searches. If it is still needed, call it again in a turn without web_search.")
+NOT_EXECUTED = ("Not executed: this call was made in the same turn as web_search or web_fetch, and the proxy "
+                "only runs those. If it is still needed, call it again in a turn of its own.")
 MAX_QUERY_CHARS = 400
 SNIPPET_CHARS = 400
 
@@ -109,10 +110,12 @@ def parse_arguments(arguments) -> tuple[str | None, SearchOutcome | None]:
     return clean_query(arguments["query"])
 
 
-def search_url(base_url: str, query: str, language: str | None = None) -> str:
+def search_url(base_url: str, query: str, language: str | None = None, time_range: str | None = None) -> str:
     params = {"q": query, "format": "json"}
     if language:
         params["language"] = language
+    if time_range:
+        params["time_range"] = time_range  # SearXNG's day, week, month or year
     return base_url.rstrip("/") + "/search?" + urllib.parse.urlencode(params)
 
 
@@ -235,6 +238,11 @@ def format_for_model(outcome: SearchOutcome) -> str:
     return text
 
 
+def format_result(outcome) -> str:
+    """What the model reads for one call of a round: a search's results or a fetched page. Pure."""
+    return format_page_for_model(outcome) if isinstance(outcome, FetchOutcome) else format_for_model(outcome)
+
+
 class SearXNG:
     """A SearXNG instance. `search()` never raises: every failure is an outcome."""
 
@@ -243,20 +251,21 @@ class SearXNG:
         self.results = results
         self.timeout = timeout
 
-    def search(self, query: str, language: str | None = None, limit: int | None = None) -> SearchOutcome:
-        url = search_url(self.base_url, query, language)
+    def search(self, query: str, language: str | None = None, limit: int | None = None,
+               time_range: str | None = None) -> SearchOutcome:
+        url = search_url(self.base_url, query, language, time_range)
         parts = urllib.parse.urlsplit(url)
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         # A fresh connection per search: searches are seconds apart and few, and the
         # client's X-Forwarded-For never rides along (SearXNG would rate-limit by it).
-        conn = cls(parts.hostname, parts.port, timeout=self.timeout)
+        conn = cls(parts.hostname or "", parts.port, timeout=self.timeout)
         started = time.monotonic()
         try:
             conn.request("GET", parts.path + "?" + parts.query, headers=dict(REQUEST_HEADERS))
             resp = conn.getresponse()
             body = _decode_body(resp.read(), resp.getheader("Content-Encoding", ""))
             outcome = outcome_from_response(query, self.base_url, resp.status, body, limit or self.results)
-        except socket.timeout:
+        except TimeoutError:
             outcome = SearchOutcome(query, "failed", error_code="unavailable",
                                     message=f"Search failed: {self.base_url} did not answer within {self.timeout:g} s.")
         except (OSError, http.client.HTTPException, zlib.error, EOFError) as e:
@@ -272,19 +281,24 @@ class SearXNG:
 
 
 class SearchSession:
-    """The searches of one client request: runs them, remembers them, counts them.
+    """The tool rounds of one client request: runs its searches and page fetches, remembers the
+    searches, counts both.
 
     Repeating an identical query is the usual loop of local models, so a repeat is answered
-    from memory with a note instead of hitting SearXNG again.
+    from memory with a note instead of hitting SearXNG again. A page fetched again comes from
+    the fetcher's cache.
     """
 
-    def __init__(self, searxng: SearXNG, max_rounds: int, on_search=None):
+    def __init__(self, searxng: SearXNG, max_rounds: int, on_search=None, fetcher: Fetcher | None = None):
         self.searxng = searxng
+        self.fetcher = fetcher
+        self.fetches = 0
         self.max_rounds = max_rounds
         self.rounds = 0
         self.searches = 0
         self.empty = 0
         self.failed = 0
+        self.repeated = 0   # queries answered from memory, not searched again
         self._seen: dict[str, SearchOutcome] = {}
         self._on_search = on_search
         self._lock = threading.Lock()
@@ -293,12 +307,17 @@ class SearchSession:
     def exhausted(self) -> bool:
         return self.rounds >= self.max_rounds
 
-    def run(self, queries: list[tuple[str | None, SearchOutcome | None]], limit: int | None = None,
-            language: str | None = None) -> list[SearchOutcome]:
-        """Run one round: each item is a parse_arguments() result; searches go concurrently."""
+    def run(self, queries: list, limit: int | None = None, language: str | None = None) -> list:
+        """Run one round: each item is a parse_arguments() result (a search, giving a SearchOutcome)
+        or a fetch.FetchRequest (giving a FetchOutcome); outcomes in the items' order, all run
+        concurrently."""
         self.rounds += 1
 
         def one(item):
+            if isinstance(item, FetchRequest):
+                if self.fetcher is None:
+                    return FetchOutcome(item.url, error_code="unavailable", message="Fetch failed: web_fetch is off.")
+                return self.fetcher.run(item)
             query, early = item
             if early is not None:
                 return early
@@ -320,18 +339,30 @@ class SearchSession:
             with ThreadPoolExecutor(max_workers=min(8, len(queries))) as pool:
                 outcomes = list(pool.map(one, queries))
         for o in outcomes:
+            if isinstance(o, FetchOutcome):
+                self.fetches += 1
+                continue
             if o.repeated:
+                self.repeated += 1
                 continue
             self.searches += 1
             self.empty += o.status == "empty"
             self.failed += o.status == "failed"
         if self._on_search:
-            self._on_search(len([o for o in outcomes if not o.repeated]))
+            self._on_search(len([o for o in outcomes if isinstance(o, SearchOutcome) and not o.repeated]))
         return outcomes
 
     def cap_message(self) -> str:
-        """The error the client reads when the model wants more rounds than allowed."""
-        msg = f"Exceeded max search iterations ({self.searches} searches, {self.empty + self.failed} empty)"
-        if self.searches and self.empty + self.failed == self.searches:
+        """The error the client reads when the model wants more rounds than allowed: the
+        limit (MAX_SEARCH_ITER), and what the rounds it had found."""
+        unusable = self.empty + self.failed
+        fetched = f", {_count(self.fetches, 'page', 'pages')} fetched" if self.fetches else ""
+        msg = (f"{self.rounds} of {_count(self.max_rounds, 'search round', 'search rounds')} used "
+               f"({_count(self.searches, 'search', 'searches')}, {self.repeated} repeated, {unusable} empty{fetched})")
+        if self.searches and unusable == self.searches:
             msg += " — SearXNG returned no usable results"
         return msg
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"

@@ -54,7 +54,7 @@ IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 def end_to_end_headers(headers):
     """Drop hop-by-hop headers, including any the Connection header itself names."""
     headers = list(headers)
-    named = set()
+    named: set[str] = set()
     for name, value in headers:
         if name.lower() == "connection":
             named.update(v.strip().lower() for v in value.split(","))
@@ -82,13 +82,13 @@ class Connection:
     """One connection to the backend.
 
     `sock` is None until connected and after close; another greenlet may shut it down
-    (exchange.shutdown) to wake a reader blocked here.
+    (exchange.Call.abort) to wake a reader blocked here.
     """
 
     __slots__ = ("sock", "idle_since")
 
     def __init__(self):
-        self.sock = None
+        self.sock: socket.socket | None = None
         self.idle_since = 0.0
 
     def recv(self, size: int) -> bytes:
@@ -183,7 +183,7 @@ class UpstreamResponse:
     tell a body cut short from one that runs to the end of the stream.
     """
 
-    def __init__(self, backend: "Backend", conn: Connection, method: str):
+    def __init__(self, backend: Backend, conn: Connection, method: str):
         self._backend = backend
         self._conn = conn
         self._method = method
@@ -289,7 +289,7 @@ class UpstreamResponse:
             size = min(max(self._left - sum(map(len, self._body)), READ_SIZE), 1 << 20)
         try:
             body = b"".join(self._pieces(size))
-        except socket.timeout as e:
+        except TimeoutError as e:
             self.abort()
             raise UpstreamError("timeout", f"{self._backend.base_url} stopped answering for {self._backend.read_timeout:g} s") from e
         except (OSError, ProtocolError) as e:
@@ -305,7 +305,7 @@ class UpstreamResponse:
         """
         try:
             yield from self._pieces(size)
-        except socket.timeout as e:
+        except TimeoutError as e:
             self.abort()
             raise UpstreamError("timeout", f"{self._backend.base_url} stopped answering for {self._backend.read_timeout:g} s") from e
         except (OSError, ProtocolError) as e:
@@ -335,7 +335,7 @@ class UpstreamResponse:
         if self._done:
             return
         self._done = True
-        self._parser = None  # it refers back to self; freed now rather than by the collector
+        self._parser = None  # type: ignore[assignment]  # never used after close; it refers back to self; freed now rather than by the collector
         if self._complete and self._reusable and not self._extra:
             self._backend._release(self._conn)
         else:
@@ -400,7 +400,7 @@ class Backend:
         self._idle: list[Connection] = []
         self._lock = threading.Lock()
 
-    def _connect(self, conn: Connection):
+    def _connect(self, conn: Connection) -> socket.socket:
         sock = socket.create_connection((self._host, self._port), timeout=self.connect_timeout)
         # Small SSE events and request bodies must leave at once, not wait for a delayed ACK.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -408,6 +408,7 @@ class Backend:
             sock = self._tls.wrap_socket(sock, server_hostname=self._host)
         sock.settimeout(self.read_timeout)
         conn.sock = sock
+        return sock
 
     def _release(self, conn: Connection):
         conn.idle_since = time.monotonic()
@@ -432,28 +433,28 @@ class Backend:
                 on_open=None) -> UpstreamResponse:
         """Send one request and wait for the status line and headers.
 
-        `on_open(conn)` is called once the connection exists, so a watcher can abort it
-        while this call blocks. A reused connection is retried once on a fresh one only when
-        the failure shows the server cannot have acted on the request (may_retry).
+        `on_open(conn)` is called once the connection's socket exists and before anything is
+        sent (again for a retry's fresh connection), so a watcher can shut it down while this
+        call blocks. A reused connection is retried once on a fresh one only when the failure
+        shows the server cannot have acted on the request (may_retry).
         """
         head = request_head(method, self._prefix + path, self.host_header, headers,
                             None if body is None else len(body))
         for attempt in (0, 1):
             conn, reused = self._take() if attempt == 0 else (Connection(), False)
-            if on_open:
-                on_open(conn)
             up = UpstreamResponse(self, conn, method)
             sent = False
             try:
-                if conn.sock is None:
-                    self._connect(conn)
+                sock = conn.sock if conn.sock is not None else self._connect(conn)
+                if on_open:
+                    on_open(conn)
                 if body is None:
-                    conn.sock.sendall(head)
+                    sock.sendall(head)
                 elif len(body) <= ONE_WRITE:
-                    conn.sock.sendall(head + body)
+                    sock.sendall(head + body)
                 else:
-                    conn.sock.sendall(head)
-                    conn.sock.sendall(body)
+                    sock.sendall(head)
+                    sock.sendall(body)
                 sent = True
                 up._read_head()
                 return up
@@ -465,7 +466,7 @@ class Backend:
             except ConnectionRefusedError as e:
                 conn.close()
                 raise UpstreamError("unreachable", f"cannot connect to {self.base_url}: connection refused", refused=True) from e
-            except socket.timeout as e:
+            except TimeoutError as e:
                 conn.close()
                 raise UpstreamError("timeout", f"{self.base_url} did not answer within {self.read_timeout:g} s") from e
             except ProtocolError as e:

@@ -127,7 +127,7 @@ def best_pair(a, b, number: int) -> tuple[float, float]:
     drift weighs on both alike."""
     times = ([], [])
     for _ in range(REPEAT):
-        for fn, out in zip((a, b), times):
+        for fn, out in zip((a, b), times, strict=True):
             out.append(timeit.timeit(fn, number=number) / number * 1e6)
     return min(times[0]), min(times[1])
 

@@ -68,7 +68,7 @@ class Endpoint:
         try:
             self.port = parts.port or (443 if self.https else 80)
         except ValueError:
-            raise BenchError("bad port in URL: %s" % url)
+            raise BenchError("bad port in URL: %s" % url) from None
         # Accept the base with or without /v1, as users copy either from docs.
         path = parts.path.rstrip("/")
         if not path.endswith("/v1"):
@@ -87,7 +87,7 @@ class Endpoint:
         try:
             conn.connect()
         except OSError as exc:
-            raise BenchError("cannot reach %s: %s" % (self.url, describe_oserror(exc)))
+            raise BenchError("cannot reach %s: %s" % (self.url, describe_oserror(exc))) from None
         # Small request bodies must leave at once; Nagle's algorithm would add its delay to TTFT.
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn
@@ -106,7 +106,7 @@ class Endpoint:
             resp = conn.getresponse()
             body = resp.read()
         except OSError as exc:
-            raise BenchError("cannot reach %s: %s" % (self.url, describe_oserror(exc)))
+            raise BenchError("cannot reach %s: %s" % (self.url, describe_oserror(exc))) from None
         finally:
             conn.close()
         if resp.status in (404, 405):
@@ -117,7 +117,7 @@ class Endpoint:
             data = json.loads(body)["data"]
             return [m for m in data if isinstance(m, dict) and "id" in m]
         except (ValueError, KeyError, TypeError):
-            raise BenchError("%s/models did not answer an OpenAI model list" % self.url)
+            raise BenchError("%s/models did not answer an OpenAI model list" % self.url) from None
 
     def stream_chat(self, body):
         """Sends one streaming chat request and times it; returns the run's measurements."""
@@ -134,11 +134,11 @@ class Endpoint:
             if resp.status != 200:
                 raise http_error(self, resp.status, resp.read())
             return self._read_stream(resp, start)
-        except socket.timeout:
+        except TimeoutError:
             raise BenchError("%s sent nothing for %g s (raise --timeout for slow prefill)"
-                             % (self.url, self.timeout))
+                             % (self.url, self.timeout)) from None
         except (OSError, http.client.HTTPException) as exc:
-            raise BenchError("connection to %s failed mid-request: %s" % (self.url, describe_oserror(exc)))
+            raise BenchError("connection to %s failed mid-request: %s" % (self.url, describe_oserror(exc))) from None
         finally:
             conn.close()
 
@@ -161,7 +161,7 @@ class Endpoint:
             try:
                 chunk = json.loads(data)
             except ValueError:
-                raise BenchError("%s sent a stream frame that is not JSON: %r" % (self.url, data[:200]))
+                raise BenchError("%s sent a stream frame that is not JSON: %r" % (self.url, data[:200])) from None
             if isinstance(chunk.get("error"), dict):
                 raise BenchError("%s reported an error mid-stream: %s"
                                  % (self.url, chunk["error"].get("message", chunk["error"])))
@@ -393,7 +393,7 @@ def print_table(args, endpoints, results):
             rows.append(row)
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
     for r in [header] + rows:
-        cells = [c.ljust(w) if i in (0, 3) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        cells = [c.ljust(w) if i in (0, 3) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
         out.write("  ".join(cells).rstrip() + "\n")
     if compare:
         out.write("\nB/A is the ratio of medians: above 1 means B takes longer (TTFT, wall) or is faster (rates).\n")
@@ -403,7 +403,7 @@ def positive_int(text):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError("not a whole number: %r" % text)
+        raise argparse.ArgumentTypeError("not a whole number: %r" % text) from None
     if value < 1:
         raise argparse.ArgumentTypeError("must be 1 or more: %r" % text)
     return value

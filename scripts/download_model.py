@@ -135,8 +135,13 @@ def remote_listing(repo_id, revision):
     """(commit, {path: size}) from the hub, or (None, reason) when the hub cannot be reached."""
     import httpx2
     from huggingface_hub import HfApi, constants
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
     from huggingface_hub.hf_api import RepoFile
 
     api = HfApi()  # endpoint from HF_ENDPOINT and token from HF_TOKEN, as huggingface_hub reads them
@@ -187,7 +192,7 @@ def describe(missing, wrong):
 
 def write_manifest(path, repo_id, revision, commit, files, endpoint):
     record = {"repo_id": repo_id, "revision": revision, "commit": commit, "endpoint": endpoint,
-              "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "recorded_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "files": files}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

@@ -28,10 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from standins.scripted_backend import Reply, ScriptedBackend  # noqa: E402
 from standins.procfs import backend_connections, children, open_fds, rss_mb  # noqa: E402
+from standins.scripted_backend import Reply, ScriptedBackend  # noqa: E402
 from standins.searxng import SearxngStandIn  # noqa: E402
-from standins.vllm_wire import completion, compact, sse_reply, stream_frames, tool_call  # noqa: E402
+from standins.vllm_wire import compact, completion, sse_reply, stream_frames, tool_call  # noqa: E402
 
 KINDS = ("plain", "stream", "search", "search-stream")
 TAG = re.compile(r"req-(\d+) (\S+)")

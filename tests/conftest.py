@@ -23,6 +23,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from standins.scripted_backend import ScriptedBackend  # noqa: E402
 from standins.searxng import SearxngStandIn  # noqa: E402
+from standins.web_pages import WebSite  # noqa: E402
+
+# The tiers that need more than the test venv (pyproject.toml's markers). tests/run.sh collects a
+# narrowed selection first with CODING_STACK_TIERS_OUT set, and installs only the tiers that file
+# names: one line per selected test, its node id, a tab, and its tiers (comma-separated, maybe none).
+TIERS = ("real_vllm", "agents", "container")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """Under `-n N` (pytest-xdist, --dist loadgroup from pyproject.toml), each heavy tier's tests run
+    on one worker: their session fixtures (a vLLM server, the compose stack) must be started once."""
+    for item in items:
+        if item.get_closest_marker("container"):
+            item.add_marker(pytest.mark.xdist_group("container"))
+        elif item.get_closest_marker("real_vllm"):
+            item.add_marker(pytest.mark.xdist_group("real_vllm"))
+
+
+def pytest_collection_finish(session):
+    out = os.environ.get("CODING_STACK_TIERS_OUT")
+    if out:
+        lines = (f"{item.nodeid}\t{','.join(m for m in TIERS if item.get_closest_marker(m))}\n" for item in session.items)
+        Path(out).write_text("".join(lines))
+
 
 # Each run logs into a folder of its own, so two runs on one checkout never share a log file.
 WORK = Path(__file__).resolve().parent / ".work" / f"run-{os.getpid()}"
@@ -61,14 +86,20 @@ class ProxyProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self):
+        self.ask_to_stop()
+        self.wait_stopped()
+
+    def ask_to_stop(self):
         if self.proc.poll() is None:
             # QUIT: gunicorn's quick shutdown; TERM would wait out idle keep-alive clients.
             os.killpg(self.proc.pid, signal.SIGQUIT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+
+    def wait_stopped(self):
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
         self._log.close()
 
 
@@ -116,8 +147,11 @@ def _proxies(_backend_server, _searxng_server):
         return running[key]
 
     yield start
+    # All at once: each takes a second or two to exit, and a run starts dozens.
     for p in running.values():
-        p.stop()
+        p.ask_to_stop()
+    for p in running.values():
+        p.wait_stopped()
 
 
 @pytest.fixture
@@ -130,3 +164,19 @@ def start_proxy(_proxies, backend, searxng):
 def proxy(start_proxy):
     """The proxy with its default settings, pointed at the stand-ins."""
     return start_proxy(KEEPALIVE_INTERVAL="0.2")
+
+
+@pytest.fixture(scope="session")
+def _site():
+    site = WebSite()
+    yield site
+    site.close()
+
+
+@pytest.fixture
+def site(_site):
+    """A web site on loopback for web_fetch (tests/standins/web_pages.py), emptied for each test.
+    Proxies reach it only with WEB_FETCH_ALLOWED_NETWORKS=127.0.0.0/8 (loopback is refused by default)."""
+    _site.reset()
+    yield _site
+    _site.reset()

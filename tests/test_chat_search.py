@@ -10,9 +10,9 @@ import urllib.parse
 
 import openai
 import pytest
-
-from proxy.chat import NOT_EXECUTED, WEB_SEARCH_TOOL
 from standins.vllm_wire import completion, error_reply, json_reply, tool_call
+
+from proxy.chat import NOT_EXECUTED, WEB_FETCH_TOOL, WEB_SEARCH_TOOL
 
 USER = [{"role": "user", "content": "What is new in vLLM?"}]
 
@@ -46,7 +46,7 @@ def test_two_searches_then_the_answer(proxy, backend, searxng):
         assert "x-forwarded-for" not in req.headers
     # vLLM's view: the tool injected, the request otherwise as sent, the history growing.
     first, second, third = (r.json() for r in backend.received)
-    assert first["tools"] == [WEB_SEARCH_TOOL] and first["temperature"] == 0.2
+    assert first["tools"] == [WEB_SEARCH_TOOL, WEB_FETCH_TOOL] and first["temperature"] == 0.2
     assert first["chat_template_kwargs"] == {"enable_thinking": True}
     assert first["messages"] == USER
     call1 = second["messages"][1]["tool_calls"][0]
@@ -158,8 +158,18 @@ def test_iteration_cap_is_a_counting_error(start_proxy, backend, searxng, mode, 
     with pytest.raises(openai.UnprocessableEntityError) as exc:
         client(p).chat.completions.create(model="foundation", messages=USER)
     empty = 2 if mode == "empty" else 0
-    assert exc.value.body["message"] == f"Exceeded max search iterations (2 searches, {empty} empty){tail}"
+    assert exc.value.body["message"] == f"2 of 2 search rounds used (2 searches, 0 repeated, {empty} empty){tail}"
     assert searxng.queries == ["one", "two"] and len(backend.received) == 3
+
+
+def test_iteration_cap_names_the_limit_and_the_repeats(start_proxy, backend, searxng):
+    p = start_proxy(MAX_SEARCH_ITER="2")
+    backend.script(search_turn("same"), search_turn("same"), search_turn("more"))
+    with pytest.raises(openai.UnprocessableEntityError) as exc:
+        client(p).chat.completions.create(model="foundation", messages=USER)
+    assert exc.value.body["message"] == "2 of 2 search rounds used (1 search, 1 repeated, 0 empty)"
+    assert exc.value.body["type"] == "search_iterations_exceeded"
+    assert searxng.queries == ["same"] and len(backend.received) == 3
 
 
 def test_client_tools_come_back_untouched(proxy, backend, searxng):
@@ -171,7 +181,7 @@ def test_client_tools_come_back_untouched(proxy, backend, searxng):
     r = client(proxy).chat.completions.create(model="foundation", messages=USER, tools=[weather])
     assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
     assert r.choices[0].message.tool_calls[0].id == call["id"]
-    assert backend.received[0].json()["tools"] == [weather, WEB_SEARCH_TOOL]
+    assert backend.received[0].json()["tools"] == [weather, WEB_SEARCH_TOOL, WEB_FETCH_TOOL]
     assert searxng.queries == []
 
 
@@ -189,8 +199,10 @@ def test_mixed_turn_searches_and_stubs_the_client_call(proxy, backend, searxng):
 
 
 @pytest.mark.parametrize("extra", [
-    {"tools": [{"type": "function", "function": {"name": "web_search", "parameters": {"type": "object"}}}]},
+    {"tools": [{"type": "function", "function": {"name": "web_search", "parameters": {"type": "object"}}},
+               {"type": "function", "function": {"name": "web_fetch", "parameters": {"type": "object"}}}]},
     {"tool_choice": "none"},
+    {"n": 2},
 ])
 def test_no_injection_when_it_would_change_the_request(proxy, backend, searxng, extra):
     call = tool_call("web_search", {"query": "x"})
@@ -204,11 +216,27 @@ def test_no_injection_when_it_would_change_the_request(proxy, backend, searxng, 
     assert searxng.queries == []
 
 
-def test_injection_can_be_switched_off(start_proxy, backend):
-    p = start_proxy(INJECT_WEB_SEARCH="false")
+@pytest.mark.parametrize("env, tools", [
+    ({"INJECT_WEB_SEARCH": "false"}, [WEB_FETCH_TOOL]),
+    ({"INJECT_WEB_FETCH": "false"}, [WEB_SEARCH_TOOL]),
+    ({"INJECT_WEB_SEARCH": "false", "INJECT_WEB_FETCH": "false"}, None),
+])
+def test_injection_can_be_switched_off(start_proxy, backend, env, tools):
+    p = start_proxy(**env)
     backend.script(json_reply(completion(content="plain")))
     client(p).chat.completions.create(model="foundation", messages=USER)
-    assert "tools" not in backend.received[0].json()
+    assert backend.received[0].json().get("tools") == tools
+
+
+def test_a_client_web_search_of_its_own_still_gets_web_fetch(proxy, backend, searxng):
+    """The client's web_search call is the client's (it comes back); web_fetch is still added."""
+    theirs = {"type": "function", "function": {"name": "web_search", "parameters": {"type": "object"}}}
+    call = tool_call("web_search", {"query": "x"})
+    backend.script(json_reply(completion(tool_calls=[call])))
+    r = client(proxy).chat.completions.create(model="foundation", messages=USER, tools=[theirs])
+    assert r.choices[0].message.tool_calls[0].id == call["id"]
+    assert backend.received[0].json()["tools"] == [theirs, WEB_FETCH_TOOL]
+    assert searxng.queries == []
 
 
 def test_forced_web_search_is_forced_on_the_first_turn_only(proxy, backend, searxng):

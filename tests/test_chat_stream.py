@@ -12,9 +12,9 @@ from pathlib import Path
 
 import openai
 import pytest
+from standins.vllm_wire import error_reply, sse_reply, stream_frames, tool_call
 
 from proxy.chat import NOT_EXECUTED
-from standins.vllm_wire import error_reply, sse_reply, stream_frames, tool_call
 
 SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"
 USER = [{"role": "user", "content": "What is new in vLLM?"}]
@@ -158,12 +158,12 @@ def test_cap_ends_the_stream_with_an_error_event(start_proxy, backend, searxng):
     events = [e for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
     assert events[-1] == b"data: [DONE]"
     err = json.loads(events[-2][6:])["error"]
-    assert err["message"] == "Exceeded max search iterations (1 searches, 1 empty) — SearXNG returned no usable results"
+    assert err["message"] == "1 of 1 search round used (1 search, 0 repeated, 1 empty) — SearXNG returned no usable results"
     backend.script(sse_reply(stream_frames(tool_calls=[tool_call("web_search", {"query": "a"})])),
                    sse_reply(stream_frames(tool_calls=[tool_call("web_search", {"query": "b"})])))
     with pytest.raises(openai.APIError) as exc:
         list(client(p).chat.completions.create(model="foundation", messages=USER, stream=True))
-    assert "Exceeded max search iterations" in str(exc.value)
+    assert "1 of 1 search round used" in str(exc.value)
 
 
 def test_vllm_error_on_a_later_turn_becomes_an_error_event(proxy, backend, searxng):

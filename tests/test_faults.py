@@ -13,12 +13,10 @@ import time
 import urllib.parse
 
 import pytest
-
 from standins.procfs import children, rss_mb
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
-from standins.vllm_wire import (SSE_HEADERS, completion, error_reply, json_reply, sse_reply,
-                                stream_frames, tool_call)
+from standins.vllm_wire import SSE_HEADERS, completion, error_reply, json_reply, sse_reply, stream_frames, tool_call
 
 USER = [{"role": "user", "content": "What is new in vLLM?"}]
 CHAT = "/v1/chat/completions"
@@ -493,7 +491,7 @@ def test_one_log_line_per_request_and_no_text(start_proxy, backend, searxng):
         status, _, data = raw_request(p.url, method, target, json.dumps(body).encode())
         sizes.append(len(data))
     log = wait_for_log(p, lambda text: len(access_lines(text)) >= len(cases))
-    assert access_lines(log) == [(m, t, st, n, size) for (m, t, _, st, n), size in zip(cases, sizes)]
+    assert access_lines(log) == [(m, t, st, n, size) for (m, t, _, st, n), size in zip(cases, sizes, strict=True)]
     assert prompt not in log and answer not in log
 
 

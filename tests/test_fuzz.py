@@ -12,10 +12,9 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from standins.scripted_backend import Reply
-from standins.vllm_wire import completion, compact, sse_reply, stream_frames
 from standins.rawhttp import raw_request
+from standins.scripted_backend import Reply
+from standins.vllm_wire import compact, completion, sse_reply, stream_frames
 from test_faults import worker_pid
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import anthropic
 import pytest
-
-from proxy import messages as M
-from proxy.search import Hit, SearchOutcome, format_for_model
 from standins import anthropic_wire as W
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
 from standins.searxng import result
+
+from proxy import messages as M
+from proxy.search import Hit, SearchOutcome, format_for_model
 
 SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"
 SERVER_TOOL = {"type": "web_search_20250305", "name": "web_search", "max_uses": 8}
@@ -554,7 +554,7 @@ def test_search_iteration_cap(start_proxy, backend, searxng, stream):
     backend.responder = lambda r: reply([W.tool_use("web_search", {"query": f"q{len(backend.received)}"})], stream)
     with pytest.raises(anthropic.APIStatusError) as e:
         ask(proxy, stream, tools=[SERVER_TOOL])
-    assert "Exceeded max search iterations" in str(e.value)
+    assert "2 of 2 search rounds used (2 searches" in str(e.value)
     assert len(searxng.queries) == 2 and len(turns(backend)) == 3
 
 

@@ -116,8 +116,10 @@ def test_every_proxy_variable_is_documented():
 
 
 def test_ci_runs_the_readme_test_command():
-    (command,) = shell_blocks(section("Tests"))
-    command = command.strip()
+    later = [b.strip() for b in shell_blocks(section("Tests"))[1:]]
+    assert all(b.startswith("tests/run.sh ") for b in later), later
+    # The section's first command is the one test command; later ones are narrower runs of it.
+    command = shell_blocks(section("Tests"))[0].strip()
     assert command == "tests/run.sh"
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(rf"^exec {re.escape(command)}\b", ci, re.M)
@@ -125,9 +127,10 @@ def test_ci_runs_the_readme_test_command():
 
 def test_codex_config_in_the_readme_is_the_one_the_codex_test_runs():
     import tomllib
+
     from test_codex import codex_config
     (block,) = [b for b in re.findall(r"```toml\n(.*?)```", section("Pointing clients at it"), re.S)
-                if "model_providers" in b]
+                if "model_provider =" in b]
     readme = tomllib.loads(block)
     tested = tomllib.loads(codex_config("http://localhost:11433"))
     for key in ("model", "model_provider"):
@@ -135,6 +138,18 @@ def test_codex_config_in_the_readme_is_the_one_the_codex_test_runs():
     ours, theirs = readme["model_providers"]["stack"], tested["model_providers"]["stack"]
     for key in ("base_url", "wire_api", "env_key"):
         assert ours[key] == theirs[key], key
+
+
+def test_codex_standalone_search_switches_in_the_readme_are_the_tested_ones():
+    import tomllib
+
+    from test_codex import standalone_config
+    (block,) = [b for b in re.findall(r"```toml\n(.*?)```", section("Pointing clients at it"), re.S)
+                if "supports_standalone_web_search" in b]
+    readme, tested = tomllib.loads(block), tomllib.loads(standalone_config("http://localhost:11433"))
+    assert readme["features"] == tested["features"] == {"standalone_web_search": True}
+    assert readme["model_providers"]["stack"]["supports_standalone_web_search"] is True
+    assert tested["model_providers"]["stack"]["supports_standalone_web_search"] is True
 
 
 @pytest.mark.parametrize("name", ["ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_MODEL",

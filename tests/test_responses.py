@@ -12,12 +12,12 @@ from pathlib import Path
 
 import openai
 import pytest
-
-from proxy import responses as R
-from proxy.search import Hit, SearchOutcome
 from standins import responses_wire as w
 from standins.rawhttp import raw_request
 from standins.searxng import result
+
+from proxy import responses as R
+from proxy.search import Hit, SearchOutcome
 
 SAMPLES = Path(__file__).resolve().parent / "data" / "vllm-0.32-samples"
 HOSTED = {"type": "web_search", "external_web_access": False}
@@ -29,7 +29,7 @@ OWN_WEB_SEARCH = {"type": "function", "name": "web_search", "description": "The 
 
 
 def codex_body(**kw) -> dict:
-    """The shape Codex 0.169.0 sends (see shared/reference/agent-apis.md)."""
+    """The shape Codex 0.171.0 sends (tests/data/agent-wire/codex-0.171.0-websearch.json; test_agent_wire.py compares)."""
     body = {"model": "foundation", "instructions": "You are Codex.", "input": [
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is new in vLLM?"}]}],
         "tools": [SHELL, HOSTED], "tool_choice": "auto", "parallel_tool_calls": True,
@@ -396,7 +396,7 @@ def test_cap_plain(start_proxy, backend, searxng):
     body.pop("stream")
     with pytest.raises(openai.APIStatusError) as e:
         client(proxy).responses.create(**body)
-    assert e.value.status_code == 422 and "Exceeded max search iterations (2 searches" in e.value.message
+    assert e.value.status_code == 422 and "2 of 2 search rounds used (2 searches" in e.value.message
     assert searxng.queries == ["try 0", "try 1"]
 
 
@@ -405,7 +405,7 @@ def test_cap_streaming_ends_as_failed_response(start_proxy, backend, searxng):
     backend.responder = w.model(*[always_search] * 5)
     events = list(client(proxy).responses.create(**codex_body()))
     assert events[-1].type == "response.failed"
-    assert "Exceeded max search iterations" in events[-1].response.error.message
+    assert "2 of 2 search rounds used (2 searches" in events[-1].response.error.message
     assert [o.type for o in events[-1].response.output] == ["web_search_call", "web_search_call"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert sum(e.type == "response.created" for e in events) == 1
@@ -578,7 +578,8 @@ def test_disconnect_mid_search_stops_the_loop(proxy, backend, searxng):
 
 def test_disconnect_mid_generation_aborts_vllm(proxy, backend, searxng):
     t1 = [w.call("web_search", {"query": "q"})]
-    slow_turn = lambda req: w.sse_reply(w.stream_frames(req, [w.message("a b c d e f g h")]), gap=0.5)
+    def slow_turn(req):
+        return w.sse_reply(w.stream_frames(req, [w.message("a b c d e f g h")]), gap=0.5)
     backend.responder = w.model(t1, slow_turn)
     sock = socket.create_connection(("127.0.0.1", int(proxy.url.rsplit(":", 1)[1])))
     payload = json.dumps(codex_body()).encode()
@@ -593,7 +594,8 @@ def test_disconnect_mid_generation_aborts_vllm(proxy, backend, searxng):
 
 def test_vllm_stream_breaking_mid_turn_fails_the_response(proxy, backend, searxng):
     t1, t2 = search_then_answer()
-    broken = lambda req: w.sse_reply(w.stream_frames(req, t2)[:6], drop=True)
+    def broken(req):
+        return w.sse_reply(w.stream_frames(req, t2)[:6], drop=True)
     backend.responder = w.model(t1, broken)
     events = list(client(proxy).responses.create(**codex_body()))
     assert events[-1].type == "response.failed" and "broke" in events[-1].response.error.message
@@ -616,7 +618,8 @@ def test_vllm_unreachable_is_an_openai_shaped_502(start_proxy, stream):
 def test_vllm_error_event_mid_stream_fails_the_response(proxy, backend, searxng):
     t1, t2 = search_then_answer()
     err = {"type": "error", "code": 500, "message": "EngineCore died", "param": None, "sequence_number": 2}
-    failing = lambda req: w.sse_reply(w.stream_frames(req, t2)[:2] + [w.event(err)])
+    def failing(req):
+        return w.sse_reply(w.stream_frames(req, t2)[:2] + [w.event(err)])
     backend.responder = w.model(t1, failing)
     events = list(client(proxy).responses.create(**codex_body()))
     assert events[-1].type == "response.failed" and events[-1].response.error.message == "EngineCore died"

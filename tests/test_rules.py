@@ -7,16 +7,25 @@ import gzip
 import json
 
 import pytest
+from standins.searxng import default_results, page, result
 
 from proxy import chat
 from proxy.app import key_ok, outbound_headers, presented_key
 from proxy.config import Config
 from proxy.errors import upstream_error_status
-from proxy.search import (SearchOutcome, SearchSession, Hit, filter_domains, format_for_model,
-                          outcome_from_response, parse_arguments, search_url, _decode_body)
+from proxy.search import (
+    Hit,
+    SearchOutcome,
+    SearchSession,
+    _decode_body,
+    filter_domains,
+    format_for_model,
+    outcome_from_response,
+    parse_arguments,
+    search_url,
+)
 from proxy.sse import data_of, event_and_data, iter_frame_batches, iter_frames
 from proxy.upstream import UpstreamError, end_to_end_headers
-from standins.searxng import default_results, page, result
 
 USER = [{"role": "user", "content": "hi"}]
 CLIENT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
@@ -198,14 +207,17 @@ def test_session_repeats_are_not_searched_again_and_counts_add_up():
     assert session.exhausted and session.searches == 3 and session.failed == 1
 
 
-@pytest.mark.parametrize("status, expected", [
-    ("empty", "Exceeded max search iterations (2 searches, 2 empty) — SearXNG returned no usable results"),
-    ("ok", "Exceeded max search iterations (2 searches, 0 empty)"),
+@pytest.mark.parametrize("status, rounds, expected", [
+    ("empty", [["a"], ["b"]], "2 of 2 search rounds used (2 searches, 0 repeated, 2 empty) — SearXNG returned no usable results"),
+    ("ok", [["a"], ["b"]], "2 of 2 search rounds used (2 searches, 0 repeated, 0 empty)"),
+    ("ok", [["a"], ["a"]], "2 of 2 search rounds used (1 search, 1 repeated, 0 empty)"),
+    ("empty", [["a"]], "1 of 1 search round used (1 search, 0 repeated, 1 empty) — SearXNG returned no usable results"),
+    ("ok", [["a", "b"], ["A", "b", "c"], []], "3 of 3 search rounds used (3 searches, 2 repeated, 0 empty)"),
 ])
-def test_cap_message(status, expected):
-    session = SearchSession(FakeSearxng(status), max_rounds=2)
-    session.run([("a", None)])
-    session.run([("b", None)])
+def test_cap_message(status, rounds, expected):
+    session = SearchSession(FakeSearxng(status), max_rounds=len(rounds))
+    for queries in rounds:
+        session.run([(q, None) for q in queries])
     assert session.cap_message() == expected
 
 

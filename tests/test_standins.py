@@ -41,7 +41,7 @@ def test_stream_matches_the_capture_frame_for_frame():
     real = frames_of("forced-tool-call-stream.sse")
     ours = stream_frames(tool_calls=[tool_call("web_search", {"query": "hello"})], include_usage=True, arg_pieces=3)
     assert len(ours) == len(real)
-    for a, b in zip(ours, real):
+    for a, b in zip(ours, real, strict=True):
         assert a.startswith(b"data: ") and a.endswith(b"\n\n")
         if b == b"data: [DONE]\n\n":
             assert a == b

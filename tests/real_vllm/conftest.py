@@ -6,9 +6,18 @@ start, so both are launched as the session begins and run side by side.
 from __future__ import annotations
 
 import pytest
-
-from realvllm import (Http, RealVllm, RealVllmEnv, Tap, compose_config, locate_env, start_introspection,
-                      start_server, stop_server, wait_healthy)
+from realvllm import (
+    Http,
+    RealVllm,
+    RealVllmEnv,
+    Tap,
+    compose_config,
+    locate_env,
+    start_introspection,
+    start_server,
+    stop_server,
+    wait_healthy,
+)
 
 
 @pytest.fixture(scope="session")

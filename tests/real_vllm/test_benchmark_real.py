@@ -9,7 +9,10 @@ import json
 import subprocess
 import time
 
+import pytest
 from realvllm import REPO
+
+pytestmark = pytest.mark.real_vllm
 
 PREFILL_TOKENS = 1500
 ARGS = ["--json", "--runs", "2", "--warmup", "1", "--ttft-tokens", "4", "--decode-tokens", "32,64",

@@ -8,9 +8,13 @@ the real server.
 import json
 import re
 
+import pytest
+from realvllm import MODEL, QUERY, WEB_SEARCH, chat, forced_call_request
+
 from proxy.chat import assistant_turn, tool_results
 from proxy.search import SearchOutcome
-from realvllm import MODEL, QUERY, WEB_SEARCH, chat, forced_call_request
+
+pytestmark = pytest.mark.real_vllm
 
 
 def test_models_lists_the_served_name_with_the_cpu_context(real_vllm, http_client):

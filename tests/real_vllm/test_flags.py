@@ -6,9 +6,9 @@ the GPU box. The answers come from the installed vLLM itself (realvllm.INTROSPEC
 parser registries and `vllm.envs`.
 """
 import pytest
+from realvllm import TYPO_ENV, TYPO_FLAGS, compose_vllm_command, compose_vllm_variables, cpu_serve_args, split_flags
 
-from realvllm import (TYPO_ENV, TYPO_FLAGS, compose_vllm_command, compose_vllm_variables, cpu_serve_args,
-                      split_flags)
+pytestmark = pytest.mark.real_vllm
 
 
 @pytest.fixture(scope="module")

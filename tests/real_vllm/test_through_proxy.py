@@ -13,9 +13,11 @@ import time
 import urllib.parse
 
 import pytest
-
-from proxy.chat import WEB_SEARCH_TOOL
 from realvllm import QUERY, Tap, chat, forced_call_request
+
+from proxy.chat import WEB_FETCH_TOOL, WEB_SEARCH_TOOL
+
+pytestmark = pytest.mark.real_vllm
 
 CHAT = "/v1/chat/completions"
 MAX_SEARCH_ITER = 3
@@ -31,8 +33,8 @@ def scrub(value):
 
 
 def direct_body(body: dict) -> dict:
-    """What the proxy sends vLLM for a client body without tools: the same plus web_search."""
-    return {**body, "tools": list(body.get("tools") or []) + [WEB_SEARCH_TOOL]}
+    """What the proxy sends vLLM for a client body without tools: the same plus web_search and web_fetch."""
+    return {**body, "tools": list(body.get("tools") or []) + [WEB_SEARCH_TOOL, WEB_FETCH_TOOL]}
 
 
 @pytest.fixture
@@ -150,7 +152,7 @@ def assert_loop_grew(tap: Tap, searxng):
     requests = [b for _, b in tap.bodies(CHAT)]
     assert len(requests) == MAX_SEARCH_ITER + 1
     first = requests[0]["messages"]
-    assert [t["function"]["name"] for t in requests[0]["tools"]] == ["web_search"]
+    assert [t["function"]["name"] for t in requests[0]["tools"]] == ["web_search", "web_fetch"]
     for n, req in enumerate(requests[1:], start=1):
         messages = req["messages"]
         assert messages[:len(first)] == first
@@ -175,7 +177,7 @@ def test_forced_search_runs_against_searxng_and_stops_at_the_cap(real_vllm, tapp
     assert reply.status == 422, reply.body
     error = reply.json()["error"]
     assert error["type"] == "search_iterations_exceeded"
-    assert error["message"] == "Exceeded max search iterations (1 searches, 0 empty)"
+    assert error["message"] == f"{MAX_SEARCH_ITER} of {MAX_SEARCH_ITER} search rounds used (1 search, {MAX_SEARCH_ITER - 1} repeated, 0 empty)"
     assert_loop_grew(tap, searxng)
     assert all(status == 200 for _, _, status, _ in tap.exchanges)
 

@@ -24,7 +24,7 @@ from gevent.server import StreamServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from standins.searxng import page, result  # noqa: E402
-from standins.vllm_wire import completion, compact, stream_frames, tool_call  # noqa: E402
+from standins.vllm_wire import compact, completion, stream_frames, tool_call  # noqa: E402
 
 # Headers uvicorn (vLLM's server) sends, so the proxy copies as many as it would in production.
 JSON_HEAD = (b"HTTP/1.1 200 OK\r\ndate: Thu, 03 Dec 2026 05:00:00 GMT\r\nserver: uvicorn\r\n"

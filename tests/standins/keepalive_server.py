@@ -97,7 +97,7 @@ def read_request(sock, buf: bytes):
                 return "eof", None, buf
             rest += data
         return "request", (method, path, rest[:length]), rest[length:]
-    except socket.timeout:
+    except TimeoutError:
         return "idle", None, buf
     except OSError:
         return "eof", None, buf

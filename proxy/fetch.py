@@ -1,0 +1,582 @@
+"""The one fetch core behind every API's web_fetch: checks a model-written URL against the SSRF
+policy (proxy/netguard.py), downloads the page from the checked address only, and returns its
+main text cut to a token budget.
+
+Used by the API loops through `Fetcher(config).fetch(url)`; not run on its own. The functions
+that read HTTP traffic (content type, charset, decoding, extraction, budget, domains) are pure
+so tests/test_fetch.py checks them without a network, and the Fetcher against loopback servers.
+"""
+from __future__ import annotations
+
+import codecs
+import collections
+import ipaddress
+import json
+import logging
+import re
+import socket
+import threading
+import time
+import urllib.parse
+import zlib
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import lxml.html
+import markdownify
+import urllib3
+from readability import Document
+
+from . import netguard
+from .config import Config
+
+try:  # gunicorn's gevent worker patches the socket module before it loads the app
+    import gevent
+    from gevent import monkey
+    _GEVENT = monkey.is_module_patched("socket")
+except ImportError:
+    _GEVENT = False
+
+log = logging.getLogger("proxy.fetch")
+
+USER_AGENT = "coding-stack-proxy/1.0 (web_fetch tool of a self-hosted LLM stack)"
+REQUEST_HEADERS = (
+    ("Accept", "text/html,application/xhtml+xml,text/plain;q=0.9,application/json;q=0.9,text/*;q=0.8"),
+    ("Accept-Encoding", "gzip, deflate"),
+    ("Accept-Language", "en-US,en;q=0.9"),
+    ("User-Agent", USER_AGENT),
+    ("Connection", "close"),
+)
+FETCH_TOOL_DESCRIPTION = (
+    "Fetch a web page by its URL and read its main text (HTML comes as Markdown without navigation; "
+    "plain text and JSON as they are). Use it to read a web_search result in full, or a URL the user "
+    "gave. Only public http and https URLs; long pages are cut short.")
+URL_SCHEMA = {"type": "object",
+              "properties": {"url": {"type": "string", "description": "The full http:// or https:// URL to fetch."}},
+              "required": ["url"]}
+MAX_REDIRECTS = 5
+CHARS_PER_TOKEN = 4  # the usual estimate for English text and code; no tokenizer is loaded for it
+READ_CHUNK = 64 * 1024
+REDIRECTS = (301, 302, 303, 307, 308)
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+
+
+class FetchError(Exception):
+    """A fetch that produced no page; `code` is Anthropic's web_fetch error code, `message` one sentence for the model."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Page:
+    url: str            # final URL after redirects
+    title: str | None
+    text: str           # extracted text, already cut to the token budget
+    content_type: str   # "text/html", "text/plain", "application/json", ...
+    retrieved_at: str   # ISO 8601 UTC, e.g. "2026-12-03T16:20:00Z"
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class FetchOutcome:
+    """What one web_fetch call produced, in a form every API renders: a page, or the error code
+    (Anthropic's vocabulary) and the sentence the model reads. The fetch counterpart of
+    search.SearchOutcome; search.SearchSession runs both kinds in one round."""
+    url: str
+    page: Page | None = None
+    error_code: str | None = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.page is not None
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """One web_fetch call as the loop runs it: the URL (or the outcome that refuses it before any
+    fetch) and the client's limits (Anthropic's max_content_tokens and domain lists)."""
+    url: str
+    early: FetchOutcome | None = None
+    max_tokens: int | None = None
+    allowed_domains: tuple[str, ...] = ()
+    blocked_domains: tuple[str, ...] = ()
+
+
+def parse_fetch_arguments(arguments) -> FetchRequest:
+    """Read the `url` out of a web_fetch call's arguments (a JSON string or an object). Pure."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return _refused(arguments[:80], 'the arguments are not valid JSON. Call web_fetch with {"url": "https://..."}.')
+    if not isinstance(arguments, dict) or not isinstance(arguments.get("url"), str):
+        return _refused(str(arguments)[:80], 'missing "url". Call web_fetch with {"url": "https://..."}.')
+    return FetchRequest(arguments["url"].strip())
+
+
+def _refused(shown: str, why: str) -> FetchRequest:
+    return FetchRequest(shown, FetchOutcome(shown, error_code="invalid_tool_input", message=f"Fetch failed: {why}"))
+
+
+def format_page_for_model(outcome: FetchOutcome) -> str:
+    """The text a model reads as a web_fetch result. Pure."""
+    page = outcome.page
+    if page is None:
+        return outcome.message
+    head = [f"Page {page.url}" + (f' "{page.title}"' if page.title else ""),
+            f"Content-Type: {page.content_type}; retrieved {page.retrieved_at}"]
+    if page.truncated:
+        head.append("(cut short: only the beginning of the page follows)")
+    return "\n".join(head) + "\n\n" + page.text
+
+
+# -- pure helpers ---------------------------------------------------------------------------
+
+def media_type(header: str | None) -> tuple[str, str | None]:
+    """Content-Type header -> (lower-case media type, charset parameter or None)."""
+    if not header:
+        return "", None
+    mime, _, params = header.partition(";")
+    charset = None
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip():
+            charset = value.strip().strip("\"'")
+    return mime.strip().lower(), charset
+
+
+def kind_of(mime: str) -> str | None:
+    """"html", "text" (passed through) or None (unsupported) for a media type."""
+    if mime in HTML_TYPES:
+        return "html"
+    if mime.startswith("text/") or mime == "application/json" or mime.endswith("+json"):
+        return "text"
+    return None
+
+
+def sniff_type(body: bytes) -> str:
+    """A media type for a body sent without Content-Type: HTML if it starts like HTML, text if it has no NUL bytes."""
+    head = body[:1024].lstrip().lower()
+    if head.startswith((b"<!doctype html", b"<html")) or b"<html" in head:
+        return "text/html"
+    return "text/plain" if b"\x00" not in body[:4096] else "application/octet-stream"
+
+
+class Decoder:
+    """Undoes Content-Encoding gzip/deflate incrementally, never producing more than asked for (zip bombs)."""
+
+    def __init__(self, encoding: str):
+        encoding = (encoding or "identity").strip().lower()
+        self._z: Any  # a zlib decompressor, "deflate" until the first bytes pick one, or None
+        if encoding in ("", "identity"):
+            self._z = None
+        elif encoding in ("gzip", "x-gzip"):
+            self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif encoding == "deflate":
+            self._z = "deflate"  # zlib-wrapped or raw: decided on the first bytes
+        else:
+            raise FetchError("unsupported_content_type", f"The server sent the page in an encoding the proxy cannot decode ({encoding}).")
+        self._pending = b""
+
+    def feed(self, data: bytes, limit: int) -> bytes:
+        """Decoded bytes of `data` (plus what earlier calls held back), at most `limit` of them."""
+        if self._z is None:
+            out = self._pending + data
+            self._pending = out[limit:]
+            return out[:limit]
+        if self._z == "deflate":
+            # RFC 9110's deflate is zlib-wrapped, but some servers send raw deflate: a zlib header says which.
+            wrapped = len(data) >= 2 and (data[0] & 0x0F) == 8 and int.from_bytes(data[:2], "big") % 31 == 0
+            self._z = zlib.decompressobj() if wrapped else zlib.decompressobj(-zlib.MAX_WBITS)
+        data = self._pending + data
+        out = self._z.decompress(data, limit) if limit > 0 else b""
+        self._pending = self._z.unconsumed_tail if limit > 0 else data
+        return out
+
+
+def _lookup(name: str | None) -> str | None:
+    if not name:
+        return None
+    try:
+        return codecs.lookup(name.strip()).name
+    except LookupError:
+        return None
+
+
+META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9._:-]+)""", re.I)
+
+
+def decode_text(body: bytes, header_charset: str | None, html: bool) -> str:
+    """Bytes -> str: a byte-order mark, then the header's charset, then <meta charset> (HTML), then UTF-8 with replacement."""
+    for bom, name in ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be")):
+        if body.startswith(bom):
+            return body[len(bom):].decode(name, "replace")
+    charset = _lookup(header_charset)
+    if charset is None and html:
+        m = META_CHARSET.search(body[:4096])
+        charset = _lookup(m.group(1).decode("ascii")) if m else None
+    return body.decode(charset or "utf-8", "replace")
+
+
+def html_to_text(html: str, url: str) -> tuple[str | None, str]:
+    """A page's title and main content as Markdown (readability-lxml picks the content, markdownify writes it)."""
+    if not html.strip():
+        return None, ""
+    try:
+        doc = Document(html, url=url)
+        title = doc.short_title() or None
+        content = doc.summary(html_partial=True)
+    except Exception as e:  # readability raises bare lxml/parser errors on broken markup; fall back to all text
+        log.debug("readability failed on %s: %s", url, e)
+        try:
+            root = lxml.html.fromstring(html)
+        except (ValueError, lxml.etree.ParserError):
+            return None, ""
+        found = root.findtext(".//title")
+        return (" ".join(found.split()) or None) if found else None, tidy(root.text_content())
+    text = markdownify.markdownify(content, heading_style="ATX", bullets="-", strip=["img"])
+    return (" ".join(title.split()) or None) if title else None, tidy(text)
+
+
+def off_the_loop(fn, *args):
+    """fn(*args) on a thread of gevent's pool under the proxy's gevent worker: extraction takes up to
+    half a second of CPU on a long page, which would otherwise stall every other stream the worker
+    carries. Elsewhere (the development server, tests in-process) a plain call."""
+    if _GEVENT:
+        return gevent.get_hub().threadpool.apply(fn, args)
+    return fn(*args)
+
+
+def tidy(text: str) -> str:
+    """Trailing spaces off every line, at most one blank line in a row."""
+    text = "\n".join(line.rstrip() for line in text.splitlines())
+    return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+
+def cut_to_budget(text: str, tokens: int) -> tuple[str, bool]:
+    """Text of at most `tokens` tokens (CHARS_PER_TOKEN characters each), cut at a line or word end when one is near."""
+    limit = tokens * CHARS_PER_TOKEN
+    if len(text) <= limit:
+        return text, False
+    cut = text[:limit]
+    for sep in ("\n", " "):
+        at = cut.rfind(sep)
+        if at > limit * 0.9:
+            return cut[:at].rstrip(), True
+    return cut, True
+
+
+def domain_matches(url: str, domains) -> bool:
+    """True when the URL is under one of `domains` as Anthropic documents them: "example.com" covers
+    its subdomains, "example.com/docs" that path and below; a scheme, if given, is ignored. Pure."""
+    parts = urllib.parse.urlsplit(url)
+    host = (parts.hostname or "").lower().rstrip(".")
+    path = parts.path or "/"
+    for d in domains or ():
+        d = str(d).strip().lower()
+        if "//" in d:
+            d = d.split("//", 1)[1]
+        name, _, prefix = d.partition("/")
+        name = name.rstrip(".")
+        try:
+            name = name.encode("idna").decode("ascii")
+        except UnicodeError:
+            continue
+        if not name or not (host == name or host.endswith("." + name)):
+            continue
+        prefix = "/" + prefix.rstrip("/") if prefix.strip("/") else ""
+        if not prefix or path == prefix or path.startswith(prefix + "/"):
+            return True
+    return False
+
+
+def domain_refusal(url: str, allowed, blocked) -> str | None:
+    """Why a client's allowed_domains/blocked_domains refuse `url`, or None."""
+    if allowed and not domain_matches(url, allowed):
+        return f"{urllib.parse.urlsplit(url).hostname} is not in the allowed domains of this request"
+    if blocked and domain_matches(url, blocked):
+        return f"{urllib.parse.urlsplit(url).hostname} is in the blocked domains of this request"
+    return None
+
+
+def status_error(status: int, reason: str, url: str) -> FetchError:
+    """The FetchError for a non-2xx final answer."""
+    if status == 429:
+        return FetchError("too_many_requests", f"{url} answered 429 Too Many Requests; do not retry right away.")
+    text = f"HTTP {status} {reason}".rstrip()
+    return FetchError("url_not_accessible", f"{url} answered {text}.")
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- the cache ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Entry:
+    page: Page        # text cut only by the byte cap, not by any token budget
+    hops: tuple       # every URL of the redirect chain, so domain filters apply to a hit too
+    expires: float
+    size: int
+
+
+class PageCache:
+    """Fetched pages for `ttl` seconds, at most `max_bytes` of text, least recently used out first; thread-safe."""
+
+    def __init__(self, ttl: float, max_bytes: int, clock=time.monotonic):
+        self.ttl = ttl
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._entries: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, url: str) -> _Entry | None:
+        with self._lock:
+            entry = self._entries.get(url)
+            if entry is None:
+                return None
+            if entry.expires <= self._clock():
+                self._drop(url)
+                return None
+            self._entries.move_to_end(url)
+            return entry
+
+    def put(self, urls, page: Page, hops) -> None:
+        size = len(page.text.encode("utf-8", "replace")) + len(page.url) + 200
+        if self.ttl <= 0 or size > self.max_bytes:
+            return
+        entry = _Entry(page, tuple(hops), self._clock() + self.ttl, size)
+        with self._lock:
+            for url in set(urls):
+                self._drop(url)
+                self._entries[url] = entry
+                self._bytes += size  # an entry under two keys counts twice: simple and on the safe side
+            while self._bytes > self.max_bytes and self._entries:
+                self._drop(next(iter(self._entries)))
+
+    def _drop(self, url: str) -> None:
+        entry = self._entries.pop(url, None)
+        if entry is not None:
+            self._bytes -= entry.size
+
+
+# -- the fetcher ----------------------------------------------------------------------------
+
+class Fetcher:
+    """Fetches one URL per call; `fetch()` returns a Page or raises FetchError, never anything else.
+
+    Proxy environment variables (HTTPS_PROXY, HTTP_PROXY, NO_PROXY) are ignored on purpose: a
+    forward proxy resolves the name itself, so the address checked here would not be the one
+    connected to. urllib3 reads no environment, so nothing has to be switched off.
+    """
+
+    def __init__(self, config: Config, resolver=socket.getaddrinfo):
+        self.allowed = netguard.parse_networks(config.web_fetch_allowed_networks)
+        self.timeout = config.web_fetch_timeout
+        self.max_bytes = config.web_fetch_max_bytes
+        self.max_tokens = config.web_fetch_max_tokens
+        self.ca_file = config.web_fetch_ca_file or None
+        self.resolver = resolver
+        self.cache = PageCache(config.web_fetch_cache_ttl, config.web_fetch_cache_bytes)
+
+    def fetch(self, url: str, *, max_tokens: int | None = None,
+              allowed_domains: list[str] | None = None, blocked_domains: list[str] | None = None) -> Page:
+        started = time.monotonic()
+        host, status, size = "-", "error", 0
+        try:
+            if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+                raise FetchError("invalid_tool_input", "max_tokens must be a positive whole number.")
+            budget = min(self.max_tokens, max_tokens or self.max_tokens)
+            target = self._target(url)
+            host = target.host
+            entry = self.cache.get(target.url)
+            if entry is not None:
+                self._check_domains(entry.hops, allowed_domains, blocked_domains)
+                status = "cached"
+                page = entry.page
+            else:
+                page, hops, status = self._download(target, started, allowed_domains, blocked_domains)
+                self.cache.put((target.url, page.url), page, hops)
+            size = len(page.text)
+            text, cut = cut_to_budget(page.text, budget)
+            return replace(page, text=text, truncated=page.truncated or cut)
+        except FetchError as e:
+            status = e.code
+            raise
+        finally:
+            # Host and sizes only: the page and the URL's path and query come from the prompt.
+            log.info("fetch %s -> %s (%d chars, %.0f ms)", host, status, size, (time.monotonic() - started) * 1000)
+
+    def run(self, request: FetchRequest) -> FetchOutcome:
+        """One web_fetch call of the loop; never raises: every failure is an outcome."""
+        if request.early is not None:
+            return request.early
+        try:
+            page = self.fetch(request.url, max_tokens=request.max_tokens,
+                              allowed_domains=list(request.allowed_domains) or None,
+                              blocked_domains=list(request.blocked_domains) or None)
+        except FetchError as e:
+            return FetchOutcome(request.url, error_code=e.code, message=f"Fetch failed: {e.message}")
+        return FetchOutcome(request.url, page=page)
+
+    # Each step below raises FetchError with the sentence the model reads.
+
+    @staticmethod
+    def _target(url) -> netguard.Target:
+        target, problem = netguard.parse_url(url)
+        if target is None:  # parse_url gives exactly one of the two
+            raise FetchError(*(problem or ("invalid_tool_input", "The URL cannot be read.")))
+        return target
+
+    @staticmethod
+    def _check_domains(hops, allowed, blocked) -> None:
+        for hop in hops:
+            why = domain_refusal(hop, allowed, blocked)
+            if why:
+                raise FetchError("url_not_allowed", f"Not fetched: {why}.")
+
+    def _addresses(self, target: netguard.Target) -> list[str]:
+        """The addresses to connect to: the host's, every one of which passed the SSRF policy.
+
+        All must pass, not just some: a name that answers with a public and a private address
+        is either misconfigured or a rebinding attempt, and picking the public one would hide it.
+        """
+        if _is_ip(target.host):
+            addresses = [target.host]
+        else:
+            try:
+                infos = self.resolver(target.host, target.port, 0, socket.SOCK_STREAM)
+            except (OSError, UnicodeError) as e:
+                raise FetchError("url_not_accessible", f"The host {target.host} cannot be resolved ({e}).") from None
+            addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+            if not addresses:
+                raise FetchError("url_not_accessible", f"The host {target.host} has no address.")
+        for address in addresses:
+            why = netguard.address_refusal(address, self.allowed)
+            if why:
+                where = "" if address == target.host else f" resolves to {address}, which"
+                raise FetchError("url_not_allowed", f"Not fetched: {target.host}{where} is {why}; web_fetch only reads public addresses.")
+        return addresses
+
+    def _remaining(self, started: float, url: str) -> float:
+        left = self.timeout - (time.monotonic() - started)
+        if left <= 0:
+            raise FetchError("url_not_accessible", f"{url} did not answer within {self.timeout:g} s.")
+        return left
+
+    def _open(self, target: netguard.Target, address: str, started: float):
+        """One request to `address`, with the name of `target` in Host, SNI and the certificate check."""
+        timeout = urllib3.Timeout(connect=self._remaining(started, target.url), read=self._remaining(started, target.url))
+        kw: dict[str, Any] = dict(host=address, port=target.port, timeout=timeout, retries=False, maxsize=1, block=False)
+        pool: urllib3.HTTPConnectionPool
+        if target.scheme == "https":
+            pool = urllib3.HTTPSConnectionPool(server_hostname=target.host, assert_hostname=target.host,
+                                               cert_reqs="CERT_REQUIRED", ca_certs=self.ca_file, **kw)
+        else:
+            pool = urllib3.HTTPConnectionPool(**kw)
+        headers = {"Host": target.host_header, **dict(REQUEST_HEADERS)}
+        resp = pool.urlopen("GET", target.request_target, headers=headers, redirect=False, retries=False,
+                            preload_content=False, decode_content=False, assert_same_host=False)
+        return pool, resp
+
+    def _connect(self, target: netguard.Target, started: float):
+        last: Exception | None = None
+        for address in self._addresses(target):
+            try:
+                return self._open(target, address, started)
+            except urllib3.exceptions.NewConnectionError as e:
+                last = e  # refused or unreachable (urllib3 files this under timeouts): try the next address
+            except urllib3.exceptions.SSLError as e:
+                raise FetchError("url_not_accessible", f"{target.url}: the TLS connection failed ({_short(e)}).") from None
+            except (TimeoutError, urllib3.exceptions.TimeoutError):
+                raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s.") from None
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                last = e  # try the host's next address: IPv6 is often listed first and unreachable in a container
+        raise FetchError("url_not_accessible", f"{target.url} cannot be reached ({_short(last)}).")
+
+    def _download(self, target: netguard.Target, started: float, allowed, blocked):
+        hops = []
+        for _ in range(MAX_REDIRECTS + 1):
+            hops.append(target.url)
+            self._check_domains([target.url], allowed, blocked)
+            pool, resp = self._connect(target, started)
+            try:
+                if resp.status in REDIRECTS and resp.headers.get("Location"):
+                    target = self._redirect_target(target, resp.headers["Location"])
+                    continue
+                if not 200 <= resp.status < 300:
+                    raise status_error(resp.status, resp.reason or "", target.url)
+                return self._read_page(target, resp, started), hops, resp.status
+            finally:
+                resp.release_conn()
+                pool.close()
+        raise FetchError("url_not_accessible", f"{hops[0]} redirected more than {MAX_REDIRECTS} times.")
+
+    def _redirect_target(self, current: netguard.Target, location: str) -> netguard.Target:
+        nxt, problem = netguard.parse_url(urllib.parse.urljoin(current.url, location.strip()))
+        if nxt is None:  # parse_url gives exactly one of the two
+            code, why = problem or ("invalid_tool_input", "it cannot be read")
+            code = "url_not_allowed" if code == "invalid_tool_input" else code
+            raise FetchError(code, f"{current.url} redirected to a URL that is not fetched: {why}")
+        return nxt
+
+    def _read_page(self, target: netguard.Target, resp, started: float) -> Page:
+        mime, charset = media_type(resp.headers.get("Content-Type"))
+        if mime and kind_of(mime) is None:
+            raise FetchError("unsupported_content_type", f"{target.url} is {mime}; web_fetch reads HTML, plain text and JSON.")
+        body, cut = self._read_body(target, resp, started)
+        mime = mime or sniff_type(body)
+        kind = kind_of(mime)
+        if kind is None:
+            raise FetchError("unsupported_content_type", f"{target.url} sent no Content-Type and does not look like text.")
+        text = decode_text(body, charset, kind == "html")
+        title, text = off_the_loop(html_to_text, text, target.url) if kind == "html" else (None, text)
+        return Page(url=target.url, title=title, text=text, content_type=mime, retrieved_at=now_iso(), truncated=cut)
+
+    def _read_body(self, target: netguard.Target, resp, started: float) -> tuple[bytes, bool]:
+        """At most max_bytes decoded bytes; stops reading (and downloading) once there are more."""
+        try:
+            decoder = Decoder(resp.headers.get("Content-Encoding", ""))
+            chunks, total = [], 0
+            while True:
+                left = self._remaining(started, target.url)
+                sock = getattr(resp.connection, "sock", None)
+                if sock is not None:
+                    sock.settimeout(left)  # the whole fetch has one deadline, not one per read
+                # read1: one receive, so a server dripping bytes cannot stretch the deadline read by read.
+                data = resp.read1(READ_CHUNK, decode_content=False)
+                if not data:
+                    break
+                out = decoder.feed(data, self.max_bytes + 1 - total)
+                chunks.append(out)
+                total += len(out)
+                if total > self.max_bytes:
+                    return b"".join(chunks)[:self.max_bytes], True
+            return b"".join(chunks), False
+        except zlib.error as e:
+            raise FetchError("url_not_accessible", f"{target.url} sent a body that does not decompress ({e}).") from None
+        except (TimeoutError, urllib3.exceptions.TimeoutError):
+            raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s.") from None
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise FetchError("url_not_accessible", f"{target.url}: the connection broke while reading ({_short(e)}).") from None
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def _short(e) -> str:
+    """An exception as a short phrase: urllib3 nests the cause in long reprs."""
+    text = str(getattr(e, "reason", None) or e)
+    return text.split(": ", 1)[-1][:200] if text else type(e).__name__

@@ -1,0 +1,254 @@
+"""The server-side search loop, written once for every API, plain and streamed: each API's
+handler builds a dialect (proxy.chat, proxy.messages, proxy.responses) and calls run().
+
+The loop: vLLM answers a turn; when the turn calls the search tool, the searches run against
+SearXNG (a stream kept alive meanwhile), their results go into the conversation and vLLM is
+asked again; the first turn without a search is the client's answer, and MAX_SEARCH_ITER
+rounds end it with an error that names the limit. Every call to vLLM is on the client's
+watch while it lasts, so a client that leaves stops vLLM's work at once, and no turn starts
+for a client that has gone.
+
+The dialect frames everything the client sees: its steps give what the client gets (a
+stream's event bytes; for a plain request, its one Response at the end), the reading and
+finishing steps as generators, and the loop passes it on untouched.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import Response
+
+from . import jsonio
+from .background import run_with_keepalive
+from .errors import upstream_error_status
+from .exchange import Call, ClientWatch, Exchange, response_headers
+from .sse import comment
+from .upstream import UpstreamError, UpstreamResponse
+
+log = logging.getLogger("proxy")
+
+CAP_TYPE = "search_iterations_exceeded"  # the error type (OpenAI) or code (Responses) of the cap
+GONE = "client closed the request"
+
+
+class Dialect:
+    """What one API supplies to the loop: one object per client request, holding that
+    request's state (the conversation so far, usage, what the client has been shown).
+
+    Use it through Plain or Stream below, which supply how a turn is read.
+    """
+
+    name = "search"          # what log lines call this loop
+    path = ""                # where every turn is POSTed
+    stream = False
+    first_turn: Any = None   # a turn the proxy made itself, in place of vLLM's first
+    headers: list = []       # a stream's headers when no vLLM turn opened it
+
+    def __init__(self, ex: Exchange, request: dict):
+        self.session = ex.session()  # rounds, repeats, the cap
+        self.request = request       # the next request to send: the first, then each next one
+
+    # ---- the rules of the API -----------------------------------------------------------
+
+    def searches(self, turn) -> list:
+        """The turn's search calls; none means the turn is the answer."""
+        raise NotImplementedError
+
+    def search(self, calls: list) -> list:
+        """Run one round on self.session (blocking; searches of one round run together)."""
+        raise NotImplementedError
+
+    def queries(self, calls: list) -> list:
+        """The calls' queries as parse_arguments() reads them (a stream's keep-alive names them)."""
+        raise NotImplementedError
+
+    def error_reply(self, status: int, message: str, type_: str | None = None) -> Response:
+        """The proxy's own error as a whole HTTP answer, in the API's shape."""
+        raise NotImplementedError
+
+    def vllm_reply(self, up: UpstreamResponse, raw: bytes) -> Response:
+        """vLLM's own answer, sent as the client's HTTP answer (its errors, on any plain turn)."""
+        return Response(raw, status=up.status, headers=response_headers(up))
+
+    # ---- how a turn is read (Plain and Stream supply these) ---------------------------------
+
+    def read(self, call: Call):
+        """A generator: what the client gets of one turn, returning the turn (None once what ends
+        the loop was yielded)."""
+        raise NotImplementedError
+
+    def keepalive(self, calls: list) -> bytes:
+        """A stream's bytes that keep the client's idle timeouts away while a search runs."""
+        raise NotImplementedError
+
+    # ---- what the client sees: iterables of what it gets ------------------------------------
+
+    def finish(self, turn):
+        """The client's answer, from the last turn."""
+        raise NotImplementedError
+
+    def announce(self, calls: list):
+        """The searches shown starting."""
+        return ()
+
+    def record(self, turn, calls: list, outcomes: list):
+        """The searches' results shown, and added to self.request for the next turn."""
+        raise NotImplementedError
+
+    def error(self, status: int, message: str, type_: str | None = None):
+        """The proxy's error as the last thing the client gets (not a generator)."""
+        raise NotImplementedError
+
+
+class Plain(Dialect):
+    """A request answered with one JSON body: turns are read whole, nothing is shown before
+    the answer, and errors are HTTP answers."""
+
+    def read(self, call: Call):
+        """One turn from vLLM's whole body, or None once what ends the loop was yielded."""
+        raw = call.read()
+        up = call.response
+        if up.status != 200:
+            yield self.vllm_reply(up, raw)  # vLLM's own error, on any turn, as vLLM wrote it
+            return None
+        try:
+            data = jsonio.loads(raw)
+        except (ValueError, RecursionError):
+            data = None
+        if not isinstance(data, dict):
+            log.warning("%s turn %d: vLLM answered 200 with a body that is not a JSON object",
+                        self.name, self.session.rounds + 1)
+            yield self.error(502, "vLLM answered 200 with a body that is not a JSON object.")
+            return None
+        turn = self.parse(up, raw, data)
+        if isinstance(turn, Response):
+            yield turn
+            return None
+        return turn
+
+    def parse(self, up: UpstreamResponse, raw: bytes, data: dict):
+        """The turn in vLLM's JSON object, or a Response to end with when it is not one."""
+        raise NotImplementedError
+
+    def error(self, status, message, type_=None):
+        return self.error_reply(status, message, type_)
+
+
+class Stream(Dialect):
+    """A request answered with one event stream over every turn: vLLM's events are relayed
+    as they come, searches are shown while they run, errors are the stream's last events."""
+
+    stream = True
+
+    def read(self, call: Call):
+        """Relay one turn's events, gathering the turn; None once what ends the loop was yielded."""
+        up = call.response
+        if not streaming(up):
+            yield self.refused(up.status, call.read())
+            return None
+        return (yield from self.relay(up))
+
+    def relay(self, up: UpstreamResponse):
+        raise NotImplementedError
+
+    def refused(self, status: int, raw: bytes) -> bytes:
+        """A later turn that vLLM answered with an error (or without a stream), as the stream's end."""
+        raise NotImplementedError
+
+    def keepalive(self, calls: list) -> bytes:
+        """What keeps the client's idle timeouts away while a search runs: a comment by default."""
+        return comment("searching " + ", ".join(repr(q) for q, _ in self.queries(calls) if q))
+
+
+def streaming(up: UpstreamResponse) -> bool:
+    return up.status == 200 and up.is_event_stream
+
+
+def run(ex: Exchange, d: Dialect) -> Response:
+    """Serve one searching request the dialect's way: a plain Response, or a streamed one."""
+    watch = ex.watch_client()
+    if not d.stream:
+        rounds = _rounds(ex, d, None, watch)
+        try:
+            answer = next(rounds, None)
+        finally:
+            rounds.close()  # the loop's own cleanup: every call it made is ended
+            watch.stop()
+        return answer if answer is not None else d.error(499, GONE)
+    call, headers = None, d.headers
+    if d.first_turn is None:
+        # The first turn opens before the client's answer does: until vLLM streams, its
+        # status and body are still the client's to get.
+        opened = _open_first_turn(ex, d, watch)
+        if isinstance(opened, Response):
+            watch.stop()
+            return opened
+        call = opened
+        headers = response_headers(call.response)
+    return Response(_streamed(ex, d, call, watch), status=200, headers=headers, direct_passthrough=True)
+
+
+def _open_first_turn(ex: Exchange, d: Dialect, watch: ClientWatch) -> Call | Response:
+    """The first turn's call once vLLM streams it, or the whole answer when vLLM did not."""
+    try:
+        call = ex.post(d.path, d.request)
+        return call if streaming(call.response) else d.vllm_reply(call.response, call.read())
+    except UpstreamError as e:
+        return d.error_reply(499, GONE) if watch.gone else _gateway_error(d, e, d.error_reply)
+
+
+def _streamed(ex: Exchange, d: Dialect, call, watch: ClientWatch):
+    try:
+        yield from _rounds(ex, d, call, watch)
+    finally:
+        watch.stop()
+
+
+def _rounds(ex: Exchange, d: Dialect, call, watch: ClientWatch):
+    """The loop itself; yields what the client gets. `call` is the first turn when already open."""
+    session = d.session
+    turn = d.first_turn
+    try:
+        while True:
+            if turn is None:
+                if call is None:
+                    if watch.gone:
+                        return  # no turn starts for a client that has gone
+                    call = ex.post(d.path, d.request)
+                turn = yield from d.read(call)
+                call.end()
+                call = None
+                if turn is None:
+                    return
+            calls = d.searches(turn)
+            if not calls:
+                yield from d.finish(turn)
+                return
+            if session.exhausted:
+                yield d.error(422, session.cap_message(), CAP_TYPE)
+                return
+            yield from d.announce(calls)
+            if d.stream:
+                outcomes = yield from run_with_keepalive(
+                    lambda calls=calls: d.search(calls), ex.cfg.keepalive_interval, d.keepalive(calls),
+                    should_stop=lambda: watch.gone)
+            else:
+                outcomes = d.search(calls)
+            if watch.gone or outcomes is None:
+                return
+            yield from d.record(turn, calls, outcomes)
+            turn = None
+    except UpstreamError as e:
+        if not watch.gone:  # else it is the watch's doing, not vLLM's failure
+            yield _gateway_error(d, e, d.error)
+    finally:
+        if call is not None:
+            call.end()
+
+
+def _gateway_error(d: Dialect, e: UpstreamError, frame):
+    """vLLM unreachable or silent: 502 or 504 in the API's shape, and one log line."""
+    status, msg = upstream_error_status(e)
+    log.warning("%s turn %d: %s", d.name, d.session.rounds + 1, msg)
+    return frame(status, msg)

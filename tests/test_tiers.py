@@ -1,0 +1,74 @@
+"""The tier markers (pyproject.toml) select what tests/run.sh installs: a narrowed selection is collected
+with CODING_STACK_TIERS_OUT set and tests/conftest.py lists each selected test with its tiers; run with
+`tests/run.sh tests/test_tiers.py`.
+
+Collecting the whole suite takes 10-20 s, so it is collected twice in all: once whole (every test's
+tiers, against which the marker expressions are evaluated with pytest's own parser) and once through
+`-m`, as run.sh does it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _pytest.mark.expression import Expression
+
+REPO = Path(__file__).resolve().parent.parent
+# Where each tier's tests live; a test there without its tier's marker would run without its environment.
+NEEDS_VLLM = ("tests/real_vllm/", "tests/container/")
+AGENT_MODULES = ("tests/test_claude_code.py", "tests/test_codex.py")
+QUICK = "not real_vllm and not agents"
+
+
+def collect(out: Path, *args: str) -> dict[str, set[str]]:
+    """node id -> its tiers, for the tests the arguments select."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                          cwd=REPO, env={**os.environ, "CODING_STACK_TIERS_OUT": str(out)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = (line.split("\t") for line in out.read_text().splitlines())
+    return {node: set(filter(None, tiers.split(","))) for node, tiers in rows}
+
+
+@pytest.fixture(scope="module")
+def every_test(tmp_path_factory) -> dict[str, set[str]]:
+    return collect(tmp_path_factory.mktemp("tiers") / "all")
+
+
+def selected(tests: dict[str, set[str]], expr: str) -> dict[str, set[str]]:
+    compiled = Expression.compile(expr)
+    return {node: tiers for node, tiers in tests.items() if compiled.evaluate(tiers.__contains__)}
+
+
+@pytest.mark.parametrize("expr, tiers", [
+    (QUICK, set()),
+    ("not container", {"real_vllm", "agents"}),
+    ("agents", {"agents", "container", "real_vllm"}),  # the container tier runs both agents too
+    ("real_vllm and not container", {"real_vllm"}),
+])
+def test_an_expression_selects_exactly_its_tiers(every_test, expr, tiers):
+    chosen = selected(every_test, expr)
+    assert chosen and set().union(*chosen.values()) == tiers
+
+
+def test_every_test_of_a_heavy_tier_carries_its_marker(every_test):
+    for node, tiers in every_test.items():
+        if node.startswith(NEEDS_VLLM):
+            assert "real_vllm" in tiers, node
+        if node.startswith("tests/container/"):
+            assert "container" in tiers, node
+        if node.startswith(AGENT_MODULES):
+            assert "agents" in tiers, node
+    agents_in_container = sorted(n.split("::")[1] for n, t in every_test.items()
+                                 if n.startswith("tests/container/") and "agents" in t)
+    assert agents_in_container == ["test_claude_code_against_the_stack", "test_codex_against_the_stack"]
+
+
+def test_run_sh_sees_what_m_selects(every_test, tmp_path):
+    """The collection run.sh makes: after -m deselects, conftest lists only what remains."""
+    quick = collect(tmp_path / "quick", "-m", QUICK)
+    assert quick == selected(every_test, QUICK) and len(quick) > 500
+    assert not [n for n in quick if n.startswith(NEEDS_VLLM + AGENT_MODULES)]
