@@ -77,7 +77,7 @@ def engine_time(text: str) -> float:
     """Docker's RFC 3339 nanosecond time (trailing zeros trimmed) as seconds since the epoch."""
     m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z", text)
     assert m, text
-    whole = datetime.datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+    whole = datetime.datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
     return whole.timestamp() + float(m[2] or 0)
 
 
