@@ -65,6 +65,25 @@ def test_the_tool_vllm_sees_and_the_plan():
     assert plan.fetch == M.FetchPlan(max_uses=2, allowed=("docs.example",), max_tokens=50, citations={"enabled": True})
     assert plan.ours() == {"web_search", "web_fetch_server"} and plan.client_tools
     assert M.rewrite({"messages": ASK, "tools": [FETCH]})[0]["tools"] == [VLLM_FETCH_TOOL]
+    later = {"type": "web_fetch_20260318", "name": "web_fetch", "use_cache": False}  # its extra options are ignored
+    assert M.rewrite({"messages": ASK, "tools": [later]})[0]["tools"] == [VLLM_FETCH_TOOL]
+
+
+@pytest.mark.parametrize("tool_choice,expected", [
+    ({"type": "tool", "name": "web_fetch"}, {"type": "auto"}),
+    ({"type": "any"}, {"type": "auto"}),
+    ({"type": "auto"}, {"type": "auto"}),
+])
+def test_a_forced_fetch_is_forced_once(tool_choice, expected):
+    _, plan = M.rewrite({"messages": ASK, "tools": [FETCH]})
+    assert M.next_request({"tool_choice": tool_choice}, [], plan)["tool_choice"] == expected
+
+
+def test_a_client_web_fetch_forced_stays_forced():
+    mine = {"name": "web_fetch", "input_schema": {"type": "object"}}
+    _, plan = M.rewrite({"messages": ASK, "tools": [mine, FETCH]})
+    tc = {"type": "tool", "name": "web_fetch"}  # the client's own tool: its calls go back to the client
+    assert M.next_request({"tool_choice": tc}, [], plan)["tool_choice"] == tc
 
 
 @pytest.mark.parametrize("spec,problem", [
@@ -282,6 +301,35 @@ def test_fetch_outcomes_become_result_blocks(proxy, fetching, backend, site, str
     told = last_results(turns(backend)[1])
     assert [t.startswith(("Fetch failed", "Not fetched")) for t in told] == [c is not None for c in codes]
     assert [r.path for r in site.requests] == [tag + g for g in gets]
+
+
+def test_a_search_and_a_fetch_of_one_turn_run_together(fetching, backend, searxng, site):
+    path = fresh("/a")
+    site.route(path, "words of page a", headers={"Content-Type": "text/plain"})
+    url = f"http://127.0.0.1:{site.port}{path}"
+    calls = [W.tool_use("web_search", {"query": "q1"}), W.tool_use("web_fetch", {"url": url})]
+    backend.script(W.message_reply(calls), W.message_reply([W.text("done")]))
+    msg = ask(fetching, False, tools=[SEARCH, FETCH])
+    assert kinds(msg) == ["server_tool_use", "server_tool_use", "web_search_tool_result", "web_fetch_tool_result", "text"]
+    assert [b.name for b in msg.content[:2]] == ["web_search", "web_fetch"]
+    assert [b.tool_use_id for b in msg.content[2:4]] == [b.id for b in msg.content[:2]]
+    search_text, page_text = last_results(turns(backend)[1])
+    assert search_text.startswith('Search results for "q1"') and page_text.endswith("words of page a")
+    assert searxng.queries == ["q1"] and [r.path for r in site.requests] == [path]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_cap_counts_a_search_and_a_fetch_of_one_turn_as_one_round(start_proxy, backend, searxng, site, stream):
+    p = start_proxy(MAX_SEARCH_ITER="1", KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8")
+    path = fresh("/a")
+    site.route(path, "a", headers={"Content-Type": "text/plain"})
+    url = f"http://127.0.0.1:{site.port}{path}"
+    backend.script(reply([W.tool_use("web_search", {"query": "q1"}), W.tool_use("web_fetch", {"url": url})], stream),
+                   reply([W.tool_use("web_fetch", {"url": url + "?2"})], stream))
+    with pytest.raises(anthropic.APIStatusError) as e:
+        ask(p, stream, tools=[SEARCH, FETCH])
+    assert "1 of 1 search round used (1 search, 0 repeated, 0 empty, 1 page fetched)" in str(e.value)
+    assert [r.path for r in site.requests] == [path] and len(turns(backend)) == 2
 
 
 def test_both_domain_lists_are_refused_like_anthropic(fetching, backend):
