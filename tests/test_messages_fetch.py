@@ -408,3 +408,19 @@ def test_client_leaving_mid_fetch_stops_the_loop(fetching, backend, site, stream
     s.close()
     time.sleep(2.5)  # the page has come by now: a loop that went on would have asked vLLM again
     assert [r.path for r in site.requests] == [path] and len(turns(backend)) == 1
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": ASK, "tools": [{**FETCH, "max_content_tokens": 0}]},
+    {"messages": ASK, "tools": [{**FETCH, "allowed_domains": "a.example"}]},
+    {"messages": ASK, "tools": [{**FETCH, "citations": "on"}]},
+    {"messages": ASK + [{"role": "assistant", "content": [
+        FSTU, {"type": "web_fetch_tool_result", "tool_use_id": "srvtoolu_f", "content": "?"}, 5]}]},
+    {"messages": ASK + [{"role": "assistant", "content": [{**FSTU, "input": "u"}, {**FRES, "content": None}]}],
+     "tools": [FETCH]},
+])
+def test_malformed_fetch_requests_get_a_client_error_not_a_500(fetching, backend, body):
+    backend.responder = lambda r: W.error_reply(400, "vLLM says no")
+    status, _, raw = _raw_post(fetching, {"model": "foundation", "max_tokens": 5, **body})
+    assert 400 <= status < 500, raw
+    assert json.loads(raw)["type"] == "error"
