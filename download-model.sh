@@ -4,6 +4,7 @@
 # Puts the checkpoint vLLM serves into the HF cache it mounts: $MODEL_DIR/hub/models--OWNER--NAME
 # (MODEL_DIR default /storage-models/vllm, also read from ./.env). A no-op when every file is already
 # there at full size; resumable; with the hub unreachable it verifies against its own download record.
+# For hosts that fetch ahead of time: `docker compose up` runs the same code in its `model` service.
 # Uses Hugging Face's own client (huggingface_hub) from a private venv, never the system Python's packages.
 #
 # Environment: MODEL_DIR, MODEL_ID, MODEL_REVISION (default main), HF_TOKEN (gated/private repos),

@@ -12,7 +12,7 @@ import time
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from . import chat, messages, responses
+from . import alpha_search, chat, messages, responses
 from .config import Config
 from .errors import error_for_path, upstream_error_status
 from .exchange import Exchange, response_headers
@@ -169,6 +169,9 @@ def create_app(cfg: Config) -> Flask:
     @app.route("/v1/responses", methods=["POST"])
     def openai_responses():
         return responses.handle(exchange())
+
+    # Codex's standalone web search (supports_standalone_web_search); answered here, never by vLLM.
+    alpha_search.register(app, cfg, searxng)
 
     @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
     @app.route("/<path:path>", methods=ALL_METHODS)

@@ -16,7 +16,7 @@ class Config:
     searxng_timeout: float = 15.0
     max_search_iter: int = 10
     inject_web_search: bool = True
-    inject_web_fetch: bool = True  # chat completions get web_fetch next to web_search
+    inject_web_fetch: bool = True  # web_fetch next to web_search (chat), open_page/find_in_page (Responses)
     stream_search: str = "server"  # "server": run searches inside streams; "client": pass calls on
     connect_timeout: float = 10.0
     read_timeout: float = 900.0  # longest silence tolerated from vLLM (a 250k-token prefill)

@@ -1,6 +1,7 @@
 """POST /v1/responses (OpenAI's Responses API, Codex): the hosted web_search tool, run by the
-proxy as a function tool on vLLM's own /v1/responses; every other Responses request stays on
-the transparent relay.
+proxy as function tools on vLLM's own /v1/responses (a search, and reading a page or finding
+text in it, which the client sees as the hosted tool's `open_page` and `find_in_page`
+actions); every other Responses request stays on the transparent relay.
 
 Used by proxy.app; not run on its own. The rules (which requests, the rewrite, replayed
 history, how turns, items and usage add up) are pure functions at the top, tested without a
@@ -11,14 +12,23 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flask import Response
 
 from . import jsonio, loop
 from .errors import error_response
 from .exchange import Exchange, encode_json
+from .fetch import (
+    FETCH_TOOL_DESCRIPTION,
+    URL_SCHEMA,
+    FetchOutcome,
+    FetchRequest,
+    format_page_for_model,
+    parse_fetch_arguments,
+)
 from .jsonio import as_dict, as_list
 from .responses_stream import ClientStream, Turn, is_client_call
 from .search import (
@@ -38,6 +48,20 @@ HOSTED_TYPES = frozenset({"web_search", "web_search_2025_08_26", "web_search_pre
 WEB_SEARCH = "web_search"
 # The name the internal function takes when the client has a `web_search` function of its own.
 FALLBACK_NAME = "web_search_hosted"
+# The hosted tool also opens pages and finds text in them (OpenAI's `open_page` and
+# `find_in_page` actions); the proxy offers both as functions beside the search, under these
+# names, unless the client has tools of those names (then reading pages is the client's).
+WEB_FETCH = "web_fetch"
+FIND_IN_PAGE = "find_in_page"
+FIND_TOOL_DESCRIPTION = (
+    "Find a piece of text in a web page: gives each place the text occurs on the page at that URL, "
+    "with the words around it. Cheaper than reading the whole page when you only need one fact from it.")
+FIND_SCHEMA = {"type": "object",
+               "properties": {"url": {"type": "string", "description": "The full http:// or https:// URL of the page."},
+                              "pattern": {"type": "string", "description": "The text to look for (not case-sensitive)."}},
+               "required": ["url", "pattern"]}
+FIND_MATCHES = 10       # places shown per find_in_page call
+FIND_CONTEXT = 200      # characters shown on each side of a match
 SOURCES = "web_search_call.action.sources"
 # search_context_size -> results per search. Absent: SEARXNG_RESULTS (default 5).
 CONTEXT_RESULTS = {"low": 3, "medium": 5, "high": 10}
@@ -70,10 +94,18 @@ class Plan:
     sources: bool                   # include asks for web_search_call.action.sources
     client_tools: list | None       # as the client sent them, echoed back in the response
     client_tool_choice: object      # likewise; None when the client sent none
+    fetch_name: str | None = None   # the internal page-reading function; None: not offered
+    find_name: str | None = None    # the internal find-in-page function; None: not offered
 
     @property
-    def fetch_limit(self) -> int:
+    def search_limit(self) -> int:
+        """Hits asked of SearXNG: a whole page when a domain filter will throw most away."""
         return max(self.results, FILTER_POOL) if self.allowed else self.results
+
+    @property
+    def internal(self) -> tuple[str, ...]:
+        """The names of the functions the proxy runs itself: every other call is the client's."""
+        return tuple(n for n in (self.name, self.fetch_name, self.find_name) if n)
 
 
 # ---- pure rules ---------------------------------------------------------------------------
@@ -154,6 +186,16 @@ def internal_name(tools) -> str:
     return name
 
 
+def page_tools(tools, enabled: bool) -> tuple[str | None, str | None]:
+    """(fetch name, find name) for a request offering the hosted tool. Each is left out when
+    INJECT_WEB_FETCH is off or the client has a tool of that name: a client that reads pages
+    itself keeps its tool, and the model is not shown two tools for one job."""
+    if not enabled:
+        return None, None
+    taken = tool_names(tools)
+    return (None if WEB_FETCH in taken else WEB_FETCH), (None if FIND_IN_PAGE in taken else FIND_IN_PAGE)
+
+
 def language_for(location) -> str | None:
     if not isinstance(location, dict) or not isinstance(location.get("country"), str):
         return None
@@ -164,44 +206,62 @@ def result_count(size, default: int) -> int:
     return CONTEXT_RESULTS.get(size, default) if isinstance(size, str) else default
 
 
-def make_plan(body: dict, default_results: int) -> Plan:
+def make_plan(body: dict, default_results: int, fetch: bool = True) -> Plan:
+    """`fetch`: whether the hosted tool may read pages here (INJECT_WEB_FETCH)."""
     tools = body.get("tools") or []
     hosted = next((t for t in tools if is_hosted(t)), None)
     spec = hosted or {}
     filters = as_dict(spec.get("filters"))
     allowed = filters.get("allowed_domains") or ()
+    fetch_name, find_name = page_tools(tools, fetch and hosted is not None)
     return Plan(name=internal_name(tools), hosted=hosted is not None,
                 results=result_count(spec.get("search_context_size"), default_results),
                 language=language_for(spec.get("user_location")),
                 allowed=tuple(str(d) for d in allowed if d),
                 sources=SOURCES in (body.get("include") or []),
-                client_tools=body.get("tools"), client_tool_choice=body.get("tool_choice"))
+                client_tools=body.get("tools"), client_tool_choice=body.get("tool_choice"),
+                fetch_name=fetch_name, find_name=find_name)
 
 
 def function_tool(name: str) -> dict:
     return {"type": "function", "name": name, "description": TOOL_DESCRIPTION, "parameters": QUERY_SCHEMA}
 
 
-def rewrite_tools(tools: list, name: str) -> list:
-    """The hosted tool becomes the function tool, in its place; further hosted entries go."""
+def internal_tools(plan: Plan) -> list[dict]:
+    """The functions vLLM sees for the hosted tool: search, and reading pages when offered."""
+    out = [function_tool(plan.name)]
+    if plan.fetch_name:
+        out.append({"type": "function", "name": plan.fetch_name, "description": FETCH_TOOL_DESCRIPTION,
+                    "parameters": URL_SCHEMA})
+    if plan.find_name:
+        out.append({"type": "function", "name": plan.find_name, "description": FIND_TOOL_DESCRIPTION,
+                    "parameters": FIND_SCHEMA})
+    return out
+
+
+def rewrite_tools(tools: list, plan: Plan) -> list:
+    """The hosted tool becomes the internal functions, in its place; further hosted entries go."""
     out, done = [], False
     for t in tools:
         if is_hosted(t):
             if not done:
-                out.append(function_tool(name))
+                out += internal_tools(plan)
                 done = True
             continue
         out.append(t)
     return out
 
 
-def rewrite_tool_choice(choice, name: str):
-    """A choice naming the hosted tool names the function instead; everything else as sent."""
+def rewrite_tool_choice(choice, name: str, page_names: tuple[str, ...] = ()):
+    """A choice forcing the hosted tool forces its search (`name`); an allowed_tools list naming
+    it allows the page functions too (the hosted tool opens pages); everything else as sent."""
     if is_hosted(choice):
         return {"type": "function", "name": name}
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools" and isinstance(choice.get("tools"), list):
-        return {**choice, "tools": [{"type": "function", "name": name} if is_hosted(t) else t
-                                    for t in choice["tools"]]}
+        tools: list = []
+        for t in choice["tools"]:
+            tools += [{"type": "function", "name": n} for n in (name, *page_names)] if is_hosted(t) else [t]
+        return {**choice, "tools": tools}
     return choice
 
 
@@ -232,18 +292,42 @@ def replayed_output(item: dict, query: str) -> str:
             "conversation. Search again if you need them.")
 
 
-def replay(items: list, name: str) -> list:
+def replayed_call(item: dict, name: str, fetch_name: str | None = None,
+                  find_name: str | None = None) -> tuple[str, dict, str]:
+    """(function, arguments, output) standing for one earlier web_search_call. Pure.
+
+    A page opened (or searched in) becomes a call of the page function when this request
+    offers one, so the model sees what it did in the words of its tools; without one it is
+    told as a search for the URL, so no call names a tool it does not have.
+    """
+    action = as_dict(item.get("action"))
+    kind, url, failed = action.get("type"), str(action.get("url") or ""), item.get("status") == "failed"
+    if kind == "open_page" and fetch_name and url:
+        return fetch_name, {"url": url}, (
+            f"Opening {url} failed (in an earlier turn)." if failed else
+            f"Opened {url} in an earlier turn; its text is not kept in the conversation. Open it again if you need it.")
+    if kind == "find_in_page" and find_name and url:
+        pattern = str(action.get("pattern") or "")
+        return find_name, {"url": url, "pattern": pattern}, (
+            f'Finding "{pattern}" in {url} failed (in an earlier turn).' if failed else
+            f'Looked for "{pattern}" in {url} in an earlier turn; what was found is not kept in the '
+            "conversation. Look again if you need it.")
+    query = replayed_query(item)
+    return name, {"query": query}, replayed_output(item, query)
+
+
+def replay(items: list, name: str, fetch_name: str | None = None, find_name: str | None = None) -> list:
     """web_search_call items (which vLLM rejects) as the function_call and output pair vLLM takes."""
     out = []
     for i, item in enumerate(items):
         if not is_replayed_search(item):
             out.append(item)
             continue
-        query = replayed_query(item)
+        function, arguments, output = replayed_call(item, name, fetch_name, find_name)
         call_id = item.get("id") or f"ws_replay_{i}"
-        out.append({"type": "function_call", "call_id": call_id, "name": name,
-                    "arguments": json.dumps({"query": query}, ensure_ascii=False)})
-        out.append({"type": "function_call_output", "call_id": call_id, "output": replayed_output(item, query)})
+        out.append({"type": "function_call", "call_id": call_id, "name": function,
+                    "arguments": json.dumps(arguments, ensure_ascii=False)})
+        out.append({"type": "function_call_output", "call_id": call_id, "output": output})
     return out
 
 
@@ -251,13 +335,13 @@ def first_request(body: dict, plan: Plan) -> dict:
     """The body vLLM gets on the first turn; every field not named here as the client sent it."""
     out = dict(body)
     if isinstance(body.get("input"), list):
-        out["input"] = replay(body["input"], plan.name)
+        out["input"] = replay(body["input"], plan.name, plan.fetch_name, plan.find_name)
     if isinstance(body.get("include"), list):
         out["include"] = rewrite_include(body["include"])
     if plan.hosted:
-        out["tools"] = rewrite_tools(body["tools"], plan.name)
+        out["tools"] = rewrite_tools(body["tools"], plan)
         if "tool_choice" in body:
-            out["tool_choice"] = rewrite_tool_choice(body["tool_choice"], plan.name)
+            out["tool_choice"] = rewrite_tool_choice(body["tool_choice"], plan.name, plan.internal[1:])
         # The client's response is assembled from several vLLM responses, none of which is
         # it; storing them would only hand out ids that resume from half a conversation.
         out["store"] = False
@@ -269,8 +353,13 @@ def is_search_call(item, name: str) -> bool:
             and item.get("name") == name and not item.get("namespace"))
 
 
-def search_calls(output, name: str) -> list[dict]:
-    return [i for i in output or [] if is_search_call(i, name)]
+def is_internal_call(item, plan: Plan) -> bool:
+    """A call of one of the proxy's functions (search, open a page, find in a page): the proxy runs it."""
+    return any(is_search_call(item, n) for n in plan.internal)
+
+
+def search_calls(output, plan: Plan) -> list[dict]:
+    return [i for i in output or [] if is_internal_call(i, plan)]
 
 
 def shape(outcome: SearchOutcome, plan: Plan) -> SearchOutcome:
@@ -281,11 +370,105 @@ def shape(outcome: SearchOutcome, plan: Plan) -> SearchOutcome:
     return outcome
 
 
-def run_searches(session: SearchSession, calls: list[dict], plan: Plan) -> list[SearchOutcome]:
-    """One round: every search call of a turn, concurrently, shaped for the client."""
-    outcomes = session.run([parse_arguments(c.get("arguments")) for c in calls],
-                           limit=plan.fetch_limit, language=plan.language)
-    return [shape(o, plan) for o in outcomes]
+@dataclass(frozen=True)
+class Found:
+    """What one find_in_page call produced: the pattern, and the page fetch it looked in."""
+    pattern: str
+    fetched: FetchOutcome
+
+
+def arguments_of(call: dict) -> dict:
+    """A call's arguments as an object; {} when they are not one (the parsers say why)."""
+    raw = call.get("arguments")
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+FIND_USAGE = f'Call {FIND_IN_PAGE} with {{"url": "https://...", "pattern": "text"}}.'
+
+
+def find_request(arguments) -> FetchRequest:
+    """A find_in_page call as the fetch it needs, refused early when there is no pattern. Pure."""
+    request = parse_fetch_arguments(arguments)
+    if request.early is not None:
+        # The fetch core's refusal tells how to call web_fetch; this call was find_in_page.
+        said = request.early.message.replace('Call web_fetch with {"url": "https://..."}.', FIND_USAGE)
+        return replace(request, early=replace(request.early, message=said))
+    pattern = arguments_of({"arguments": arguments}).get("pattern")
+    if not (isinstance(pattern, str) and pattern.strip()):
+        return replace(request, early=FetchOutcome(request.url, error_code="invalid_tool_input",
+                                                   message=f'Find failed: missing "pattern". {FIND_USAGE}'))
+    return request
+
+
+def tool_request(call: dict, plan: Plan):
+    """A call of the proxy's as SearchSession.run takes it: a parsed query, or a fetch limited
+    to the hosted tool's allowed_domains (which OpenAI's tool applies to opened pages too)."""
+    arguments = call.get("arguments")
+    if call.get("name") == plan.fetch_name:
+        return replace(parse_fetch_arguments(arguments), allowed_domains=plan.allowed)
+    if call.get("name") == plan.find_name:
+        return replace(find_request(arguments), allowed_domains=plan.allowed)
+    return parse_arguments(arguments)
+
+
+def settle(call: dict, outcome, plan: Plan):
+    """One call's outcome as the client and the model get it: searches shaped, finds paired with their pattern."""
+    if isinstance(outcome, SearchOutcome):
+        return shape(outcome, plan)
+    if call.get("name") == plan.find_name:
+        return Found(str(arguments_of(call).get("pattern") or "").strip(), outcome)
+    return outcome
+
+
+def run_searches(session: SearchSession, calls: list[dict], plan: Plan) -> list:
+    """One round: every internal call of a turn (searches and page reads), concurrently."""
+    outcomes = session.run([tool_request(c, plan) for c in calls], limit=plan.search_limit, language=plan.language)
+    return [settle(c, o, plan) for c, o in zip(calls, outcomes, strict=True)]
+
+
+def find_in_text(text: str, pattern: str, limit: int = FIND_MATCHES, context: int = FIND_CONTEXT) -> tuple[list[str], int]:
+    """(up to `limit` excerpts around the places `pattern` occurs, how many places). Pure.
+
+    The pattern is literal text, case-insensitive: a model-written regular expression could
+    take exponential time. A match inside the previous excerpt adds no excerpt of its own.
+    """
+    spans = [m.span() for m in re.finditer(re.escape(pattern), text, re.IGNORECASE)] if pattern else []
+    windows: list[tuple[int, int]] = []
+    for a, b in spans:
+        if windows and a < windows[-1][1]:
+            continue
+        windows.append((max(0, a - context), min(len(text), b + context)))
+    excerpts = [("…" if lo else "") + " ".join(text[lo:hi].split()) + ("…" if hi < len(text) else "")
+                for lo, hi in windows[:limit]]
+    return excerpts, len(spans)
+
+
+def format_found(found: Found) -> str:
+    """What the model reads for a find_in_page call. Pure."""
+    page = found.fetched.page
+    if page is None:
+        return found.fetched.message
+    excerpts, count = find_in_text(page.text, found.pattern)
+    cut = " (only the beginning of the page was searched: the rest is past the proxy's limit)" if page.truncated else ""
+    if not excerpts:
+        return f'"{found.pattern}" does not occur in {page.url} ({len(page.text)} characters searched){cut}.'
+    head = f'"{found.pattern}" occurs {count} {"time" if count == 1 else "times"} in {page.url}' + (
+        f' "{page.title}"' if page.title else "") + cut + ":"
+    more = [f"(showing the first {len(excerpts)})"] if len(excerpts) < count else []
+    return "\n".join([head] + [f"[{i}] {e}" for i, e in enumerate(excerpts, 1)] + more)
+
+
+def tool_output(outcome) -> str:
+    """The text the model reads for one internal call. Pure."""
+    if isinstance(outcome, Found):
+        return format_found(outcome)
+    if isinstance(outcome, FetchOutcome):
+        return format_page_for_model(outcome)
+    return format_for_model(outcome)
 
 
 def ws_id(call: dict) -> str:
@@ -294,21 +477,43 @@ def ws_id(call: dict) -> str:
     return "ws_" + (ident[3:] if ident.startswith("fc_") else uuid.uuid4().hex[:16])
 
 
-def web_search_item(call: dict, outcome: SearchOutcome, plan: Plan) -> dict:
-    """The client's record of one search: failed only when SearXNG gave no usable answer."""
-    action: dict[str, object] = {"type": "search", "query": outcome.query}
-    if plan.sources:
-        action["sources"] = [{"type": "url", "url": h.url} for h in outcome.hits]
-    return {"id": ws_id(call), "type": "web_search_call",
-            "status": "failed" if outcome.status == "failed" else "completed", "action": action}
+def call_action(call: dict, plan: Plan) -> dict:
+    """The action a call shows as, from its arguments alone (a stream shows it before it runs):
+    `search` with its query, `open_page` with its URL, `find_in_page` with URL and pattern. Pure."""
+    args = arguments_of(call)
+    url, pattern = (v.strip() if isinstance(v, str) else "" for v in (args.get("url"), args.get("pattern")))
+    if call.get("name") == plan.fetch_name:
+        return {"type": "open_page", "url": url} if url else {"type": "open_page"}
+    if call.get("name") == plan.find_name:
+        return {"type": "find_in_page", "url": url, "pattern": pattern}
+    return {"type": "search", "query": parse_arguments(call.get("arguments"))[0] or ""}
+
+
+def web_search_item(call: dict, outcome, plan: Plan) -> dict:
+    """The client's record of one call: failed only when SearXNG gave no usable answer, or
+    the page could not be read."""
+    if isinstance(outcome, SearchOutcome):
+        action: dict[str, object] = {"type": "search", "query": outcome.query}
+        if plan.sources:
+            action["sources"] = [{"type": "url", "url": h.url} for h in outcome.hits]
+        failed = outcome.status == "failed"
+    else:
+        action = call_action(call, plan)
+        failed = not (outcome.fetched if isinstance(outcome, Found) else outcome).ok
+    return {"id": ws_id(call), "type": "web_search_call", "status": "failed" if failed else "completed", "action": action}
+
+
+def pending_item(call: dict, plan: Plan) -> dict:
+    """A call's web_search_call as a stream announces it, before it has run. Pure."""
+    return {"id": ws_id(call), "type": "web_search_call", "status": "in_progress", "action": call_action(call, plan)}
 
 
 def visible_output(turn_output: list, plan: Plan, outcomes: dict) -> list:
-    """A search turn's items as the client sees them: each search call replaced by its
+    """A search turn's items as the client sees them: each internal call replaced by its
     web_search_call; the client's own calls of that turn were not run, so they go."""
     out = []
     for item in turn_output or []:
-        if is_search_call(item, plan.name):
+        if is_internal_call(item, plan):
             out.append(web_search_item(item, outcomes[item.get("call_id")], plan))
         elif not is_client_call(item):
             out.append(item)
@@ -319,9 +524,9 @@ def call_outputs(turn_output: list, plan: Plan, outcomes: dict) -> list:
     """One output item per call of the turn, in order: results, or the not-executed stub."""
     out = []
     for item in turn_output or []:
-        if is_search_call(item, plan.name):
+        if is_internal_call(item, plan):
             out.append({"type": "function_call_output", "call_id": item.get("call_id"),
-                        "output": format_for_model(outcomes[item.get("call_id")])})
+                        "output": tool_output(outcomes[item.get("call_id")])})
         elif item.get("type") == "function_call":
             out.append({"type": "function_call_output", "call_id": item.get("call_id"), "output": NOT_EXECUTED})
         elif item.get("type") == "custom_tool_call":
@@ -412,7 +617,7 @@ def handle(ex: Exchange) -> Response:
     problem = validate(body) or refusal(body)
     if problem:
         return error_response(400, problem[0], param=problem[1])
-    plan = make_plan(body, ex.cfg.searxng_results)
+    plan = make_plan(body, ex.cfg.searxng_results, ex.cfg.inject_web_fetch)
     request = first_request(body, plan)
     if not plan.hosted:
         # History only: the model has no search tool this time, so vLLM's answer is final.
@@ -448,10 +653,11 @@ class _Responses(loop.Dialect):
         self.usage: dict | None = None
 
     def searches(self, turn) -> list:
-        return search_calls(turn.output, self.plan.name)
+        return search_calls(turn.output, self.plan)
 
     def queries(self, calls: list) -> list:
-        return [parse_arguments(c.get("arguments")) for c in calls]
+        """(what the keep-alive names, None) per call: the query, or the page's URL."""
+        return [r if isinstance(r, tuple) else (r.url, None) for r in (tool_request(c, self.plan) for c in calls)]
 
     def search(self, calls: list) -> list:
         return run_searches(self.session, calls, self.plan)
@@ -530,12 +736,11 @@ class StreamedResponses(loop.Stream, _Responses):
         yield self.out.emit({"type": "response.completed", "response": final, "sequence_number": 0})
 
     def announce(self, calls):
-        """Each search shown starting: its web_search_call item, in progress and searching."""
+        """Each call shown starting (a search or a page read alike, as OpenAI shows page opens):
+        its web_search_call item, in progress and searching."""
         self.placed, shown = [], []
         for call in calls:
-            query = parse_arguments(call.get("arguments"))[0] or ""
-            item = {"id": ws_id(call), "type": "web_search_call", "status": "in_progress",
-                    "action": {"type": "search", "query": query}}
+            item = pending_item(call, self.plan)
             index = self.out.new_index(item)
             self.placed.append((call, index))
             shown += [self.out.emit({"type": kind, **fields, "output_index": index, "sequence_number": 0})

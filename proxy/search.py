@@ -110,10 +110,12 @@ def parse_arguments(arguments) -> tuple[str | None, SearchOutcome | None]:
     return clean_query(arguments["query"])
 
 
-def search_url(base_url: str, query: str, language: str | None = None) -> str:
+def search_url(base_url: str, query: str, language: str | None = None, time_range: str | None = None) -> str:
     params = {"q": query, "format": "json"}
     if language:
         params["language"] = language
+    if time_range:
+        params["time_range"] = time_range  # SearXNG's day, week, month or year
     return base_url.rstrip("/") + "/search?" + urllib.parse.urlencode(params)
 
 
@@ -249,8 +251,9 @@ class SearXNG:
         self.results = results
         self.timeout = timeout
 
-    def search(self, query: str, language: str | None = None, limit: int | None = None) -> SearchOutcome:
-        url = search_url(self.base_url, query, language)
+    def search(self, query: str, language: str | None = None, limit: int | None = None,
+               time_range: str | None = None) -> SearchOutcome:
+        url = search_url(self.base_url, query, language, time_range)
         parts = urllib.parse.urlsplit(url)
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         # A fresh connection per search: searches are seconds apart and few, and the

@@ -1,17 +1,22 @@
-"""The logic of download-model.sh (fetch or verify the checkpoint in the HF cache); run it through ./download-model.sh.
+"""The logic of download-model.sh and of the compose `model` service (fetch or verify the checkpoint in the HF cache);
+run it through ./download-model.sh, or `docker compose up model` (model/Dockerfile), never by hand.
 
-It needs huggingface_hub 2.4.0 (the script's private venv provides it) and reads MODEL_DIR, MODEL_ID,
-MODEL_REVISION, HF_TOKEN and HF_ENDPOINT from the environment. Every failure ends in one line on stderr and
-exit status 1; the last line on stdout says what was found or done.
+It needs huggingface_hub 2.4.0 (the script's private venv, or the model image, provides it) and reads MODEL_DIR,
+MODEL_ID, MODEL_REVISION, HF_TOKEN and HF_ENDPOINT from the environment; DOWNLOAD_PROG names it in its messages
+and PROGRESS_INTERVAL (seconds, 0 = off) paces its progress lines, on by default when stderr is not a terminal
+(`docker compose logs`), where a progress bar would be one endless line. Every failure ends in one line on stderr
+and exit status 1; the last line on stdout says what was found or done.
 """
 import datetime
 import json
 import os
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
-PROG = "download-model.sh"
+PROG = os.environ.get("DOWNLOAD_PROG") or "download-model.sh"
 DEFAULT_MODEL = "shawnw3i/Huihui-Qwen3.8-27B-abliterated-AWQ-MTP"
 # Recorded inside the repo's cache folder, so deleting that folder resets the record with the files.
 MANIFEST = ".coding-stack-manifest.json"
@@ -30,6 +35,95 @@ def info(message):
 
 def gib(n):
     return f"{n / 2**30:.2f} GiB"
+
+
+def rate_text(bytes_per_s):
+    return f"{bytes_per_s / 2**20:.1f} MiB/s"
+
+
+def duration_text(seconds):
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def progress_line(done_files, total_files, have, total, fetched, elapsed):
+    """One log line: files, bytes, share, the rate of this run (bytes fetched over seconds) and the ETA it gives."""
+    share = 100 * have / total if total else 100
+    line = f"{done_files}/{total_files} files, {gib(have)} of {gib(total)} ({share:.0f}%)"
+    if elapsed <= 0 or fetched <= 0:
+        return f"{line}, waiting for data"
+    rate = fetched / elapsed
+    return f"{line}, {rate_text(rate)}, ETA {duration_text(max(total - have, 0) / rate)}"
+
+
+def enough_disk(need, free, headroom=None):
+    """None when `need` bytes (plus headroom) fit in `free`, else the one line that says they don't."""
+    headroom = HEADROOM if headroom is None else headroom
+    if need + headroom <= free:
+        return None
+    return (f"{gib(need)} to download (+{gib(headroom)} headroom), {gib(free)} free: "
+            f"free {gib(need + headroom - free)} or point MODEL_DIR at a bigger disk")
+
+
+def progress_interval():
+    value = os.environ.get("PROGRESS_INTERVAL")
+    if value:
+        try:
+            return max(float(value), 0.0)
+        except ValueError:
+            die(f"PROGRESS_INTERVAL must be a number of seconds, not {value!r}")
+    return 0.0 if sys.stderr.isatty() else 10.0
+
+
+class Progress:
+    """Prints a progress line every `interval` seconds while the client downloads, and one at the end.
+
+    It measures what is on disk, not what the client reports: complete files in the snapshot folder plus the
+    `.incomplete` blobs the client is writing, so it is right whatever the client does with its own bars."""
+
+    def __init__(self, storage, snapshot, files, interval):
+        self.storage, self.snapshot, self.files, self.interval = storage, snapshot, files, interval
+        self.total = sum(files.values())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._start_have, self._started = self.measure()[1], time.monotonic()
+
+    def measure(self):
+        done, have = 0, 0
+        for path, want in self.files.items():
+            local = self.snapshot / path
+            if local.exists() and local.stat().st_size == want:
+                done, have = done + 1, have + want
+        for partial in (self.storage / "blobs").glob("*.incomplete"):
+            try:
+                have += partial.stat().st_size
+            except OSError:  # finished and renamed meanwhile
+                pass
+        return done, min(have, self.total)
+
+    def line(self):
+        done, have = self.measure()
+        return progress_line(done, len(self.files), have, self.total, have - self._start_have,
+                             time.monotonic() - self._started)
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            info(self.line())
+
+    def __enter__(self):
+        if self.interval > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self.interval > 0:
+            self._thread.join()
+            info(self.line())
 
 
 def one_line(error):
@@ -60,7 +154,7 @@ def remote_listing(repo_id, revision):
     except GatedRepoError:
         die(f"{repo_id} is gated: accept its terms on the hub, then set HF_TOKEN to a token of that account")
     except RepositoryNotFoundError:
-        die(f"{repo_id} not found on {constants.ENDPOINT} (a private repo needs HF_TOKEN)")
+        die(f"{repo_id} not found on {constants.ENDPOINT} (a private or gated repo needs HF_TOKEN: set it in .env)")
     except RevisionNotFoundError:
         die(f"{repo_id} has no revision '{revision}' on {constants.ENDPOINT}")
     except HfHubHTTPError as error:
@@ -106,6 +200,10 @@ def write_manifest(path, repo_id, revision, commit, files, endpoint):
 
 
 def main():
+    interval = progress_interval()
+    if interval > 0:
+        # The client's own bars redraw one line with carriage returns: noise in a log. Read at its import.
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from huggingface_hub import constants, snapshot_download
 
     model_dir = Path(os.environ.get("MODEL_DIR") or "/storage-models/vllm")
@@ -125,7 +223,8 @@ def main():
     if commit is None:
         reason = files
         if not manifest_path.is_file():
-            die(f"cannot reach the hub at {constants.ENDPOINT} ({reason}) and {storage} has no download record")
+            die(f"cannot reach the hub at {constants.ENDPOINT} ({reason}) and {storage} has no download record: "
+                f"check the network (HF_ENDPOINT names a mirror), then run again")
         try:
             record = json.loads(manifest_path.read_text())
             commit, files = record["commit"], {k: int(v) for k, v in record["files"].items()}
@@ -156,14 +255,14 @@ def main():
         if blob != local and blob.exists():
             blob.unlink()
     need = sum(files[p] for p in missing) + sum(want for _, _, want in wrong)
-    free = shutil.disk_usage(cache_dir).free
-    if need + HEADROOM > free:
-        die(f"not enough disk space in {cache_dir}: {gib(need)} to download (+{gib(HEADROOM)} headroom), "
-            f"{gib(free)} free")
+    problem = enough_disk(need, shutil.disk_usage(cache_dir).free)
+    if problem:
+        die(f"not enough disk space in {cache_dir}: {problem}")
     info(f"fetching {len(missing) + len(wrong)} of {len(files)} files ({gib(need)}) "
          f"from {constants.ENDPOINT} into {storage}")
     try:
-        snapshot_download(repo_id, revision=revision, cache_dir=str(cache_dir))
+        with Progress(storage, snapshot, files, interval):
+            snapshot_download(repo_id, revision=revision, cache_dir=str(cache_dir))
     except Exception as error:  # whatever the client raises, the user gets one line, not a traceback
         die(f"download failed (files already complete are kept; run again for the rest): {one_line(error)}")
     missing, wrong = check(snapshot, files)

@@ -31,6 +31,17 @@ from standins.web_pages import WebSite  # noqa: E402
 TIERS = ("real_vllm", "agents", "container")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """Under `-n N` (pytest-xdist, --dist loadgroup from pyproject.toml), each heavy tier's tests run
+    on one worker: their session fixtures (a vLLM server, the compose stack) must be started once."""
+    for item in items:
+        if item.get_closest_marker("container"):
+            item.add_marker(pytest.mark.xdist_group("container"))
+        elif item.get_closest_marker("real_vllm"):
+            item.add_marker(pytest.mark.xdist_group("real_vllm"))
+
+
 def pytest_collection_finish(session):
     out = os.environ.get("CODING_STACK_TIERS_OUT")
     if out:
@@ -75,14 +86,20 @@ class ProxyProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self):
+        self.ask_to_stop()
+        self.wait_stopped()
+
+    def ask_to_stop(self):
         if self.proc.poll() is None:
             # QUIT: gunicorn's quick shutdown; TERM would wait out idle keep-alive clients.
             os.killpg(self.proc.pid, signal.SIGQUIT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+
+    def wait_stopped(self):
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
         self._log.close()
 
 
@@ -130,8 +147,11 @@ def _proxies(_backend_server, _searxng_server):
         return running[key]
 
     yield start
+    # All at once: each takes a second or two to exit, and a run starts dozens.
     for p in running.values():
-        p.stop()
+        p.ask_to_stop()
+    for p in running.values():
+        p.wait_stopped()
 
 
 @pytest.fixture

@@ -56,7 +56,7 @@ wants() { case " $TIERS " in *" $1 "*) return 0;; *) return 1;; esac; }
 
 # The real coding agents (each ships a native binary in its npm package), pinned to the
 # versions whose wire traffic tests/data describes; tests find them via $AGENTS_BIN.
-AGENTS=$CACHE/agents-claude-2.1.328-codex-0.169.0
+AGENTS=$CACHE/agents-claude-2.1.332-codex-0.171.0
 if ! wants agents; then
   echo "run.sh: no agent tests selected; Claude Code and Codex not needed" >&2
 elif [ ! -e "$AGENTS/.complete" ]; then
@@ -64,7 +64,7 @@ elif [ ! -e "$AGENTS/.complete" ]; then
   echo "run.sh: installing Claude Code and Codex into $AGENTS" >&2
   rm -rf "$AGENTS" && mkdir -p "$AGENTS"
   npm install --prefix "$AGENTS" --no-audit --no-fund --loglevel=error \
-    @anthropic-ai/claude-code@2.1.328 @openai/codex@0.169.0 >&2
+    @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 >&2
   touch "$AGENTS/.complete"
 else
   echo "run.sh: coding agents already installed: $AGENTS" >&2

@@ -1,6 +1,8 @@
-"""End to end with the real Claude Code (npm @anthropic-ai/claude-code 2.1.328, installed by
+"""End to end with the real Claude Code (npm @anthropic-ai/claude-code 2.1.332, installed by
 tests/run.sh into $AGENTS_BIN): `claude -p` against the proxy, a stand-in model that answers
-each request by its shape, and the SearXNG stand-in; Claude Code's WebSearch must really search.
+each request by its shape, and the SearXNG stand-in; Claude Code's WebSearch must really search,
+and its WebFetch (with `skipWebFetchPreflight`) must fetch a loopback page and have the local
+model summarise it through /v1/messages.
 
 Run: tests/run.sh tests/test_claude_code.py -q
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -16,6 +19,7 @@ from pathlib import Path
 import pytest
 from standins import anthropic_wire as W
 from standins.scripted_backend import Reply
+from standins.web_pages import WebSite
 
 pytestmark = pytest.mark.agents
 
@@ -73,14 +77,15 @@ class StandInModel:
         return "background", [W.text("ok")]
 
 
-def run_claude(proxy_url: str, prompt: str, extra_env: dict | None = None) -> list[dict]:
+def run_claude(proxy_url: str, prompt: str, extra_env: dict | None = None, allowed: str = "WebSearch",
+               args: tuple = (), home: str | None = None, cwd: str | None = None) -> list[dict]:
     claude = os.environ.get("AGENTS_BIN")
     if not claude:
         pytest.skip("AGENTS_BIN is unset: run the suite with tests/run.sh, which installs Claude Code")
-    home = tempfile.mkdtemp(prefix="claude-home-")
+    home = home or tempfile.mkdtemp(prefix="claude-home-")
     proc = subprocess.Popen([claude + "/claude", "-p", prompt, "--output-format", "stream-json", "--verbose",
-                             "--allowedTools", "WebSearch"],
-                            env={**claude_env(proxy_url, home), **(extra_env or {})}, cwd=home, stdin=subprocess.DEVNULL,
+                             "--allowedTools", allowed, *args],
+                            env={**claude_env(proxy_url, home), **(extra_env or {})}, cwd=cwd or home, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=RUN_TIMEOUT)
@@ -144,7 +149,134 @@ def test_claude_code_sees_a_failed_search_as_an_error(start_proxy, backend, sear
     (usage,) = lines[-1]["modelUsage"].values()
     assert usage["webSearchRequests"] == 0
     found = search_tool_result(lines)
-    # Claude Code 2.1.328's searchCount counts attempts; the billed count above stays 0.
+    # Claude Code's searchCount (2.1.328 and 2.1.332) counts attempts; the billed count above stays 0.
     assert found["searchCount"] == 1
     assert found["results"] == ["Web search error: too_many_requests", SUMMARY]
     assert searxng.queries == [QUERY]
+
+
+# ---- WebFetch: Claude Code fetches the page itself, then asks the (small fast) model for a summary
+
+PAGE_TEXT = "The magic word is PELICAN-7731."
+PAGE = ("<html><head><title>vLLM 0.32 release notes</title></head><body><h1>vLLM 0.32</h1>"
+        f"<p>{PAGE_TEXT}</p></body></html>").encode()
+FETCH_PROMPT = "What is the magic word?"
+FETCH_SUMMARY = "The page says the magic word is PELICAN-7731."
+FETCH_ANSWER = "The magic word is PELICAN-7731, per the page."
+SKIP_PREFLIGHT = json.dumps({"skipWebFetchPreflight": True})
+FAILED_PREFLIGHT = "Unable to verify if domain 127.0.0.1 is safe to fetch."
+
+
+class WebFetchModel(StandInModel):
+    """Claude Code's requests in a WebFetch run, answered by shape (tests/data/agent-wire/claude-code-2.1.332-webfetch.json)."""
+
+    def __init__(self, url: str):
+        super().__init__()
+        self.url = url
+
+    def answer(self, body):
+        tools = [t.get("name") for t in body.get("tools") or []]
+        msgs = body.get("messages") or []
+        last = json.dumps(msgs[-1].get("content")) if msgs else ""
+        previous = json.dumps(msgs[-2].get("content")) if len(msgs) > 1 else ""
+        if not tools and "Web page content:" in last:
+            return "summary", [W.text(FETCH_SUMMARY)]
+        if "WebFetch" in tools:
+            if '"WebFetch"' in previous and '"tool_result"' in last:
+                return "final", [W.text(FETCH_ANSWER)]
+            return "call-webfetch", [W.tool_use("WebFetch", {"url": self.url, "prompt": FETCH_PROMPT})]
+        if "ToolSearch" in tools:
+            return "load-webfetch", [W.tool_use("ToolSearch", {"query": "select:WebFetch", "max_results": 1})]
+        return "background", [W.text("ok")]
+
+
+def tls_site(folder: Path) -> WebSite:
+    """The page over HTTPS (WebFetch turns http:// into https://, for 127.0.0.1 too), with a
+    throw-away certificate for 127.0.0.1 that Claude Code trusts through NODE_EXTRA_CA_CERTS."""
+    if not shutil.which("openssl"):
+        pytest.fail("the openssl command is needed to make the test certificate (apt-get install openssl)")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True)
+    site = WebSite(str(cert), str(key))
+    site.route("/notes", PAGE)
+    site.url, site.ca_file = f"https://127.0.0.1:{site.port}", cert
+    return site
+
+
+@pytest.fixture(scope="module")
+def tls_pages(tmp_path_factory):
+    site = tls_site(tmp_path_factory.mktemp("tls"))
+    yield site
+    site.close()
+
+
+def webfetch_results(lines) -> list:
+    """What Claude Code's WebFetch returned, as its stream-json `user` lines report it."""
+    return [ln["tool_use_result"] for ln in lines if ln.get("type") == "user" and
+            (isinstance(ln.get("tool_use_result"), str) or "codeText" in (ln.get("tool_use_result") or {}))]
+
+
+def settings_in(where: str) -> tuple[dict, tuple]:
+    """A home and a project folder with `skipWebFetchPreflight` where `where` says; returns
+    run_claude's keyword arguments and extra command-line arguments."""
+    home, project = tempfile.mkdtemp(prefix="claude-home-"), tempfile.mkdtemp(prefix="claude-project-")
+    folder = {"user": Path(home), "project": Path(project)}.get(where)
+    if folder is not None:
+        (folder / ".claude").mkdir()
+        (folder / ".claude" / "settings.json").write_text(SKIP_PREFLIGHT)
+    return {"home": home, "cwd": project}, (("--settings", SKIP_PREFLIGHT) if where == "flag" else ())
+
+
+# Where the setting may live: ~/.claude/settings.json, the project's .claude/settings.json (read
+# in -p mode; an interactive session reads it only in a folder the user trusted), or --settings.
+@pytest.mark.parametrize("where", ["user", "project", "flag"])
+def test_claude_code_webfetch_is_summarised_by_the_local_model(start_proxy, backend, searxng, tls_pages, where):
+    tls_pages.requests.clear()
+    proxy = start_proxy(KEEPALIVE_INTERVAL="0.2")
+    url = tls_pages.url + "/notes"
+    model = WebFetchModel(url)
+    backend.responder = model
+    where_kw, args = settings_in(where)
+    lines = run_claude(proxy.url, f"Fetch {url} and tell me the magic word.",
+                       {**MODEL_NAMES["client-env"][1], "NODE_EXTRA_CA_CERTS": str(tls_pages.ca_file)},
+                       allowed="WebFetch", args=args, **where_kw)
+    assert lines[-1]["type"] == "result" and lines[-1]["result"] == FETCH_ANSWER
+    (fetched,) = webfetch_results(lines)
+    assert isinstance(fetched, dict), fetched
+    assert fetched["code"] == 200 and fetched["url"] == url and fetched["result"] == FETCH_SUMMARY
+    # Claude Code itself fetched the page, once, over TLS.
+    (page_request,) = tls_pages.requests
+    assert page_request.path == "/notes" and page_request.headers["user-agent"].startswith("Claude-User (claude-code/")
+    # Its summary request reached the local model through /v1/messages, holding the page's text.
+    assert model.shapes.count("summary") == 1 and {"load-webfetch", "call-webfetch", "final"} <= set(model.shapes)
+    (summary,) = [r for r in backend.received if r.path == "/v1/messages" and not r.json().get("tools")
+                  and "Web page content:" in json.dumps(r.json()["messages"])]
+    sent = summary.json()
+    assert summary.query == "beta=true" and sent["model"] == "foundation" and sent["tools"] == []
+    asked = sent["messages"][0]["content"][0]["text"]
+    assert PAGE_TEXT in asked and FETCH_PROMPT in asked and "vLLM 0.32" in asked
+    # The summary, not the page, went back into the main loop.
+    final = [r.json() for r in backend.received if r.path == "/v1/messages"
+             and "WebFetch" in [t.get("name") for t in r.json().get("tools") or []]][-1]
+    assert FETCH_SUMMARY in json.dumps(final["messages"][-1]["content"])
+    assert searxng.queries == []
+
+
+def test_claude_code_webfetch_without_the_setting_fails_offline(start_proxy, backend, searxng, tls_pages):
+    """Without skipWebFetchPreflight Claude Code asks api.anthropic.com first, ignoring ANTHROPIC_BASE_URL."""
+    tls_pages.requests.clear()
+    proxy = start_proxy(KEEPALIVE_INTERVAL="0.2")
+    url = tls_pages.url + "/notes"
+    model = WebFetchModel(url)
+    backend.responder = model
+    where_kw, _ = settings_in("nowhere")
+    lines = run_claude(proxy.url, f"Fetch {url} and tell me the magic word.",
+                       {**MODEL_NAMES["client-env"][1], "NODE_EXTRA_CA_CERTS": str(tls_pages.ca_file)},
+                       allowed="WebFetch", **where_kw)
+    (fetched,) = webfetch_results(lines)
+    assert isinstance(fetched, str) and FAILED_PREFLIGHT in fetched
+    assert tls_pages.requests == [] and "summary" not in model.shapes
+    # The check never came to the proxy: no request but the model's own reached the backend.
+    assert {r.path for r in backend.received} <= {"/v1/messages", "/v1/models", "/v1/messages/count_tokens"}

@@ -1,4 +1,4 @@
-"""End to end with the real Codex CLI (`@openai/codex` 0.169.0, installed by tests/run.sh into
+"""End to end with the real Codex CLI (`@openai/codex` 0.171.0, installed by tests/run.sh into
 $AGENTS_BIN): `codex exec --json` against the proxy with a provider using wire_api =
 "responses"; the stand-in model calls web_search, the proxy searches the SearXNG stand-in, and
 Codex shows its own web_search item. Run: tests/run.sh tests/test_codex.py
@@ -64,10 +64,10 @@ def stand_in_model(received):
     return w.answer(request, [w.reasoning("I need to look this up."), w.call("web_search", {"query": QUERY})])
 
 
-def run_codex(proxy, tmp_path, *args) -> tuple[subprocess.CompletedProcess, list, str]:
+def run_codex(proxy, tmp_path, *args, config: str | None = None) -> tuple[subprocess.CompletedProcess, list, str]:
     home = tmp_path / "codex-home"
     home.mkdir(exist_ok=True)
-    (home / "config.toml").write_text(codex_config(proxy.url))
+    (home / "config.toml").write_text(config or codex_config(proxy.url))
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "CODEX_HOME": str(home),
@@ -121,3 +121,70 @@ def test_codex_resume_replays_its_web_search_call(proxy, backend, searxng, tmp_p
     replayed = [i for i in resumed if i.get("type") == "function_call" and i.get("name") == "web_search"]
     assert [json.loads(i["arguments"]) for i in replayed] == [{"query": QUERY}], diagnostics
     assert searxng.queries == [QUERY]  # the replay itself searches nothing
+
+
+# ---- standalone search: Codex calls POST {base_url}/alpha/search itself (tests/data/codex-alpha-search.md)
+
+STANDALONE = """
+[features]
+standalone_web_search = true
+"""
+DOC = ("<html><head><title>vLLM 0.32 notes</title></head><body><main><h1>vLLM 0.32</h1>"
+       "<p>The magic word is PELICAN-7731.</p></main></body></html>")
+
+
+def standalone_config(proxy_url: str) -> str:
+    """codex_config with the provider's standalone search on; both switches are needed (0.171.0)."""
+    config = codex_config(proxy_url).replace("supports_websockets = false",
+                                             "supports_websockets = false\nsupports_standalone_web_search = true")
+    return config.replace("[analytics]", STANDALONE.strip() + "\n\n[analytics]")
+
+
+def standalone_model(page_url: str):
+    """First turn: call web.run with a search and an open; once its output is in the input, answer."""
+    def respond(received):
+        if received.path != "/v1/responses":
+            return None
+        request = received.json()
+        if any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in request.get("input") or []):
+            return w.answer(request, [w.message(ANSWER)])
+        web = [t for t in request.get("tools") or [] if t.get("type") == "namespace" and t.get("name") == "web"]
+        if not web:
+            return w.answer(request, [w.message("no web tool")])
+        return w.answer(request, [w.reasoning("I need to look this up."),
+                                  w.call("run", {"search_query": [{"q": QUERY}], "open": [{"ref_id": page_url}]},
+                                         namespace="web")])
+    return respond
+
+
+@needs_codex
+def test_codex_standalone_search_is_served_by_the_proxy(start_proxy, backend, searxng, tmp_path):
+    from standins.web_pages import WebSite
+    site = WebSite()
+    site.route("/notes", DOC)
+    page_url = f"http://127.0.0.1:{site.port}/notes"
+    try:
+        proxy = start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8")
+        backend.responder = standalone_model(page_url)
+        proc, items, diagnostics = run_codex(proxy, tmp_path, "--ephemeral", "What changed in vLLM 0.32? Search the web.",
+                                             config=standalone_config(proxy.url))
+    finally:
+        site.close()
+    assert proc.returncode == 0, diagnostics
+    assert [i.get("text") for i in items if i.get("type") == "agent_message"][-1] == ANSWER, diagnostics
+    searches = [i for i in items if i.get("type") == "web_search"]
+    assert [s.get("query") for s in searches] == [QUERY], diagnostics
+    # The proxy searched SearXNG and fetched the page; vLLM never saw the search request.
+    assert searxng.queries == [QUERY]
+    assert [r.path for r in site.requests] == ["/notes"]
+    assert [r.path for r in backend.received] == ["/v1/responses", "/v1/responses"], diagnostics
+    first, second = [r.json() for r in backend.received]
+    assert not any(t.get("type") == "web_search" for t in first["tools"])
+    assert any(t.get("type") == "namespace" and t.get("name") == "web" for t in first["tools"])
+    # What Codex handed its model: the endpoint's output, results and page text in it.
+    (output,) = [i for i in second["input"] if i.get("type") == "function_call_output"]
+    text = output["output"] if isinstance(output["output"], str) else "".join(p.get("text", "") for p in output["output"])
+    assert f'## search_query "{QUERY}"' in text and "[turn0search0]" in text
+    assert "https://example.org/vllm-0.32-release-notes/1" in text
+    assert "## open [turn0view0] vLLM 0.32 notes" in text and "PELICAN-7731" in text
+    assert "POST /v1/alpha/search 200" in proxy.log()

@@ -76,6 +76,7 @@ def test_config_rejects_a_broken_file(tmp_path):
 
 def test_services_and_container_names(config):
     assert {name: s["container_name"] for name, s in config["services"].items()} == {
+        "preflight": "coding-stack-preflight", "model": "coding-stack-model",
         "vllm": "coding-stack-vllm", "proxy": "coding-stack-proxy", "searxng": "coding-stack-searxng"}
     assert config["name"] == "coding-stack"
 
@@ -111,8 +112,10 @@ def test_vllm_flags_left_out(vllm, flag):
     assert flag not in vllm["command"]
 
 
-def test_every_vllm_flag_has_a_why_comment():
-    lines = (REPO / "docker-compose.yaml").read_text().splitlines()
+@pytest.mark.parametrize("name", ["docker-compose.yaml", "compose.cpu.yaml"])
+def test_every_vllm_flag_has_a_why_comment(name):
+    lines = (REPO / name).read_text().splitlines()
+    assert any(re.match(r"\s+- --", line) for line in lines)
     for i, line in enumerate(lines):
         if re.match(r"\s+- --", line):
             assert lines[i - 1].strip().startswith("#"), f"no comment above {line.strip()}"
@@ -148,7 +151,8 @@ def test_vllm_volumes(vllm):
     volumes = {v["target"]: v for v in vllm["volumes"]}
     assert volumes["/models"]["type"] == "bind"
     assert volumes["/models"]["source"] == "/storage-models/vllm"
-    assert volumes["/models"]["bind"].get("create_host_path") in (None, False)
+    # Created if missing: compose creates this container before the model service has filled (or made) the folder.
+    assert volumes["/models"]["bind"]["create_host_path"] is True
     assert volumes["/root/.cache"]["type"] == "volume"
     assert volumes["/root/.cache"]["source"] == "vllm-cache"
 
@@ -344,7 +348,7 @@ def test_searxng_secret_comes_from_the_environment_or_is_generated(config, tmp_p
 # -- .env.example and the proxy image
 
 def compose_defaults():
-    text = (REPO / "docker-compose.yaml").read_text() + (REPO / "searxng/compose.publish.yaml").read_text()
+    text = "".join((REPO / f).read_text() for f in ("docker-compose.yaml", "searxng/compose.publish.yaml", "compose.cpu.yaml"))
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     # `${NEW:-${OLD:-d}}` reads an old name as a fallback: NEW is the setting, with OLD's default.
     code = re.sub(r"\$\{([A-Z_]+):-\$\{[A-Z_]+:-([^}$]*)\}\}", r"${\1:-\2}", code)
@@ -376,7 +380,136 @@ def test_dockerignore_lets_every_copied_file_through():
     allowed = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines()
                if line.startswith("!")}
     copied = set()
-    for line in (REPO / "Dockerfile").read_text().splitlines():
-        if line.startswith("COPY "):
-            copied.update(p.rstrip("/") for p in line.split()[1:-1])
+    for dockerfile in ("Dockerfile", "model/Dockerfile"):
+        for line in (REPO / dockerfile).read_text().splitlines():
+            if line.startswith("COPY "):
+                copied.update(p.rstrip("/") for p in line.split()[1:-1])
     assert copied == allowed
+
+
+# The first run in one command: preflight, then the model, then vLLM.
+
+def test_vllm_waits_for_the_model_service_and_stays_offline(vllm):
+    assert vllm["depends_on"] == {"model": {"condition": "service_completed_successfully", "required": True}}
+    assert vllm["environment"]["HF_HUB_OFFLINE"] == "1" and vllm["environment"]["TRANSFORMERS_OFFLINE"] == "1"
+
+
+def test_the_model_service_fetches_what_vllm_serves_into_the_same_folder(config, vllm):
+    model = config["services"]["model"]
+    assert model["build"]["dockerfile"] == "model/Dockerfile" and Path(model["build"]["context"]) == REPO
+    assert model["depends_on"] == {"preflight": {"condition": "service_completed_successfully", "required": True}}
+    assert model["environment"]["MODEL_ID"] == vllm["command"][0]
+    assert model["environment"]["MODEL_DIR"] == "/models"
+    assert model["environment"]["HF_ENDPOINT"] == "https://huggingface.co"  # never empty: the client would use ""
+    bind = {v["target"]: v for v in model["volumes"]}["/models"]
+    assert bind["source"] == {v["target"]: v for v in vllm["volumes"]}["/models"]["source"]
+    assert bind["bind"]["create_host_path"] is True
+    assert model["restart"] == "no" and "healthcheck" not in model
+
+
+def test_the_preflight_sees_what_vllm_will_see(config, vllm):
+    pre = config["services"]["preflight"]
+    for key in ("image", "shm_size", "deploy"):
+        assert pre[key] == vllm[key], key
+    assert pre["entrypoint"] == ["python3", "/opt/coding-stack/vllm_preflight.py"]
+    script = {v["target"]: v for v in pre["volumes"]}["/opt/coding-stack/vllm_preflight.py"]
+    assert Path(script["source"]) == REPO / "scripts/vllm_preflight.py" and script["read_only"] is True
+    flags = flag_pairs(vllm["command"])
+    assert pre["environment"] == {"PREFLIGHT_DEVICE": "gpu", "GPU_MEMORY_UTILIZATION": flags["--gpu-memory-utilization"]}
+    assert pre["restart"] == "no"
+
+
+def test_the_preflight_follows_gpu_memory_utilization(tmp_path):
+    config = compose_config(["GPU_MEMORY_UTILIZATION=0.8"], tmp_path)
+    assert config["services"]["preflight"]["environment"]["GPU_MEMORY_UTILIZATION"] == "0.8"
+
+
+# The CPU trial overlay.
+
+def cpu_config(files=("compose.cpu.yaml",), env_lines=(), tmp_path=None):
+    env_file = Path(tempfile.mkdtemp()) / "compose.env" if tmp_path is None else tmp_path / "compose.env"
+    env_file.write_text("".join(f"{line}\n" for line in env_lines))
+    args = [a for f in ("docker-compose.yaml", *files) for a in ("-f", str(REPO / f))]
+    result = subprocess.run([str(COMPOSE_BIN), *args, "--env-file", str(env_file), "config", "--format", "json"],
+                            cwd=REPO, env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return cpu_config()
+
+
+def test_cpu_trial_runs_the_same_proxy_searxng_and_model_code(config, cpu):
+    for name in ("proxy", "searxng"):
+        assert cpu["services"][name] == config["services"][name], name
+    model = {**cpu["services"]["model"], "environment": {**cpu["services"]["model"]["environment"]}}
+    assert model.pop("environment").pop("MODEL_ID") == "Qwen/Qwen3-1.7B"
+    gpu_model = {**config["services"]["model"], "environment": dict(config["services"]["model"]["environment"])}
+    gpu_model.pop("environment").pop("MODEL_ID")
+    assert model == {**gpu_model}
+    assert cpu["services"]["model"]["environment"]["MODEL_ID"] == cpu["services"]["vllm"]["command"][0]
+
+
+def test_cpu_trial_engine_is_vllms_cpu_build_of_the_same_release(config, cpu):
+    gpu_tag = config["services"]["vllm"]["image"].rsplit(":", 1)[1]
+    for name in ("vllm", "preflight"):
+        service = cpu["services"][name]
+        assert service["image"] == f"public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:{gpu_tag}", name
+        assert "deploy" not in service, name
+    assert cpu["services"]["preflight"]["environment"]["PREFLIGHT_DEVICE"] == "cpu"
+
+
+def test_cpu_trial_keeps_vllms_entrypoint_environment_and_contract(config, cpu):
+    gpu, trial = config["services"]["vllm"], cpu["services"]["vllm"]
+    for key in ("entrypoint", "healthcheck", "ports", "depends_on", "restart", "volumes", "container_name"):
+        assert trial[key] == gpu[key], key
+    assert (trial["cap_add"], trial["security_opt"]) == (["SYS_NICE"], ["seccomp=unconfined"])  # vLLM's CPU docs
+    assert "cap_add" not in gpu and "security_opt" not in gpu
+    extra = {k: v for k, v in trial["environment"].items() if k not in gpu["environment"]}
+    assert extra == {"VLLM_CPU_KVCACHE_SPACE": "4"}
+    assert {k: v for k, v in trial["environment"].items() if k in gpu["environment"]} == gpu["environment"]
+
+
+def test_cpu_trial_flags_differ_only_where_a_cpu_needs_it(config, cpu):
+    gpu, trial = flag_pairs(config["services"]["vllm"]["command"]), flag_pairs(cpu["services"]["vllm"]["command"])
+    changed = {f: trial.get(f) for f in set(gpu) | set(trial) if gpu.get(f) != trial.get(f)}
+    assert changed == {
+        "--max-model-len": "32768", "--tool-call-parser": "hermes", "--dtype": "bfloat16",
+        "--enforce-eager": True, "--gpu-memory-utilization": None, "--language-model-only": None,
+        "--trust-remote-code": None}
+
+
+def test_cpu_trial_settings_come_from_the_env_file(tmp_path):
+    config = cpu_config(env_lines=["CPU_MODEL=Qwen/Qwen3-4B-Instruct-2507", "CPU_DTYPE=float32",
+                                   "CPU_MAX_MODEL_LEN=16384", "VLLM_CPU_KVCACHE_SPACE=2"], tmp_path=tmp_path)
+    vllm = config["services"]["vllm"]
+    assert vllm["command"][0] == config["services"]["model"]["environment"]["MODEL_ID"] == "Qwen/Qwen3-4B-Instruct-2507"
+    flags = flag_pairs(vllm["command"])
+    assert (flags["--dtype"], flags["--max-model-len"]) == ("float32", "16384")
+    assert vllm["environment"]["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert config["services"]["preflight"]["environment"]["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_the_test_overlay_changes_only_test_settings(cpu, tmp_path):
+    tier = cpu_config(("compose.cpu.yaml", "tests/compose.cpu-test.yaml"),
+                      (REPO / "tests/compose.cpu-test.env").read_text().splitlines(), tmp_path)
+    differences = set()
+    for name, service in tier["services"].items():
+        for key in set(service) | set(cpu["services"][name]):
+            if service.get(key) != cpu["services"][name].get(key):
+                if key in ("environment", "command"):
+                    old, new = cpu["services"][name][key], service[key]
+                    items = (range(len(new)) if key == "command" else set(old) | set(new))
+                    differences |= {(name, key, old[i] if key == "command" else i) for i in items
+                                    if (old[i] if key == "command" else old.get(i)) != (new[i] if key == "command" else new.get(i))}
+                else:
+                    differences.add((name, key))
+    assert differences == {
+        ("model", "environment", "PROGRESS_INTERVAL"),
+        ("vllm", "environment", "VLLM_CPU_KVCACHE_SPACE"), ("vllm", "shm_size"),
+        ("preflight", "environment", "VLLM_CPU_KVCACHE_SPACE"), ("preflight", "shm_size"),
+        ("vllm", "command", "32768"), ("vllm", "command", "bfloat16"),
+    }

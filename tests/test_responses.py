@@ -29,7 +29,7 @@ OWN_WEB_SEARCH = {"type": "function", "name": "web_search", "description": "The 
 
 
 def codex_body(**kw) -> dict:
-    """The shape Codex 0.169.0 sends (see shared/reference/agent-apis.md)."""
+    """The shape Codex 0.171.0 sends (tests/data/agent-wire/codex-0.171.0-websearch.json; test_agent_wire.py compares)."""
     body = {"model": "foundation", "instructions": "You are Codex.", "input": [
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is new in vLLM?"}]}],
         "tools": [SHELL, HOSTED], "tool_choice": "auto", "parallel_tool_calls": True,
@@ -480,7 +480,7 @@ def test_client_web_search_function_of_its_own(proxy, backend, searxng):
     assert json.loads(r.output[1].arguments) == {"q": "client side"}
     assert searxng.queries == ["hosted side"]
     names = [t.get("name") for t in vllm_requests(backend)[0]["tools"]]
-    assert names == ["web_search", "web_search_hosted"]
+    assert names == ["web_search", "web_search_hosted", "web_fetch", "find_in_page"]  # the hosted tool reads pages too
     assert vllm_requests(backend)[0]["tools"][0] == OWN_WEB_SEARCH
 
 

@@ -1,5 +1,9 @@
 """The container tier's stack: the compose command line, the Stack handle the tests use, and the session fixture that builds
-the images, fetches the model and starts it; used by tests/container/conftest.py and test_stack.py.
+the images, starts the Hub stand-in the model service downloads from, and brings the CPU trial up; used by
+tests/container/conftest.py and test_stack.py.
+
+The stack is the CPU trial as a user runs it (docker-compose.yaml + compose.cpu.yaml), plus the tier's overlay
+tests/compose.cpu-test.yaml and env file tests/compose.cpu-test.env (the tiny model's settings).
 """
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ import images  # noqa: E402
 import realvllm  # noqa: E402
 from standins.hf_hub import HubStandin  # noqa: E402
 
-OVERRIDE = REPO / "tests" / "compose.cpu-test.yaml"
+COMPOSE_FILES = [REPO / "docker-compose.yaml", REPO / "compose.cpu.yaml", REPO / "tests" / "compose.cpu-test.yaml"]
+ENV_FILE = REPO / "tests" / "compose.cpu-test.env"
 WORK = REPO / "tests" / ".work" / "container"
 # The bound on `up --wait` once the images exist: vLLM's CPU boot of the tiny model is most of it.
 UP_TIMEOUT_S = 300
@@ -44,13 +49,15 @@ class Stack:
     model: Path                      # the tiny model's files (for token ids)
     proxy_url: str
     vllm_url: str
+    hub: HubStandin                  # serves the tiny model under the CPU trial's repo id; tests stop and restart it
+    model_dir: Path
+    model_id: str
     up_seconds: float = 0.0
     notes: list = field(default_factory=list)
 
-    def compose(self, *args, check=True, timeout=600) -> subprocess.CompletedProcess:
-        cmd = [realvllm.compose_binary(), "-f", str(REPO / "docker-compose.yaml"), "-f", str(OVERRIDE),
-               "--env-file", os.devnull, *args]
-        proc = subprocess.run(cmd, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
+    def compose(self, *args, check=True, timeout=600, env=None) -> subprocess.CompletedProcess:
+        proc = subprocess.run(compose_cmd(*args), cwd=REPO, env=env or self.env, capture_output=True, text=True,
+                              timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"docker compose {' '.join(args)} exited {proc.returncode}:\n"
                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
@@ -81,20 +88,36 @@ class Stack:
             time.sleep(1)
 
 
-def _tag_from_dockerfile() -> str:
-    return re.search(r"^FROM (\S+)$", (REPO / "Dockerfile").read_text(), re.M).group(1)
+def compose_cmd(*args) -> list[str]:
+    files = [a for f in COMPOSE_FILES for a in ("-f", str(f))]
+    return [realvllm.compose_binary(), *files, "--env-file", str(ENV_FILE), *args]
 
 
-def _fetch_model(model_dir: Path, tiny: Path, log) -> None:
-    """download-model.sh, as a user runs it, against a Hub that serves the tiny model as the checkpoint."""
-    files = {str(p.relative_to(tiny)): p.read_bytes() for p in tiny.rglob("*")
-             if p.is_file() and not p.name.startswith(".")}
-    with HubStandin(files) as hub:
-        env = {"PATH": os.environ["PATH"], "HOME": str(WORK / "home"), "MODEL_DIR": str(model_dir),
-               "HF_ENDPOINT": hub.url, "HF_VENV": sys.prefix, "HF_HUB_DISABLE_TELEMETRY": "1"}
-        proc = subprocess.run(["bash", str(REPO / "download-model.sh")], env=env, stdout=log, stderr=log, timeout=300)
+def merged_config() -> dict:
+    """`docker compose config` of the tier's three files, with only PATH and HOME from outside."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root")}
+    proc = subprocess.run([*compose_cmd("config", "--format", "json")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
     if proc.returncode != 0:
-        pytest.fail(f"download-model.sh against the Hub stand-in failed; see {log.name}")
+        pytest.fail(f"docker compose config of the tier's files failed:\n{proc.stderr}")
+    return json.loads(proc.stdout)
+
+
+def _base_images() -> set[str]:
+    return {re.search(r"^FROM (\S+)$", (REPO / d).read_text(), re.M).group(1) for d in ("Dockerfile", "model/Dockerfile")}
+
+
+def tiny_files(tiny: Path) -> dict:
+    return {str(p.relative_to(tiny)): p.read_bytes() for p in tiny.rglob("*")
+            if p.is_file() and not p.name.startswith(".")}
+
+
+def bridge_gateway(eng) -> str:
+    """The default bridge's gateway: where `host-gateway` (host.docker.internal) points from a container."""
+    out = eng.docker("network", "inspect", "bridge", "--format", "{{(index .IPAM.Config 0).Gateway}}").stdout.strip()
+    if not out:
+        pytest.fail("the engine's bridge network has no gateway address; the model service cannot reach the hub")
+    return out
 
 
 def _free_port() -> int:
@@ -111,46 +134,55 @@ def stack_session():
         eng = engine_mod.start(cache)
     except RuntimeError as e:
         pytest.fail(str(e))
-    st = None
+    st = hub = None
     try:
-        config = realvllm.compose_config()
-        wanted = [images.python_slim(_tag_from_dockerfile()), images.searxng(config["services"]["searxng"]["image"]),
+        config = merged_config()
+        (base,) = _base_images()  # the proxy's and the model service's images start from the same one
+        wanted = [images.python_slim(base), images.searxng(config["services"]["searxng"]["image"]),
                   images.vllm(config["services"]["vllm"]["image"], env_info.python.parent.parent)]
         notes = []
         for image in wanted:
             started = time.monotonic()
             notes.append(f"{images.ensure(eng, image, log)} in {time.monotonic() - started:.0f} s")
 
+        # Not created here: the model service's bind creates MODEL_DIR, as on a fresh host.
         model_dir = WORK / "models"
         subprocess.run(["rm", "-rf", str(model_dir)], check=True)
-        model_dir.mkdir()
-        _fetch_model(model_dir, env_info.model_dir, log)
-
+        model_id = config["services"]["model"]["environment"]["MODEL_ID"]
+        hub = HubStandin(tiny_files(env_info.model_dir), repo_id=model_id, host=bridge_gateway(eng))
+        hub.start()
         proxy_port, vllm_port = _free_port(), _free_port()
         env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), "DOCKER_HOST": eng.host,
                "MODEL_DIR": str(model_dir), "PROXY_PORT": str(proxy_port), "VLLM_PORT": str(vllm_port),
+               "HF_ENDPOINT": f"http://host.docker.internal:{hub.port}",
                "EXTRA_VLLM_ARGS": EXTRA_VLLM_ARGS,
                # Two rounds: a forced search reaches the cap after one search and one repeat.
                "MAX_SEARCH_ITER": "2", "KEEPALIVE_INTERVAL": "1"}
         st = Stack(eng, env, env_info.model_dir, f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{vllm_port}",
-                   notes=notes)
+                   hub=hub, model_dir=model_dir, model_id=model_id, notes=notes)
         # Leftovers of an interrupted run would keep the fixed container names taken.
         st.compose("down", "-v", "--remove-orphans", check=False)
         started = time.monotonic()
-        st.compose("build", "proxy", timeout=900)
-        notes.append(f"proxy image built in {time.monotonic() - started:.0f} s")
+        st.compose("build", "proxy", "model", timeout=900)
+        notes.append(f"proxy and model images built in {time.monotonic() - started:.0f} s")
         started = time.monotonic()
         up = st.compose("up", "-d", "--wait", "--wait-timeout", str(UP_TIMEOUT_S), check=False, timeout=UP_TIMEOUT_S + 60)
         st.up_seconds = time.monotonic() - started
         if up.returncode != 0:
             logs = "\n".join(f"--- {s}:\n{st.compose('logs', '--no-color', '--tail', '60', s, check=False).stdout}"
-                             for s in ("vllm", "proxy", "searxng"))
+                             for s in ("preflight", "model", "vllm", "proxy", "searxng"))
             pytest.fail(f"docker compose up --wait exited {up.returncode}:\n{up.stderr[-3000:]}\n{logs}")
+        for name in ("preflight", "model"):
+            state = st.inspect(f"coding-stack-{name}")["State"]
+            notes.append(f"{name}: started {state['StartedAt']}, finished {state['FinishedAt']}")
+        notes.append(f"vllm: started {st.inspect('coding-stack-vllm')['State']['StartedAt']}")
         (WORK / "notes.txt").write_text("\n".join([*notes, f"up --wait returned in {st.up_seconds:.0f} s"]) + "\n")
         yield st
     finally:
         if st is not None:
             st.compose("down", "-v", "--remove-orphans", check=False)
+        if hub is not None:
+            hub.stop()
         engine_mod.stop(eng)
         log.close()
 

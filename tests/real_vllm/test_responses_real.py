@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import openai
 import pytest
@@ -35,7 +36,7 @@ def client(proxy) -> openai.OpenAI:
 
 
 def codex_request(**kw) -> dict:
-    """What Codex 0.169.0 sends (shared/reference/agent-apis.md), small enough for the tiny model."""
+    """What Codex 0.171.0 sends (tests/data/agent-wire/codex-0.171.0-websearch.json), small enough for the tiny model."""
     body = {"model": MODEL, "instructions": "You are Codex, a coding agent.",
             "input": [{"type": "message", "role": "user",
                        "content": [{"type": "input_text", "text": "Look up hello."}]}],
@@ -90,8 +91,9 @@ def test_codex_search_runs_the_models_query_and_feeds_the_result_back(real_vllm,
 
     # vLLM saw the hosted tool as a function tool, and the forced call was the model's query.
     first, second = [b for _, b in t.bodies(RESPONSES)]
-    assert first["tools"] == [{"type": "function", "name": "web_search", "description": first["tools"][0]["description"],
-                               "parameters": first["tools"][0]["parameters"]}]
+    # The hosted tool reads pages too: its search, then web_fetch and find_in_page (tests/test_responses_fetch.py).
+    assert [t["name"] for t in first["tools"]] == ["web_search", "web_fetch", "find_in_page"]
+    assert all(sorted(t) == ["description", "name", "parameters", "type"] and t["type"] == "function" for t in first["tools"])
     assert first["tools"][0]["parameters"]["required"] == ["query"]
     assert first["store"] is False and first["structured_outputs"] == extra["structured_outputs"]
     assert searxng.queries == [QUERY]
@@ -151,3 +153,40 @@ def test_replayed_web_search_call_is_accepted_through_the_proxy(tapped, searxng)
     assert QUERY in output["output"]
     assert sent["input"][3:] == REPLAYED[2:]
     assert searxng.queries == []  # an earlier search is replayed, not run again
+
+
+def standalone_followup() -> dict:
+    """Codex 0.171.0's turn after a web.run call in standalone-search mode (tests/data/agent-wire/
+    codex-0.171.0-alpha-search.json, third request), cut down for the tiny model: the `web`
+    namespace tool (its 7.5k-character description and its parameters cut to two commands), the user message, the namespaced
+    function_call and its function_call_output (a list of input_text parts, as Codex sends it)."""
+    capture = json.loads((Path(__file__).resolve().parent.parent / "data" / "agent-wire"
+                          / "codex-0.171.0-alpha-search.json").read_text())
+    sent = [r["body"] for r in capture if r["target"] == RESPONSES][-1]
+    (web,) = [t for t in sent["tools"] if t.get("type") == "namespace" and t.get("name") == "web"]
+    # Only the search_query and open parameters: the whole schema alone fills the tiny model's 2048 tokens.
+    web = {**web, "tools": [{**t, "description": "Tool for accessing the internet.",
+                             "parameters": {**t["parameters"], "properties": {
+                                 k: v for k, v in t["parameters"]["properties"].items() if k in ("search_query", "open")}}}
+                            for t in web["tools"]]}
+    user = next(i for i in sent["input"] if i.get("role") == "user" and "vLLM 0.32" in json.dumps(i))
+    call = next(i for i in sent["input"] if i.get("type") == "function_call")
+    output = next(i for i in sent["input"] if i.get("type") == "function_call_output")
+    output = {**output, "output": [{"type": "input_text", "text": output["output"][0]["text"][:600]}]}
+    assert call["namespace"] == "web" and call["name"] == "run"
+    return {"model": MODEL, "instructions": "You are Codex, a coding agent.", "input": [user, call, output],
+            "tools": [web], "tool_choice": "auto", "parallel_tool_calls": True, "reasoning": {"summary": "auto"},
+            "store": False, "stream": True, "include": ["reasoning.encrypted_content"], "max_output_tokens": 16}
+
+
+def test_codex_standalone_followup_is_relayed_and_accepted_by_vllm(real_vllm, tapped, http_client):
+    """No hosted tool, so the proxy relays the turn byte for byte; the real vLLM takes the
+    namespace tool and the namespaced call in the history and streams an answer."""
+    proxy, tap = tapped
+    body = standalone_followup()
+    reply = http_client.post(proxy.url + RESPONSES, body)
+    assert reply.status == 200, reply.body[:800]
+    events = re.findall(r"^event: (\S+)$", reply.body.decode(), re.M)
+    assert events[0] == "response.created" and events[-1] in ("response.completed", "response.incomplete"), events[-3:]
+    ((path, sent),) = tap.bodies(RESPONSES)
+    assert path == RESPONSES and sent == body

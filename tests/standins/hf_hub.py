@@ -35,15 +35,20 @@ def tiny_repo(seed=7, shard_size=48 * 1024):
 class HubStandin:
     """Serves `files` as REPO_ID at branch `main`; knobs below let a test shape the hub's behaviour."""
 
-    def __init__(self, files=None, repo_id=REPO_ID):
+    def __init__(self, files=None, repo_id=REPO_ID, host="127.0.0.1"):
         self.repo_id = repo_id
+        self.host = host  # the container tier binds the Docker bridge's gateway, which containers can reach
         self.files = dict(files if files is not None else tiny_repo())
         self.commit = hashlib.sha1(b"".join(k.encode() + v for k, v in sorted(self.files.items()))).hexdigest()
         self.advertised_sizes = {}  # path -> size the listing claims (e.g. a huge one to test the disk check)
         self.cut_once = set()  # paths whose first full GET is cut half-way (the client must resume with Range)
         self.requests = []  # (method, path, headers) of every request, for assertions
+        # (status, X-Error-Code, message) every repo request is answered with, e.g. a gated repo without access:
+        # the Hub answers 401 or 403 with X-Error-Code GatedRepo, and 401 for a token it doesn't know.
+        self.deny = None
         self._lock = threading.Lock()
         self._server = None
+        self._port = 0  # the first start picks one; a restart after stop() takes the same, as a hub back up would
 
     # -- lifecycle
     def __enter__(self):
@@ -54,7 +59,8 @@ class HubStandin:
         self.stop()
 
     def start(self):
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = ThreadingHTTPServer((self.host, self._port), self._handler())
+        self._port = self._server.server_address[1]
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
@@ -66,7 +72,11 @@ class HubStandin:
 
     @property
     def url(self):
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://{self.host}:{self._port}"
+
+    @property
+    def port(self):
+        return self._port
 
     def downloads(self):
         """Paths fetched with GET .../resolve/... (HEAD requests are metadata, not downloads)."""
@@ -123,6 +133,10 @@ class HubStandin:
                 with hub._lock:
                     hub.requests.append((self.command, path, {k.lower(): v for k, v in self.headers.items()}))
                 repo = re.escape(hub.repo_id)
+                if hub.deny and hub.repo_id in path:
+                    status, code, message = hub.deny
+                    headers = {"X-Error-Message": message, **({"X-Error-Code": code} if code else {})}
+                    return self._json(status, {"error": message}, headers, body)
                 if m := re.fullmatch(rf"/api/models/{repo}/revision/([^/]+)", path):
                     if m[1] not in ("main", hub.commit):
                         return self._error(404, "RevisionNotFound", f"Invalid rev id: {m[1]}", body)

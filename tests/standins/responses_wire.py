@@ -37,6 +37,7 @@ class Item:
     id: str = ""
     name: str | None = None
     call_id: str | None = None
+    namespace: str | None = None  # a call of a tool inside a `namespace` tool (Codex's web.run)
 
     @property
     def text(self) -> str:
@@ -51,7 +52,7 @@ def message(text, ident=None) -> Item:
     return Item("message", _pieces(text), ident or f"msg_{_hex()}")
 
 
-def call(name: str, arguments, ident=None, call_id=None, pieces: int = 3) -> Item:
+def call(name: str, arguments, ident=None, call_id=None, pieces: int = 3, namespace: str | None = None) -> Item:
     """A function_call; arguments as vLLM writes them (Python's json.dumps, with spaces)."""
     args = arguments if isinstance(arguments, str) else json.dumps(arguments)
     if isinstance(pieces, list):
@@ -59,7 +60,7 @@ def call(name: str, arguments, ident=None, call_id=None, pieces: int = 3) -> Ite
     else:
         step = max(1, -(-len(args) // pieces))
         parts = [args[i:i + step] for i in range(0, len(args), step)] or [""]
-    return Item("function_call", parts, ident or f"fc_{_hex()}", name, call_id or f"chatcmpl-tool-{_hex()}")
+    return Item("function_call", parts, ident or f"fc_{_hex()}", name, call_id or f"chatcmpl-tool-{_hex()}", namespace)
 
 
 def _pieces(text) -> list:
@@ -79,7 +80,7 @@ def output_item(item: Item, streamed: bool = False) -> dict:
         return {"id": item.id, "content": [{"annotations": [], "text": item.text, "type": "output_text", "logprobs": None}],
                 "role": "assistant", "status": "completed", "type": "message", "phase": None}
     return {"arguments": item.text, "call_id": item.call_id, "name": item.name, "type": "function_call",
-            "id": item.id, "async": None, "caller": None, "namespace": None, "status": "completed"}
+            "id": item.id, "async": None, "caller": None, "namespace": item.namespace, "status": "completed"}
 
 
 # ---- the response object --------------------------------------------------------------------
@@ -180,7 +181,7 @@ def item_events(item: Item, index: int) -> list[dict]:
                    "sequence_number": 0, "type": "response.content_part.done"})
     else:
         ev.append({"item": {"arguments": "", "call_id": item.call_id, "name": item.name, "type": "function_call",
-                            "id": item.id, "async": None, "caller": None, "namespace": None, "status": "in_progress"},
+                            "id": item.id, "async": None, "caller": None, "namespace": item.namespace, "status": "in_progress"},
                    "output_index": index, "sequence_number": 0, "type": "response.output_item.added"})
         for p in item.pieces:
             ev.append({"delta": p, "item_id": item.id, "output_index": index, "sequence_number": 0,
