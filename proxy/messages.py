@@ -1,8 +1,10 @@
 """POST /v1/messages and /v1/messages/count_tokens (Anthropic's API, Claude Code): the proxy
-plays Anthropic's `web_search` server tool on top of vLLM's own Messages route, on the
-shared search core; everything without server tools or server blocks is relayed byte for byte.
+plays Anthropic's `web_search` and `web_fetch` server tools on top of vLLM's own Messages route,
+on the shared search and fetch cores; everything without server tools or server blocks is
+relayed byte for byte.
 
-Used by proxy.app; not run on its own (tests: tests/run.sh tests/test_messages.py). The rules
+Used by proxy.app; not run on its own (tests: tests/run.sh tests/test_messages.py
+tests/test_messages_fetch.py). The rules
 (which requests, the rewrite, replayed history, the blocks the client sees, usage) are pure
 functions at the top; below them, the dialects that proxy.loop drives, the streamed one
 writing its events with proxy/messages_stream.py.
@@ -16,13 +18,14 @@ import logging
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from flask import Response
 
 from . import loop
 from .errors import anthropic_error, as_anthropic_error, upstream_error_status
 from .exchange import Exchange, encode_json, response_headers
+from .fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchOutcome, FetchRequest, parse_fetch_arguments
 from .jsonio import as_dict
 from .messages_stream import PING, SSE_HEADERS, ClientMessage, error_event
 from .search import (
@@ -41,7 +44,11 @@ log = logging.getLogger("proxy.messages")
 
 SERVER_TOOL_PREFIX = "web_search_"
 SERVER_NAME = "web_search"          # the name Anthropic gives the server tool's blocks
-SERVER_BLOCKS = frozenset({"server_tool_use", "web_search_tool_result"})
+# Every web_fetch_* version is served as web_fetch_20250910: the later ones (the SDK knows
+# _20260209, _20260309, _20260318) only add options and share its blocks, as web_search_* do.
+FETCH_TOOL_PREFIX = "web_fetch_"
+FETCH_NAME = "web_fetch"
+SERVER_BLOCKS = frozenset({"server_tool_use", "web_search_tool_result", "web_fetch_tool_result"})
 SUBREQUEST_PREFIX = "Perform a web search for the query: "
 # What the model reads again when a replayed error block is all that is left of a search.
 ERROR_TEXT = {
@@ -51,6 +58,18 @@ ERROR_TEXT = {
     "query_too_long": "Search failed: the query was too long; use a few keywords.",
     "max_uses_exceeded": "Not searched: the search limit of this request (max_uses) was used up.",
 }
+# The same for a replayed web_fetch error (the live sentence, naming the URL's answer, is gone).
+FETCH_ERROR_TEXT = {
+    "url_not_accessible": "Fetch failed: the page could not be reached or answered with an error (url_not_accessible).",
+    "url_not_allowed": "Not fetched: this URL is not allowed (url_not_allowed).",
+    "unsupported_content_type": "Fetch failed: the page is not text the proxy can read (unsupported_content_type).",
+    "too_many_requests": "Fetch failed: the site rate-limited the proxy (too_many_requests).",
+    "max_uses_exceeded": "Not fetched: the fetch limit of this request (max_uses) was used up.",
+    "invalid_tool_input": 'Fetch failed: the call had no usable "url".',
+    "url_too_long": "Fetch failed: the URL was too long.",
+    "unavailable": "Fetch failed: web_fetch was unavailable.",
+}
+CUT_NOTE = "\n\n(cut short: only the beginning of the page is shown)"
 MODELS_TTL = 60.0  # seconds a /v1/models answer is trusted for ANTHROPIC_ANY_MODEL
 # Claude Code's search sub-request names its query; searching it directly saves the model
 # turn that would only copy it into a tool call (measured: see tests/test_claude_code.py).
@@ -59,14 +78,33 @@ SUBREQUEST_SHORTCUT = True
 
 # ---- pure rules: which requests -----------------------------------------------------------
 
+def _typed(tool, prefix: str) -> bool:
+    return isinstance(tool, dict) and str(tool.get("type") or "").startswith(prefix)
+
+
+def is_search_tool(tool) -> bool:
+    """Anthropic's web_search server tool, by type: Claude Desktop's client-side `WebSearch` is a normal tool."""
+    return _typed(tool, SERVER_TOOL_PREFIX)
+
+
+def is_fetch_tool(tool) -> bool:
+    """Anthropic's web_fetch server tool, by type (Claude Code's client-side WebFetch is a normal tool)."""
+    return _typed(tool, FETCH_TOOL_PREFIX)
+
+
 def is_server_tool(tool) -> bool:
-    """Anthropic's server tool, by type: Claude Desktop's client-side `WebSearch` is a normal tool."""
-    return isinstance(tool, dict) and str(tool.get("type") or "").startswith(SERVER_TOOL_PREFIX)
+    """One of the server tools the proxy plays."""
+    return is_search_tool(tool) or is_fetch_tool(tool)
 
 
-def server_tool(body: dict) -> dict | None:
+def server_tool(body: dict, kind=is_search_tool) -> dict | None:
+    """The request's web_search server tool (or, with kind=is_fetch_tool, its web_fetch one)."""
     tools = body.get("tools")
-    return next((t for t in tools if is_server_tool(t)), None) if isinstance(tools, list) else None
+    return next((t for t in tools if kind(t)), None) if isinstance(tools, list) else None
+
+
+def fetch_tool(body: dict) -> dict | None:
+    return server_tool(body, is_fetch_tool)
 
 
 def has_server_blocks(body: dict) -> bool:
@@ -77,7 +115,7 @@ def has_server_blocks(body: dict) -> bool:
 
 
 def needs_rewrite(body) -> bool:
-    return isinstance(body, dict) and (server_tool(body) is not None or has_server_blocks(body))
+    return isinstance(body, dict) and (server_tool(body, is_server_tool) is not None or has_server_blocks(body))
 
 
 def validate(body: dict) -> str | None:
@@ -87,15 +125,28 @@ def validate(body: dict) -> str | None:
     if body.get("tools") is not None and (not isinstance(body["tools"], list)
                                           or not all(isinstance(t, dict) for t in body["tools"])):
         return "tools: must be an array of tool objects"
-    spec = server_tool(body) or {}
-    mu = spec.get("max_uses")
-    if mu is not None and (isinstance(mu, bool) or not isinstance(mu, int) or mu < 1):
-        return "tools: web_search max_uses must be a positive integer"
+    fetch = fetch_tool(body)
+    return _spec_problem(SERVER_NAME, server_tool(body) or {}, ("max_uses",)) \
+        or _spec_problem(FETCH_NAME, fetch or {}, ("max_uses", "max_content_tokens")) \
+        or (None if fetch is None or fetch.get("citations") is None or isinstance(fetch["citations"], dict)
+            else "tools: web_fetch citations must be an object like {\"enabled\": true}")
+
+
+def _positive(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 1
+
+
+def _spec_problem(label: str, spec: dict, counts: tuple[str, ...]) -> str | None:
+    """What is wrong with one server tool's options, or None (Anthropic's rules: whole counts,
+    and allowed_domains or blocked_domains, not both)."""
+    for key in counts:
+        if spec.get(key) is not None and not _positive(spec[key]):
+            return f"tools: {label} {key} must be a positive integer"
     if spec.get("allowed_domains") and spec.get("blocked_domains"):
-        return "tools: web_search may have allowed_domains or blocked_domains, not both"
+        return f"tools: {label} may have allowed_domains or blocked_domains, not both"
     for key in ("allowed_domains", "blocked_domains"):
         if spec.get(key) is not None and not isinstance(spec[key], list):
-            return f"tools: web_search {key} must be an array of domains"
+            return f"tools: {label} {key} must be an array of domains"
     return None
 
 
@@ -103,7 +154,7 @@ def subrequest_query(body: dict) -> str | None:
     """The <q> of Claude Code's search sub-request (only the server tool; one user message
     `Perform a web search for the query: <q>`), else None."""
     tools, msgs = body.get("tools") or [], body.get("messages") or []
-    if len(tools) != 1 or not is_server_tool(tools[0]) or len(msgs) != 1 or msgs[0].get("role") != "user":
+    if len(tools) != 1 or not is_search_tool(tools[0]) or len(msgs) != 1 or msgs[0].get("role") != "user":
         return None
     tc = body.get("tool_choice")
     if isinstance(tc, dict) and tc.get("type") == "none":
@@ -128,23 +179,39 @@ def served_model_for(model, served: list[str] | None) -> str | None:
 
 # ---- pure rules: the rewrite ----------------------------------------------------------------
 
+@dataclass(frozen=True)
+class FetchPlan:
+    """The web_fetch tool's options, as the fetch core takes them."""
+    max_uses: int | None = None
+    allowed: tuple[str, ...] = ()
+    blocked: tuple[str, ...] = ()
+    max_tokens: int | None = None    # max_content_tokens
+    citations: dict | None = None    # echoed in each document; no citation blocks are made
+
+
 @dataclass
 class Plan:
-    """How one rewritten request searches."""
+    """How one rewritten request searches and fetches."""
     name: str                        # the search tool's name on the vLLM side
-    server: bool                     # the server tool is in `tools` (else only history is rewritten)
+    server: bool                     # the web_search tool is in `tools` (else only history is rewritten)
     max_uses: int | None = None
     allowed: list = field(default_factory=list)
     blocked: list = field(default_factory=list)
-    client_tools: bool = False       # ordinary tools besides the search tool
+    client_tools: bool = False       # ordinary tools besides the server tools
+    fetch_name: str = FETCH_NAME     # the fetch tool's name on the vLLM side
+    fetch: FetchPlan | None = None   # None: no web_fetch tool in `tools`
+
+    def ours(self) -> set[str]:
+        """The vLLM-side names of the calls the proxy runs itself."""
+        return ({self.name} if self.server else set()) | ({self.fetch_name} if self.fetch else set())
 
 
-def internal_name(tools) -> str:
-    """`web_search`, unless the client has an ordinary tool of that name: then a free variant."""
+def internal_name(tools, base: str = SERVER_NAME) -> str:
+    """`web_search` (or `web_fetch`), unless the client has an ordinary tool of that name: then a free variant."""
     taken = {t.get("name") for t in tools or [] if isinstance(t, dict) and not is_server_tool(t)}
-    name, n = SERVER_NAME, 1
+    name, n = base, 1
     while name in taken:
-        name = f"{SERVER_NAME}_server" + (f"_{n}" if n > 1 else "")
+        name = f"{base}_server" + (f"_{n}" if n > 1 else "")
         n += 1
     return name
 
@@ -158,26 +225,45 @@ def search_tool(name: str, plan: Plan) -> dict:
     return {"name": name, "description": desc, "input_schema": QUERY_SCHEMA}
 
 
+def fetch_plan(spec: dict) -> FetchPlan:
+    return FetchPlan(max_uses=spec.get("max_uses"), allowed=tuple(map(str, spec.get("allowed_domains") or ())),
+                     blocked=tuple(map(str, spec.get("blocked_domains") or ())),
+                     max_tokens=spec.get("max_content_tokens"), citations=spec.get("citations"))
+
+
+def fetch_tool_for_vllm(name: str, fp: FetchPlan) -> dict:
+    """web_fetch as an ordinary tool: the fetch core's description and schema (chat's WEB_FETCH_TOOL)."""
+    desc = FETCH_TOOL_DESCRIPTION
+    if fp.allowed:
+        desc += " Only pages on these domains can be fetched: " + ", ".join(fp.allowed) + "."
+    if fp.blocked:
+        desc += " Pages on these domains are never fetched: " + ", ".join(fp.blocked) + "."
+    return {"name": name, "description": desc, "input_schema": URL_SCHEMA}
+
+
 def rewrite(body: dict) -> tuple[dict, Plan]:
     """The request as vLLM accepts it: the server tool as an ordinary tool, server blocks in
     history as tool_use/tool_result; every other field unchanged. Pure."""
-    spec = server_tool(body)
+    spec, fspec = server_tool(body), fetch_tool(body)
     tools = body.get("tools")
     name = internal_name(tools)
     plan = Plan(name=name, server=spec is not None,
                 max_uses=(spec or {}).get("max_uses"),
                 allowed=list((spec or {}).get("allowed_domains") or []),
                 blocked=list((spec or {}).get("blocked_domains") or []),
-                client_tools=any(not is_server_tool(t) for t in tools or []))
+                client_tools=any(not is_server_tool(t) for t in tools or []),
+                fetch_name=internal_name(tools, FETCH_NAME), fetch=fetch_plan(fspec) if fspec is not None else None)
     out = dict(body)
     if tools is not None:
-        out["tools"] = [search_tool(name, plan) if is_server_tool(t) else t for t in tools]
+        out["tools"] = [search_tool(name, plan) if is_search_tool(t)
+                        else fetch_tool_for_vllm(plan.fetch_name, plan.fetch) if is_fetch_tool(t) and plan.fetch
+                        else t for t in tools]
     tc = body.get("tool_choice")
     if spec is not None and isinstance(tc, dict) and tc.get("type") == "tool" and tc.get("name") == SERVER_NAME \
             and name != SERVER_NAME and not _client_has(tools, SERVER_NAME):
         out["tool_choice"] = {**tc, "name": name}
     if has_server_blocks(body):
-        out["messages"] = rewrite_history(body["messages"], name)
+        out["messages"] = rewrite_history(body["messages"], name, plan.fetch_name)
     return out, plan
 
 
@@ -185,10 +271,11 @@ def _client_has(tools, name) -> bool:
     return any(isinstance(t, dict) and not is_server_tool(t) and t.get("name") == name for t in tools or [])
 
 
-def rewrite_history(messages: list[dict], name: str) -> list[dict]:
-    """Replayed server blocks as blocks vLLM accepts. Pure.
+def rewrite_history(messages: list[dict], name: str, fetch_name: str = FETCH_NAME) -> list[dict]:
+    """Replayed server blocks as blocks vLLM accepts (`name`, `fetch_name`: the tools' names on
+    the vLLM side). Pure.
 
-    Anthropic keeps a search's `server_tool_use` and its result in the assistant message;
+    Anthropic keeps a search's (or fetch's) `server_tool_use` and its result in the assistant message;
     vLLM needs a `tool_use` in the assistant turn and its `tool_result` in the next user
     turn. So an assistant message is cut after each run of searches, and the results open
     the user turn that follows (merged into the next user message when there is one).
@@ -217,10 +304,12 @@ def rewrite_history(messages: list[dict], name: str) -> list[dict]:
                 if results and not _pending(seg, results, ids):
                     out += [{**msg, "content": seg}, {"role": "user", "content": _complete(seg, results, ids)}]
                     seg, results = [], []
-                seg.append({"type": "tool_use", "id": b.get("id"), "name": name, "input": b.get("input") or {}})
-            elif kind == "web_search_tool_result":
+                tool = fetch_name if b.get("name") == FETCH_NAME else name
+                seg.append({"type": "tool_use", "id": b.get("id"), "name": tool, "input": b.get("input") or {}})
+            elif kind in ("web_search_tool_result", "web_fetch_tool_result"):
                 tid = b.get("tool_use_id")
-                text = format_for_model(outcome_from_block(queries.get(tid, ""), b.get("content")))
+                text = fetch_text(b.get("content")) if kind == "web_fetch_tool_result" \
+                    else format_for_model(outcome_from_block(queries.get(tid, ""), b.get("content")))
                 results.append({"type": "tool_result", "tool_use_id": tid, "content": text})
             else:
                 if results or _pending(seg, results, ids):
@@ -250,7 +339,7 @@ def _complete(seg, results, ids) -> list[dict]:
     """Results in call order, with a stand-in for a search whose result was not replayed."""
     by_id = {r["tool_use_id"]: r for r in results}
     return [by_id.get(b.get("id")) or {"type": "tool_result", "tool_use_id": b.get("id"),
-                                       "content": "No result was recorded for this search."}
+                                       "content": "No result was recorded for this call."}
             for b in _searches_of(seg, ids)]
 
 
@@ -307,19 +396,73 @@ def outcome_from_block(query: str, content) -> SearchOutcome:
     return SearchOutcome(query, "empty", message=f'No results for "{query}". Try different keywords.')
 
 
+def fetch_content(outcome: FetchOutcome, citations: dict | None = None) -> dict:
+    """The `content` of a web_fetch_tool_result: the page as a plain-text document, or the error
+    (BetaWebFetchBlock / BetaWebFetchToolResultErrorBlock). Pure."""
+    page = outcome.page
+    if page is None:
+        return {"type": "web_fetch_tool_result_error", "error_code": outcome.error_code or "unavailable"}
+    doc: dict = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": page.text},
+                 "title": page.title}
+    if citations is not None:
+        # Echoed as asked; the proxy writes no citation blocks into the model's text.
+        doc["citations"] = {"enabled": bool(citations.get("enabled"))}
+    return {"type": "web_fetch_result", "url": page.url, "retrieved_at": page.retrieved_at, "content": doc}
+
+
+def fetch_result_block(tool_use_id: str, outcome: FetchOutcome, citations: dict | None = None) -> dict:
+    return {"type": "web_fetch_tool_result", "tool_use_id": tool_use_id, "content": fetch_content(outcome, citations)}
+
+
+def fetch_text(content, message: str | None = None) -> str:
+    """What the model reads for a web_fetch result, made from the block's content alone, so a
+    replayed page gives the model back exactly the text it read (and vLLM's prefix cache still
+    matches). An error reads as `message` (the live sentence) or its code's sentence. Pure."""
+    content = as_dict(content)
+    if content.get("type") != "web_fetch_result":
+        code = str(content.get("error_code") or "unavailable")
+        return message or FETCH_ERROR_TEXT.get(code, f"Fetch failed: {code}.")
+    doc = as_dict(content.get("content"))
+    source = as_dict(doc.get("source"))
+    # Anthropic's own replayed PDFs come as base64: not text the local model could read.
+    data = str(source.get("data") or "") if source.get("type") == "text" else "(a PDF document the proxy cannot show)"
+    title = doc.get("title")
+    head = f"Page {content.get('url')}" + (f' "{title}"' if title else "")
+    return head + (f"\nRetrieved {content['retrieved_at']}" if content.get("retrieved_at") else "") + "\n\n" + data
+
+
+def model_text(outcome) -> str:
+    """The tool_result text of one call of a round: a search's results or a fetch's page."""
+    if not isinstance(outcome, FetchOutcome):
+        return format_for_model(outcome)
+    text = fetch_text(fetch_content(outcome), outcome.message or None)
+    return text + CUT_NOTE if outcome.page is not None and outcome.page.truncated else text
+
+
+def fetch_request(arguments, fp: FetchPlan) -> FetchRequest:
+    """A web_fetch call as the fetch core runs it, with the tool's limits. Pure."""
+    return replace(parse_fetch_arguments(arguments), max_tokens=fp.max_tokens,
+                   allowed_domains=fp.allowed, blocked_domains=fp.blocked)
+
+
 def client_id(vllm_id) -> str:
     tail = re.sub(r"[^A-Za-z0-9]", "", re.split(r"[-_]", str(vllm_id or ""))[-1])
     return "srvtoolu_" + (tail or uuid.uuid4().hex[:24])
 
 
-def server_use_block(call: dict) -> dict:
-    return {"type": "server_tool_use", "id": client_id(call.get("id")), "name": SERVER_NAME,
+def server_use_block(call: dict, name: str = SERVER_NAME) -> dict:
+    return {"type": "server_tool_use", "id": client_id(call.get("id")), "name": name,
             "input": as_dict(call.get("input"))}
 
 
 def counts_as_search(block: dict) -> bool:
     """Claude Code's rule for "Did N searches": a result block whose content is a list."""
     return block.get("type") == "web_search_tool_result" and isinstance(block.get("content"), list)
+
+
+def counts_as_fetch(block: dict) -> bool:
+    """web_fetch_requests counts pages fetched, as web_search_requests counts searches that ran."""
+    return block.get("type") == "web_fetch_tool_result" and as_dict(block.get("content")).get("type") == "web_fetch_result"
 
 
 def add_usage(total: dict | None, turn: dict | None) -> dict | None:
@@ -335,8 +478,11 @@ def add_usage(total: dict | None, turn: dict | None) -> dict | None:
     return out
 
 
-def with_searches(usage: dict | None, requests: int) -> dict:
-    return {**(usage or {"input_tokens": 0, "output_tokens": 0}), "server_tool_use": {"web_search_requests": requests}}
+def with_searches(usage: dict | None, requests: int, fetches: int | None = None) -> dict:
+    """Usage with server_tool_use; web_fetch_requests only when the request had web_fetch, so a
+    search-only reply stays as it was (the SDK's type wants both counts once web_fetch is in play)."""
+    counts = {"web_search_requests": requests} | ({} if fetches is None else {"web_fetch_requests": fetches})
+    return {**(usage or {"input_tokens": 0, "output_tokens": 0}), "server_tool_use": counts}
 
 
 def next_request(body: dict, messages: list[dict], plan: Plan) -> dict:
@@ -344,15 +490,15 @@ def next_request(body: dict, messages: list[dict], plan: Plan) -> dict:
     first round so the model writes its answer instead of searching forever."""
     out = {**body, "messages": messages}
     tc = body.get("tool_choice")
-    if isinstance(tc, dict) and ((tc.get("type") == "tool" and tc.get("name") == plan.name)
+    if isinstance(tc, dict) and ((tc.get("type") == "tool" and tc.get("name") in plan.ours() | {plan.name})
                                  or (tc.get("type") == "any" and not plan.client_tools)):
         out["tool_choice"] = {k: v for k, v in tc.items() if k == "disable_parallel_tool_use"} | {"type": "auto"}
     return out
 
 
-def tool_results(calls: list[dict], searches: list[dict], outcomes: list[SearchOutcome]) -> dict:
-    """The user turn answering every tool call of a search turn: results, or not-executed."""
-    text = {id(c): format_for_model(o) for c, o in zip(searches, outcomes, strict=True)}
+def tool_results(calls: list[dict], searches: list[dict], outcomes: list) -> dict:
+    """The user turn answering every tool call of a search turn: results, pages, or not-executed."""
+    text = {id(c): model_text(o) for c, o in zip(searches, outcomes, strict=True)}
     return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": c.get("id"),
                                          "content": text.get(id(c), NOT_EXECUTED)} for c in calls]}
 
@@ -439,8 +585,8 @@ class _Blocks:
 
 
 class _Messages(loop.Dialect):
-    """What both kinds of Messages request share: the server tool's searches (max_uses,
-    domain filters, the count in usage.server_tool_use), its blocks, the next request."""
+    """What both kinds of Messages request share: the server tools' searches and fetches
+    (max_uses, domain filters, the counts in usage.server_tool_use), their blocks, the next request."""
 
     def __init__(self, ex: Exchange, body: dict, plan: Plan, first: _Blocks | None):
         super().__init__(ex, body)
@@ -450,35 +596,70 @@ class _Messages(loop.Dialect):
         self.limit = ex.cfg.searxng_results
         self.used = 0          # searches asked for, against max_uses
         self.requests = 0      # searches that count as done (web_search_requests)
+        self.fetch_used = 0    # fetches asked for, against web_fetch's max_uses
+        self.fetches = 0       # pages fetched (web_fetch_requests)
         self.usage: dict | None = None
         self.uses: list[dict] = []  # the server_tool_use blocks of the round under way
 
     def searches(self, turn: _Blocks) -> list:
-        if not self.plan.server:
-            return []  # only replayed history was rewritten: the model has no search tool
-        return [b for b in turn.blocks if b.get("type") == "tool_use" and b.get("name") == self.plan.name]
+        # Only the server tools in `tools`: with only replayed history rewritten, the model has none.
+        ours = self.plan.ours()
+        return [b for b in turn.blocks if b.get("type") == "tool_use" and b.get("name") in ours]
 
-    def search(self, calls: list) -> list[SearchOutcome]:
-        parsed = [parse_arguments(c.get("input")) for c in calls]
-        allowed = len(parsed) if self.plan.max_uses is None else max(0, self.plan.max_uses - self.used)
-        self.used += len(parsed)
-        # A round whose calls are all over max_uses still counts toward MAX_SEARCH_ITER.
-        run = self.session.run(parsed[:allowed], limit=self.limit)
-        over = [SearchOutcome(q or "", "failed", error_code="max_uses_exceeded", message=(
+    def is_fetch(self, call: dict) -> bool:
+        return self.plan.fetch is not None and call.get("name") == self.plan.fetch_name
+
+    def search(self, calls: list) -> list:
+        """One round: the searches and fetches within max_uses run together on the session (one
+        round of MAX_SEARCH_ITER, even when every call is over max_uses); outcomes in call order."""
+        out: list = [None] * len(calls)
+        items: list = []
+        at: list[int] = []
+        for i, c in enumerate(calls):
+            refused = self.over_max_uses(c)
+            if refused is not None:
+                out[i] = refused
+                continue
+            fp = self.plan.fetch if self.is_fetch(c) else None
+            items.append(fetch_request(c.get("input"), fp) if fp else parse_arguments(c.get("input")))
+            at.append(i)
+        for i, o in zip(at, self.session.run(items, limit=self.limit), strict=True):
+            out[i] = o if isinstance(o, FetchOutcome) else filter_domains(o, self.plan.allowed, self.plan.blocked)
+        return out
+
+    def over_max_uses(self, call: dict) -> FetchOutcome | SearchOutcome | None:
+        """The max_uses_exceeded outcome of a call past its tool's max_uses (counting it), or None."""
+        if self.is_fetch(call):
+            self.fetch_used += 1
+            limit = self.plan.fetch.max_uses if self.plan.fetch else None
+            if limit is None or self.fetch_used <= limit:
+                return None
+            return FetchOutcome(fetch_request(call.get("input"), FetchPlan()).url, error_code="max_uses_exceeded", message=(
+                f"Not fetched: this request allows at most {limit} fetches (max_uses) and they are used up. "
+                "Answer from the pages you already have."))
+        self.used += 1
+        if self.plan.max_uses is None or self.used <= self.plan.max_uses:
+            return None
+        return SearchOutcome(parse_arguments(call.get("input"))[0] or "", "failed", error_code="max_uses_exceeded", message=(
             f"Not searched: this request allows at most {self.plan.max_uses} searches (max_uses) and "
             "they are used up. Answer from the results you already have."))
-                for q, _ in parsed[allowed:]]
-        return [filter_domains(o, self.plan.allowed, self.plan.blocked) for o in run] + over
 
     def announce(self, calls: list):
-        self.uses = [server_use_block(c) for c in calls]
+        self.uses = [server_use_block(c, FETCH_NAME if self.is_fetch(c) else SERVER_NAME) for c in calls]
         return ()
 
-    def results(self, outcomes: list[SearchOutcome]) -> list[dict]:
-        """The web_search_tool_result blocks answering this round's server_tool_use blocks."""
-        results = [result_block(u["id"], o) for u, o in zip(self.uses, outcomes, strict=True)]
+    def results(self, outcomes: list) -> list[dict]:
+        """The web_search_tool_result and web_fetch_tool_result blocks answering this round's
+        server_tool_use blocks."""
+        citations = self.plan.fetch.citations if self.plan.fetch else None
+        results = [fetch_result_block(u["id"], o, citations) if isinstance(o, FetchOutcome) else result_block(u["id"], o)
+                   for u, o in zip(self.uses, outcomes, strict=True)]
         self.requests += sum(counts_as_search(r) for r in results)
+        self.fetches += sum(counts_as_fetch(r) for r in results)
         return results
+
+    def usage_total(self) -> dict:
+        return with_searches(self.usage, self.requests, self.fetches if self.plan.fetch else None)
 
     def follow(self, turn: _Blocks, calls: list, outcomes: list):
         self.messages = self.messages + [{"role": "assistant", "content": turn.blocks},
@@ -493,7 +674,7 @@ class _Messages(loop.Dialect):
 
 
 class PlainMessages(loop.Plain, _Messages):
-    """Non-streaming: one message holding every search's blocks and the model's text."""
+    """Non-streaming: one message holding every search's and fetch's blocks and the model's text."""
 
     name = "messages"
 
@@ -513,7 +694,7 @@ class PlainMessages(loop.Plain, _Messages):
             return
         data = turn.data or {}  # a plain turn always has its JSON object (Plain.read)
         data["id"], data["content"] = self.ident, self.content + turn.blocks  # one message, as the stream says
-        data["usage"] = with_searches(self.usage, self.requests)
+        data["usage"] = self.usage_total()
         yield Response(encode_json(data), status=200, mimetype="application/json")
 
     def record(self, turn: _Blocks, calls, outcomes):
@@ -524,7 +705,7 @@ class PlainMessages(loop.Plain, _Messages):
 
 
 class StreamedMessages(loop.Stream, _Messages):
-    """Streaming: vLLM's events live, each search shown as server-tool blocks with `ping`
+    """Streaming: vLLM's events live, each search and fetch shown as server-tool blocks with `ping`
     events while it runs, the whole reply one well-formed Anthropic message."""
 
     name = "messages stream"
@@ -542,7 +723,7 @@ class StreamedMessages(loop.Stream, _Messages):
 
     def finish(self, turn):
         # Nothing searched: vLLM's own message_delta; else one with usage over every turn.
-        usage = with_searches(self.usage, self.requests) if self.session.rounds else None
+        usage = self.usage_total() if self.session.rounds else None
         return self.out.finish(turn, usage)
 
     def announce(self, calls):

@@ -46,7 +46,7 @@ def reindex(frame: bytes, data: dict, new: int | None) -> bytes:
 
 def server_block_events(block: dict, index: int) -> list[bytes]:
     """A server_tool_use as Anthropic streams it (empty input, "" then the JSON), or a whole
-    web_search_tool_result as one start and its stop."""
+    web_search_tool_result or web_fetch_tool_result as one start and its stop."""
     if block["type"] == "server_tool_use":
         return [event("content_block_start", {"type": "content_block_start", "index": index,
                                               "content_block": {**block, "input": {}}}),
