@@ -171,7 +171,7 @@ def create_app(cfg: Config) -> Flask:
         return responses.handle(exchange())
 
     # Codex's standalone web search (supports_standalone_web_search); answered here, never by vLLM.
-    alpha_search.register(app, cfg, searxng)
+    alpha_search.register(app, cfg, searxng, fetcher)  # one page cache per worker for every API
 
     @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
     @app.route("/<path:path>", methods=ALL_METHODS)

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import time
 import urllib.parse
+import urllib.request
 
 import anthropic
 import openai
@@ -24,6 +25,7 @@ import pytest
 from compose_stack import EXTRA_VLLM_ARGS, PROJECT, REPO, UP_TIMEOUT_S, get
 from packaging.markers import Marker
 from realvllm import MODEL, QUERY, Http
+from standins.web_pages import WebSite
 from test_claude_code import claude_env
 from test_codex import CODEX, codex_config
 
@@ -224,6 +226,29 @@ def test_responses_hosted_web_search(stack, stream):
         assert err.value.status_code == 422
     assert searx.new().count(SEARCH_LINE) == 1
     assert vllm_posts(vllm.new(), "/v1/responses") == TURNS_TO_CAP
+
+
+def test_codex_standalone_search_opens_a_page_from_the_proxy_container(stack):
+    """/v1/alpha/search's `open` runs the fetch core inside the image (urllib3, lxml, readability):
+    the page is served on the test host and read from the proxy's container through Docker's bridge."""
+    site = WebSite(host="0.0.0.0")
+    try:
+        site.route("/notes", "<html><head><title>Release notes</title></head><body><article><h1>Notes</h1>"
+                   + "<p>The container read this page: PELICAN-7731 is the word. It goes on for a while, so "
+                     "the extractor sees a real paragraph of text and keeps it as the main content.</p>" * 3
+                   + "</article></body></html>")
+        url = f"http://host.docker.internal:{site.port}/notes"
+        body = {"id": "thread-1", "model": "foundation", "commands": {"open": [{"ref_id": url}]},
+                "settings": {"allowed_callers": ["direct"], "external_web_access": False}, "max_output_tokens": 2500}
+        req = urllib.request.Request(stack.proxy_url + "/v1/alpha/search", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            output = json.loads(resp.read())["output"]
+        assert "Release notes" in output and "PELICAN-7731" in output, output
+        assert [r.path for r in site.requests] == ["/notes"]
+        assert site.requests[0].headers["user-agent"].startswith("coding-stack-proxy/")
+    finally:
+        site.close()
 
 
 AGENT_TIMEOUT_S = 240  # Claude Code's prompts are ~30k tokens of the tiny tokenizer's: a CPU prefill each

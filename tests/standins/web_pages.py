@@ -28,11 +28,12 @@ class Seen:
 
 
 class WebSite:
-    def __init__(self, certfile: str | None = None, keyfile: str | None = None):
+    def __init__(self, certfile: str | None = None, keyfile: str | None = None, host: str = "127.0.0.1"):
+        # host "0.0.0.0" for the container tier: the proxy's container reaches it over Docker's bridge.
         self.routes: dict[str, Route] = {}
         self.requests: list[Seen] = []
         self._lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = ThreadingHTTPServer((host, 0), self._handler())
         self.server.daemon_threads = True
         if certfile:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
