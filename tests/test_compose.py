@@ -509,6 +509,7 @@ def test_the_test_overlay_changes_only_test_settings(cpu, tmp_path):
                     differences.add((name, key))
     assert differences == {
         ("model", "environment", "PROGRESS_INTERVAL"),
+        ("proxy", "environment", "WEB_FETCH_ALLOWED_NETWORKS"),
         ("vllm", "environment", "VLLM_CPU_KVCACHE_SPACE"), ("vllm", "shm_size"),
         ("preflight", "environment", "VLLM_CPU_KVCACHE_SPACE"), ("preflight", "shm_size"),
         ("vllm", "command", "32768"), ("vllm", "command", "bfloat16"),
