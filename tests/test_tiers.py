@@ -21,6 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 NEEDS_VLLM = ("tests/real_vllm/", "tests/container/")
 AGENT_MODULES = ("tests/test_claude_code.py", "tests/test_codex.py")
 QUICK = "not real_vllm and not agents"
+# Under `-n N` the module's whole-suite collection is made once, on one worker, not once per worker.
+pytestmark = pytest.mark.xdist_group("collect")
 
 
 def collect(out: Path, *args: str) -> dict[str, set[str]]:
