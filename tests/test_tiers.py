@@ -35,7 +35,7 @@ def collect(out: Path, *args: str) -> dict[str, set[str]]:
     return {node: set(filter(None, tiers.split(","))) for node, tiers in rows}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, even when other modules' tests run in between
 def every_test(tmp_path_factory) -> dict[str, set[str]]:
     return collect(tmp_path_factory.mktemp("tiers") / "all")
 
