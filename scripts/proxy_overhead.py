@@ -1,7 +1,8 @@
 """Benchmark of the proxy's own overhead, direct vs through the proxy side by side in one run (issue 7); run `~/.cache/coding-stack-tests/venv-*/bin/python scripts/proxy_overhead.py [--json out.json]` after `tests/run.sh --co -q` has built that venv (`--help` lists the counts and worker options).
 
 It starts tests/standins/fast_backend.py (a gevent vLLM + SearXNG stand-in on loopback), the
-proxy under the shipped gunicorn.conf.py (and a second one with INJECT_WEB_SEARCH=false),
+proxy under the shipped gunicorn.conf.py (and a second one with INJECT_WEB_SEARCH=false and
+INJECT_WEB_FETCH=false: a plain relay),
 then measures each case interleaved, direct and proxied, from one client process:
   1 non-streaming latency p50/p99      2 a 200-chunk unpaced stream: TTFT, total, proxy CPU/chunk
   3 64 concurrent 1 s paced streams    4 a 1 MB body, with and without web_search injection
@@ -598,7 +599,7 @@ def rows(r: dict):
     yield ("(3) proxy CPU per paced event, us", None, cc["proxy_cpu_per_paced_chunk_us"], None, None, "", None)
     yield (f"(4) {bg['body_bytes'] / 1e6:.1f} MB body, web_search injected, ms", bg["direct_ms"], bg["proxy_inject_ms"],
            bg["added_inject_ms"], None, "added <= 10 ms", bg["added_inject_ms"] <= 10)
-    yield (f"(4) {bg['body_bytes'] / 1e6:.1f} MB body, INJECT_WEB_SEARCH=false, ms", bg["direct_ms"],
+    yield (f"(4) {bg['body_bytes'] / 1e6:.1f} MB body, nothing injected, ms", bg["direct_ms"],
            bg["proxy_noinject_ms"], bg["added_noinject_ms"], None, "added <= 10 ms", bg["added_noinject_ms"] <= 10)
     yield (f"(5) search loop ({se['searches']} searches, {se['backend_turns']} turns), ms", se["direct_ms"],
            se["proxy_ms"], se["proxy_itself_ms"], None, "(proxy itself)", None)
@@ -668,7 +669,7 @@ def main():
             results["concurrent"] = phase_concurrent(backend, proxy, args.concurrent, args.rounds,
                                                      args.paced_chunks, args.paced_seconds)
         if "4" in only:
-            noinject = Proxy("noinject", {**env, "INJECT_WEB_SEARCH": "false"}, gargs, args.variant, workdir)
+            noinject = Proxy("noinject", {**env, "INJECT_WEB_SEARCH": "false", "INJECT_WEB_FETCH": "false"}, gargs, args.variant, workdir)
             procs.append(noinject)
             results["big_body"] = phase_big(backend, proxy, noinject, args.big, args.big_bytes)
         if "5" in only:

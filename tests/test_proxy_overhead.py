@@ -22,7 +22,7 @@ def test_a_tiny_run_measures_every_case(tmp_path):
     assert "FAILED ANSWERS" not in run.stdout
     for row in ["(1) non-streaming p50", "(1) floor: GET /proxy/health", "(2) 20-event stream TTFT", "(2) 4-event stream TTFT",
                 "(2) proxy CPU per event", "(3) 8 x 0.2 s streams wall", "(4) 0.2 MB body, web_search injected",
-                "(4) 0.2 MB body, INJECT_WEB_SEARCH=false", "(5) search loop", "(6) proxy RSS"]:
+                "(4) 0.2 MB body, nothing injected", "(5) search loop", "(6) proxy RSS"]:
         assert row in run.stdout, f"{row!r} missing from:\n{run.stdout}"
     assert run.stdout.count(" met") + run.stdout.count("NOT MET") == 7  # one verdict per target
     results = json.loads(out.read_text())["results"]
