@@ -370,7 +370,9 @@ def test_the_proxy_comes_back_after_its_process_dies(stack):
 
 
 def test_vllm_killed_mid_stream_gives_the_client_an_error_event(stack):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 1900,
+    # Far more tokens than the tiny model makes before the kill lands: with 1,900 an idle machine had sent them all
+    # (into the sockets' buffers) before SIGKILL, and the stream ended cleanly. The context is 131072.
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 100000,
             "ignore_eos": True, "stream": True, "chat_template_kwargs": {"enable_thinking": False}}
     parts = urllib.parse.urlsplit(stack.proxy_url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
