@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from flask import Response, request
@@ -21,7 +20,7 @@ from . import jsonio
 from .config import Config
 from .errors import error_response
 from .fetch import Fetcher, FetchError, Page
-from .search import SearchOutcome, SearXNG, clean_query, filter_domains
+from .search import SearchOutcome, SearXNG, clean_query, filter_domains, run_together
 
 log = logging.getLogger("proxy.alpha_search")
 
@@ -338,11 +337,7 @@ class AlphaSearch:
         ok = 0
         limit = p.results or self.searxng.results
         if p.queries:
-            if len(p.queries) == 1:
-                outcomes = [self._search(p.queries[0], limit, p.allowed)]
-            else:
-                with ThreadPoolExecutor(max_workers=min(4, len(p.queries))) as pool:
-                    outcomes = list(pool.map(lambda q: self._search(q, limit, p.allowed), p.queries))
+            outcomes = run_together(lambda q: self._search(q, limit, p.allowed), list(p.queries), at_most=4)
             for outcome in outcomes:
                 if outcome.status == "failed":
                     failures.append(Failure(outcome.error_code or "unavailable", outcome.message))

@@ -238,6 +238,15 @@ def format_for_model(outcome: SearchOutcome) -> str:
     return text
 
 
+def run_together(fn, items: list, at_most: int) -> list:
+    """[fn(item) for item in items], concurrently (up to `at_most` at once) when there are several:
+    each is seconds of waiting on SearXNG or a web server. Results in the items' order."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(at_most, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
 def format_result(outcome) -> str:
     """What the model reads for one call of a round: a search's results or a fetched page. Pure."""
     return format_page_for_model(outcome) if isinstance(outcome, FetchOutcome) else format_for_model(outcome)
@@ -331,13 +340,8 @@ class SearchSession:
                 self._seen[key] = outcome
             return outcome
 
-        if not queries:
-            outcomes = []  # a round of calls all refused before searching still counts as a round
-        elif len(queries) == 1:
-            outcomes = [one(queries[0])]
-        else:
-            with ThreadPoolExecutor(max_workers=min(8, len(queries))) as pool:
-                outcomes = list(pool.map(one, queries))
+        # No items: a round of calls all refused before searching still counts as a round.
+        outcomes = run_together(one, queries, at_most=8)
         for o in outcomes:
             if isinstance(o, FetchOutcome):
                 self.fetches += 1
