@@ -9,6 +9,7 @@ tiers, against which the marker expressions are evaluated with pytest's own pars
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,17 @@ def test_run_sh_sees_what_m_selects(every_test, tmp_path):
     quick = collect(tmp_path / "quick", "-m", QUICK)
     assert quick == selected(every_test, QUICK) and len(quick) > 500
     assert not [n for n in quick if n.startswith(NEEDS_VLLM + AGENT_MODULES)]
+
+
+def test_under_n_each_module_stays_on_one_worker():
+    """tests/conftest.py groups each module (and each heavy tier) for `--dist loadgroup`; pytest-xdist applies the
+    groups by renaming node ids, which a pytest release once made a silent no-op."""
+    modules = ["tests/test_lock.py", "tests/test_searxng_settings.py", "tests/test_readme.py"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "3", "-v", "-p", "no:cacheprovider", *modules],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ran = re.findall(r"^\[(gw\d+)\] .*? PASSED (\S+?)::\S+@(\S+)", proc.stdout, re.M)
+    assert {module for _, module, _ in ran} == set(modules)
+    assert all(group == module for _, module, group in ran)
+    for module in modules:
+        assert len({worker for worker, m, _ in ran if m == module}) == 1, module
