@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
+from clients import openai
 from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames, tool_call
 
 USER = [{"role": "user", "content": "What does the vLLM changelog say?"}]

@@ -8,8 +8,8 @@ import socket
 import time
 import urllib.parse
 
-import openai
 import pytest
+from clients import openai
 from standins.vllm_wire import completion, error_reply, json_reply, tool_call
 
 from proxy.chat import NOT_EXECUTED, WEB_FETCH_TOOL, WEB_SEARCH_TOOL

@@ -10,8 +10,8 @@ import time
 import urllib.parse
 from pathlib import Path
 
-import openai
 import pytest
+from clients import openai
 from standins.vllm_wire import error_reply, sse_reply, stream_frames, tool_call
 
 from proxy.chat import NOT_EXECUTED

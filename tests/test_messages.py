@@ -13,8 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import anthropic
 import pytest
+from clients import anthropic
 from standins import anthropic_wire as W
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply

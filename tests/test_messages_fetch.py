@@ -13,14 +13,8 @@ import urllib.error
 import urllib.request
 import uuid
 
-import anthropic
 import pytest
-from anthropic.types.beta import (
-    BetaMessage,
-    BetaWebFetchBlock,
-    BetaWebFetchToolResultBlock,
-    BetaWebFetchToolResultErrorBlock,
-)
+from clients import anthropic
 from standins import anthropic_wire as W
 from standins.scripted_backend import Reply
 from test_chat_fetch import FACT, PAGE
@@ -108,8 +102,8 @@ def test_page_block_is_the_sdks_web_fetch_result(citations, expected):
         "content": {"type": "document", "title": "Changelog",
                     "source": {"type": "text", "media_type": "text/plain", "data": "vLLM 0.32 adds things."},
                     **({"citations": expected} if expected else {})}}}
-    parsed = BetaWebFetchToolResultBlock.model_validate(block)  # validated, not just constructed
-    assert isinstance(parsed.content, BetaWebFetchBlock) and parsed.content.content.source.data == "vLLM 0.32 adds things."
+    parsed = anthropic.types.beta.BetaWebFetchToolResultBlock.model_validate(block)  # validated, not just constructed
+    assert isinstance(parsed.content, anthropic.types.beta.BetaWebFetchBlock) and parsed.content.content.source.data == "vLLM 0.32 adds things."
 
 
 CODES = ["url_not_accessible", "url_not_allowed", "unsupported_content_type", "too_many_requests",
@@ -120,8 +114,8 @@ CODES = ["url_not_accessible", "url_not_allowed", "unsupported_content_type", "t
 def test_error_block_is_the_sdks_error_and_replays_as_a_sentence(code):
     block = M.fetch_result_block("srvtoolu_1", FetchOutcome("https://x.example", error_code=code, message="live words"))
     assert block["content"] == {"type": "web_fetch_tool_result_error", "error_code": code}
-    parsed = BetaWebFetchToolResultBlock.model_validate(block)
-    assert isinstance(parsed.content, BetaWebFetchToolResultErrorBlock) and parsed.content.error_code == code
+    parsed = anthropic.types.beta.BetaWebFetchToolResultBlock.model_validate(block)
+    assert isinstance(parsed.content, anthropic.types.beta.BetaWebFetchToolResultErrorBlock) and parsed.content.error_code == code
     assert M.fetch_text(block["content"], "live words") == "live words"
     assert M.fetch_text(block["content"]) == M.FETCH_ERROR_TEXT[code]
 
@@ -174,7 +168,7 @@ def reply(blocks, stream, **kw):
     return W.stream_reply(blocks, **kw) if stream else W.message_reply(blocks, **kw)
 
 
-def ask(proxy, stream, **kw) -> BetaMessage:
+def ask(proxy, stream, **kw) -> anthropic.types.beta.BetaMessage:
     """One request through the SDK's beta API (its web_fetch types); streamed ones go through its accumulator."""
     kw = {"model": "foundation", "max_tokens": 512, "messages": ASK, **kw}
     if stream:
@@ -216,8 +210,8 @@ def test_search_then_fetch_then_answer(fetching, backend, searxng, site, stream)
                           "server_tool_use", "web_fetch_tool_result", "text"]
     use, res = msg.content[3], msg.content[4]
     assert use.name == "web_fetch" and use.input == {"url": url} and use.id.startswith("srvtoolu_")
-    assert isinstance(res, BetaWebFetchToolResultBlock) and res.tool_use_id == use.id
-    assert isinstance(res.content, BetaWebFetchBlock) and res.content.url == url
+    assert isinstance(res, anthropic.types.beta.BetaWebFetchToolResultBlock) and res.tool_use_id == use.id
+    assert isinstance(res.content, anthropic.types.beta.BetaWebFetchBlock) and res.content.url == url
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", res.content.retrieved_at)
     doc = res.content.content
     assert (doc.type, doc.title, doc.source.type, doc.source.media_type) == ("document", "Changelog", "text", "text/plain")
@@ -296,7 +290,7 @@ def test_fetch_outcomes_become_result_blocks(proxy, fetching, backend, site, str
     backend.script(reply(calls, stream), reply([W.text("sorry")], stream))
     msg = ask(fetching if allow else proxy, stream, tools=[{**FETCH, **tool}])
     results = [b for b in msg.content if b.type == "web_fetch_tool_result"]
-    assert [None if isinstance(r.content, BetaWebFetchBlock) else r.content.error_code for r in results] == codes
+    assert [None if isinstance(r.content, anthropic.types.beta.BetaWebFetchBlock) else r.content.error_code for r in results] == codes
     assert msg.usage.server_tool_use.web_fetch_requests == codes.count(None)
     told = last_results(turns(backend)[1])
     assert [t.startswith(("Fetch failed", "Not fetched")) for t in told] == [c is not None for c in codes]

@@ -10,8 +10,8 @@ import socket
 import time
 from pathlib import Path
 
-import openai
 import pytest
+from clients import openai
 from standins import responses_wire as w
 from standins.rawhttp import raw_request
 from standins.searxng import result

@@ -8,14 +8,8 @@ import itertools
 import json
 import time
 
-import openai
 import pytest
-from openai.types.responses.response_function_web_search import (
-    ActionFind,
-    ActionOpenPage,
-    ActionSearch,
-    ResponseFunctionWebSearch,
-)
+from clients import openai
 from standins import responses_wire as w
 from test_chat_fetch import FACT, PAGE
 from test_client_leaving import logged
@@ -125,13 +119,14 @@ def test_a_bad_find_call_is_refused_before_fetching(args, phrase):
     (fn("web_search", {"query": "q"}), SearchOutcome("q", "empty"), "completed", {"type": "search", "query": "q"}),
 ])
 def test_web_search_call_items_for_page_reads(call, outcome, status, action):
+    ws = openai.types.responses.response_function_web_search  # the SDK's own types
     p = plan(sources=False)
     assert R.pending_item(call, p) == {"id": "ws_00ab", "type": "web_search_call", "status": "in_progress",
                                        "action": R.call_action(call, p)}
     item = R.web_search_item(call, outcome, p)
     assert item == {"id": "ws_00ab", "type": "web_search_call", "status": status, "action": action}
-    parsed = ResponseFunctionWebSearch.model_validate(item)  # the SDK's own type takes it
-    assert isinstance(parsed.action, {"search": ActionSearch, "open_page": ActionOpenPage, "find_in_page": ActionFind}[action["type"]])
+    parsed = ws.ResponseFunctionWebSearch.model_validate(item)  # the SDK's own type takes it
+    assert isinstance(parsed.action, {"search": ws.ActionSearch, "open_page": ws.ActionOpenPage, "find_in_page": ws.ActionFind}[action["type"]])
 
 
 @pytest.mark.parametrize("text,pattern,excerpts,count", [
@@ -222,6 +217,7 @@ def outputs(request: dict) -> dict:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_search_then_open_the_page_then_answer(fetching, backend, searxng, site, stream):
+    ws = openai.types.responses.response_function_web_search  # the SDK's own types
     path = fresh_path()
     site.route(path, PAGE)
     url = f"http://127.0.0.1:{site.port}{path}"
@@ -232,8 +228,8 @@ def test_search_then_open_the_page_then_answer(fetching, backend, searxng, site,
     # The client's view: a search, then a page opened, as OpenAI's hosted tool reports them.
     assert [o.type for o in final.output] == ["web_search_call", "reasoning", "web_search_call", "message"]
     searched, opened = final.output[0], final.output[2]
-    assert isinstance(searched.action, ActionSearch) and searched.action.query == "vllm changelog"
-    assert isinstance(opened.action, ActionOpenPage) and opened.action.url == url
+    assert isinstance(searched.action, ws.ActionSearch) and searched.action.query == "vllm changelog"
+    assert isinstance(opened.action, ws.ActionOpenPage) and opened.action.url == url
     assert opened.status == "completed" and opened.id == "ws_" + fetch.id[3:]
     assert final.output_text == "It adds prefix caching."
     assert [t.type for t in final.tools] == ["function", "web_search"]  # the client's tools, not the proxy's
@@ -257,6 +253,7 @@ def test_search_then_open_the_page_then_answer(fetching, backend, searxng, site,
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_find_in_an_opened_page_reads_it_from_the_cache(fetching, backend, searxng, site, stream):
+    ws = openai.types.responses.response_function_web_search  # the SDK's own types
     path = fresh_path()
     site.route(path, PAGE)
     url = f"http://127.0.0.1:{site.port}{path}"
@@ -265,7 +262,7 @@ def test_find_in_an_opened_page_reads_it_from_the_cache(fetching, backend, searx
     final, events = ask(fetching, stream)
 
     found = final.output[1]
-    assert isinstance(found.action, ActionFind) and (found.action.url, found.action.pattern) == (url, "marlin kernel")
+    assert isinstance(found.action, ws.ActionFind) and (found.action.url, found.action.pattern) == (url, "marlin kernel")
     assert found.status == "completed"
     if stream:
         assert [e.type for e in item_events(events, found.id)] == ITEM_EVENTS
@@ -286,6 +283,7 @@ def test_find_in_an_opened_page_reads_it_from_the_cache(fetching, backend, searx
 ], ids=["loopback", "pdf", "404", "allowed_domains"])
 def test_a_refused_page_is_a_failed_item_and_a_result_the_model_reads(start_proxy, backend, searxng, site, stream,
                                                                      allow_loopback, route, tool, phrase, fetched):
+    ws = openai.types.responses.response_function_web_search  # the SDK's own types
     env = {"WEB_FETCH_ALLOWED_NETWORKS": "127.0.0.0/8"} if allow_loopback else {}
     proxy = start_proxy(KEEPALIVE_INTERVAL="0.2", **env)
     path = fresh_path()
@@ -299,7 +297,7 @@ def test_a_refused_page_is_a_failed_item_and_a_result_the_model_reads(start_prox
     assert final.status == "completed" and final.output_text == "I could not read it."
     opened = final.output[0]
     assert opened.type == "web_search_call" and opened.status == "failed"
-    assert isinstance(opened.action, ActionOpenPage) and opened.action.url == url
+    assert isinstance(opened.action, ws.ActionOpenPage) and opened.action.url == url
     if stream:
         assert [e.type for e in item_events(events, opened.id)] == [k for k in ITEM_EVENTS if not k.endswith(".completed")]
     text = outputs(vllm_requests(backend)[1])[fetch.call_id]

@@ -19,9 +19,8 @@ import time
 import urllib.parse
 import urllib.request
 
-import anthropic
-import openai
 import pytest
+from clients import anthropic, openai
 from compose_stack import EXTRA_VLLM_ARGS, PROJECT, REPO, UP_TIMEOUT_S, get
 from packaging.markers import Marker
 from realvllm import MODEL, QUERY, Http

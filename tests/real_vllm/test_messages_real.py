@@ -12,8 +12,8 @@ import json
 import re
 from pathlib import Path
 
-import anthropic
 import pytest
+from clients import anthropic
 from realvllm import FORCED_CALL, MODEL, QUERY
 
 from proxy import messages as M

@@ -11,8 +11,8 @@ import json
 import re
 from pathlib import Path
 
-import openai
 import pytest
+from clients import openai
 from realvllm import FORCED_CALL, MODEL, QUERY
 
 pytestmark = pytest.mark.real_vllm
