@@ -24,9 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import lxml.html
-import markdownify
 import urllib3
-from readability import Document
 
 from . import netguard
 from .config import Config
@@ -227,6 +225,10 @@ def html_to_text(html: str, url: str) -> tuple[str | None, str]:
     """A page's title and main content as Markdown (readability-lxml picks the content, markdownify writes it)."""
     if not html.strip():
         return None, ""
+    # Imported on the first page, not at boot: markdownify brings BeautifulSoup and soupsieve, which compile
+    # their selectors at import, a third of a worker's start-up for a tool many requests never call.
+    import markdownify
+    from readability import Document
     try:
         doc = Document(html, url=url)
         title = doc.short_title() or None
