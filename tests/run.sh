@@ -14,6 +14,11 @@ case "${1:-}" in -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; 
 cd "$(dirname "$0")/.."
 command -v python3 >/dev/null || die "python3 not found"
 
+# Every pytest process (the selection below, each -n worker) and every proxy a test starts reads the same sources;
+# with PYTHONDONTWRITEBYTECODE=1 (some machines set it) each would compile them, and pytest rewrite every test
+# module's asserts, again: seconds per process. The bytecode lands in __pycache__/, which git and docker ignore.
+unset PYTHONDONTWRITEBYTECODE
+
 CACHE=${CODING_STACK_TEST_CACHE:-$HOME/.cache/coding-stack-tests}
 export CODING_STACK_TEST_CACHE=$CACHE
 mkdir -p "$CACHE"
