@@ -22,7 +22,7 @@ from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames,
 from test_faults import access_lines, post_raw, read_until, wait_for_log
 
 SLOW = 30      # seconds a stalled vLLM turn would take: only an abort ends it sooner
-SEARCH = 1.0   # seconds the slow SearXNG takes to answer
+SEARCH = 0.5   # seconds the slow SearXNG takes to answer
 ASK = [{"role": "user", "content": "What is new in vLLM?"}]
 
 
@@ -133,8 +133,11 @@ def test_client_leaving_a_search_loop(proxy, backend, searxng, api, stream, mome
         assert backend.wait_for(lambda b: len(b.received) == 2, 10)
     s.close()
 
+    # The access line is written once the request's loop has ended, so from then on no turn can start.
+    # A plain request that lost its client ends as nginx's "client closed" (499); a stream had
+    # already answered 200.
+    assert logged(proxy, seen, 1) == [(a.target, "200" if stream else "499")]
     if moment == "during":
-        time.sleep(SEARCH + 0.5)  # the search is over: a loop that went on would have asked vLLM by now
         assert len(backend.received) == 1, "no turn may start for a client that left"
         assert backend.hangups == []
     else:
@@ -142,9 +145,6 @@ def test_client_leaving_a_search_loop(proxy, backend, searxng, api, stream, mome
         assert backend.wait_for(lambda b: b.hangups == [turn], 5), "vLLM must see its turn cut"
         assert len(backend.received) == turn + 1
     assert searxng.queries == ([] if moment == "before" else ["slow"])
-    # A plain request that lost its client ends as nginx's "client closed" (499); a stream
-    # had already answered 200.
-    assert logged(proxy, seen, 1) == [(a.target, "200" if stream else "499")]
 
 
 WORDS = [f"w{i} " for i in range(20)]
@@ -192,7 +192,7 @@ def test_a_departing_client_never_cuts_another_clients_stream(start_proxy, backe
     # B rode A's connection, as in the bug report: no new one was opened for it, and the pool
     # hands out the connection returned last.
     assert backend.accepted == opened
-    time.sleep(SEARCH + 0.5)  # A's search is over: a loop that went on would have asked vLLM by now
+    # Both requests logged: A's loop has ended, and no third turn was asked for.
+    assert logged(p, seen, 2) == sorted([(a.target, "200" if stream else "499"), ("/v1/chat/completions", "200")])
     assert [r.path for r in backend.received] == [a.target, "/v1/chat/completions"]
     assert backend.hangups == []
-    assert logged(p, seen, 2) == sorted([(a.target, "200" if stream else "499"), ("/v1/chat/completions", "200")])
