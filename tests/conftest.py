@@ -35,14 +35,15 @@ TIERS = ("real_vllm", "agents", "container")
 def pytest_collection_modifyitems(items):
     """Under `-n N` (pytest-xdist, --dist loadgroup from pyproject.toml), each heavy tier's tests run
     on one worker: their session fixtures (a vLLM server, the compose stack) must be started once.
-    Every other module stays on one worker too: its proxies (a gunicorn each, a second of CPU to
-    start) then start once, not once on every worker its tests were spread over."""
+    A module's tests that use the shared proxies stay on one worker too: its proxies (a gunicorn
+    each, most of a second of CPU to start) then start once, not once on every worker its tests
+    were spread over. The rest (scripts, pure functions) go wherever a worker is free."""
     for item in items:
         if item.get_closest_marker("container"):
             item.add_marker(pytest.mark.xdist_group("container"))
         elif item.get_closest_marker("real_vllm"):
             item.add_marker(pytest.mark.xdist_group("real_vllm"))
-        elif not item.get_closest_marker("xdist_group"):
+        elif "_proxies" in item.fixturenames and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 

