@@ -80,7 +80,7 @@ def test_run_sh_sees_what_m_selects(every_test, tmp_path):
 def test_under_n_a_modules_proxy_tests_stay_on_one_worker():
     """tests/conftest.py groups the tests that use the shared proxies by module (and each heavy tier) for
     `--dist loadgroup`; pytest-xdist applies groups by renaming node ids, which pytest 9.2 made a silent no-op."""
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "3", "-v", "-p", "no:cacheprovider",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-v", "-p", "no:cacheprovider",
                            "tests/test_agent_wire.py", "tests/test_lock.py"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
