@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,7 +55,8 @@ def pytest_collection_finish(session):
         Path(out).write_text("".join(lines))
 
 
-# Each run logs into a folder of its own, so two runs on one checkout never share a log file.
+# Each run (each -n worker) logs its proxies into a folder of its own, so two runs on one checkout never share
+# a log file; the folder is removed when its run passed, and kept to read when a test failed.
 WORK = Path(__file__).resolve().parent / ".work" / f"run-{os.getpid()}"
 
 
@@ -139,7 +141,7 @@ def searxng(_searxng_server):
 
 
 @pytest.fixture(scope="session")
-def _proxies(_backend_server, _searxng_server):
+def _proxies(request, _backend_server, _searxng_server):
     WORK.mkdir(parents=True, exist_ok=True)
     running: dict[tuple, ProxyProcess] = {}
 
@@ -157,6 +159,8 @@ def _proxies(_backend_server, _searxng_server):
         p.ask_to_stop()
     for p in running.values():
         p.wait_stopped()
+    if request.session.testsfailed == 0:
+        shutil.rmtree(WORK, ignore_errors=True)
 
 
 @pytest.fixture
