@@ -7,6 +7,7 @@ tests/compose.cpu-test.yaml and env file tests/compose.cpu-test.env (the tiny mo
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -112,12 +113,23 @@ def tiny_files(tiny: Path) -> dict:
             if p.is_file() and not p.name.startswith(".")}
 
 
-def bridge_gateway(eng) -> str:
-    """The default bridge's gateway: where `host-gateway` (host.docker.internal) points from a container."""
-    out = eng.docker("network", "inspect", "bridge", "--format", "{{(index .IPAM.Config 0).Gateway}}").stdout.strip()
-    if not out:
-        pytest.fail("the engine's bridge network has no gateway address; the model service cannot reach the hub")
-    return out
+PROBE_NAME = "cs-host-gateway"
+
+
+def host_gateway(eng, image: str) -> str:
+    """Where `host-gateway` (the compose file's host.docker.internal) points from a container, as the engine itself
+    resolves it: the /etc/hosts line it writes into a throwaway container of `image`. Not the bridge network's
+    IPAM Gateway: Docker 20.10's first start on a host with no docker0 leaves that empty, though the bridge it
+    makes has 172.17.0.1 and host-gateway resolves to it (tests/container/test_fresh_engine.py)."""
+    proc = eng.docker("run", "--rm", "--add-host", f"{PROBE_NAME}:host-gateway", "--entrypoint", "getent", image,
+                      "hosts", PROBE_NAME, check=False, timeout=120)
+    words = proc.stdout.split()
+    try:
+        return str(ipaddress.ip_address(words[0] if proc.returncode == 0 and words else ""))
+    except ValueError:
+        pytest.fail(f"the engine resolves host-gateway to no address, so no container can reach this host "
+                    f"(docker run --add-host {PROBE_NAME}:host-gateway exited {proc.returncode}: "
+                    f"{(proc.stdout + proc.stderr).strip()[-500:]})")
 
 
 def _free_port() -> int:
@@ -149,8 +161,14 @@ def stack_session():
         model_dir = WORK / "models"
         subprocess.run(["rm", "-rf", str(model_dir)], check=True)
         model_id = config["services"]["model"]["environment"]["MODEL_ID"]
-        hub = HubStandin(tiny_files(env_info.model_dir), repo_id=model_id, host=bridge_gateway(eng))
-        hub.start()
+        gateway = host_gateway(eng, base)
+        hub = HubStandin(tiny_files(env_info.model_dir), repo_id=model_id, host=gateway)
+        try:
+            hub.start()
+        except OSError as e:  # a remote engine's host-gateway is another machine's address
+            hub = None
+            pytest.fail(f"host-gateway points at {gateway}, which the Hub stand-in cannot listen on here: {e}")
+        notes.append(f"host-gateway is {gateway}")
         proxy_port, vllm_port = _free_port(), _free_port()
         env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), "DOCKER_HOST": eng.host,
                "MODEL_DIR": str(model_dir), "PROXY_PORT": str(proxy_port), "VLLM_PORT": str(vllm_port),
