@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs benchmark.sh against paced backends: it waits for their pace on purpose
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmark.sh"
 STANDIN = ROOT / "tests" / "standins" / "paced_backend.py"

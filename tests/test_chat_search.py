@@ -103,6 +103,7 @@ def test_searxng_failures_become_tool_results(proxy, backend, searxng, mode, kw,
         assert "duckduckgo (HTTP connection error)" in tool_msg["content"]
 
 
+@pytest.mark.slow  # waits out SearXNG's timeout
 def test_searxng_unreachable_and_slow(start_proxy, backend, searxng):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -109,6 +109,7 @@ def test_raw_stream_has_one_done_and_valid_framing(proxy, backend, searxng):
     assert b'"usage"' not in raw  # the client did not ask for usage
 
 
+@pytest.mark.slow  # waits out keep-alive intervals
 def test_keepalive_comments_during_a_slow_search(proxy, backend, searxng):
     searxng.behave(None, "slow", seconds=1.0)  # the proxy fixture sends a keep-alive every 0.2 s
     t1 = tool_call("web_search", {"query": "slow one"})

@@ -14,6 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from standins.hf_hub import REPO_ID, HubStandin, tiny_repo  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs download-model.sh end to end: a venv with pip, downloads from the Hub stand-in
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "download-model.sh"
 STORAGE = "hub/models--" + REPO_ID.replace("/", "--")

@@ -166,6 +166,7 @@ def fuzz_proxy(start_proxy, backend, searxng, monkeypatch):
     return p
 
 
+@pytest.mark.slow  # a fuzzing budget of hundreds of requests
 def test_fuzzed_requests_never_500_nor_crash_the_worker(fuzz_proxy, backend):
     pid = worker_pid(fuzz_proxy)
 

@@ -7,6 +7,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent
@@ -22,6 +23,7 @@ def test_ruff_finds_nothing():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # mypy over the tree: 20 s of CPU; run it before you commit
 def test_mypy_finds_nothing():
     # The cache goes under tests/.work (ignored by git), not into the checkout's root.
     proc = run("mypy", "--cache-dir", str(REPO / "tests" / ".work" / "mypy-cache"))
@@ -40,6 +42,7 @@ def test_the_project_reads_its_dependencies_from_requirements_in():
     assert reqs and all(str(r.specifier).startswith("==") for r in reqs)
 
 
-def test_every_tier_marker_is_registered():
+def test_every_marker_is_registered():
+    """The three tiers, and `slow` (the inner loop's filter, README "Tests")."""
     markers = PYPROJECT["tool"]["pytest"]["ini_options"]["markers"]
-    assert sorted(m.split(":")[0] for m in markers) == ["agents", "container", "real_vllm"]
+    assert sorted(m.split(":")[0] for m in markers) == ["agents", "container", "real_vllm", "slow"]

@@ -15,8 +15,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 import load_test  # noqa: E402
+import pytest  # noqa: E402
 from standins.procfs import open_fds, rss_mb  # noqa: E402
 from test_faults import worker_pid  # noqa: E402
+
+pytestmark = pytest.mark.slow  # a mixed load of concurrent clients for seconds
 
 CLIENTS, REQUESTS = 32, 400
 

@@ -19,6 +19,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 import download_model as dm  # noqa: E402
 from standins.hf_hub import HubStandin  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs the model service's script against the Hub stand-in: downloads, progress intervals
+
 LOCK = REPO / "model" / "requirements.txt"
 
 

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs the overhead benchmark end to end
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--requests", "20", "--streams", "3", "--chunks", "20", "--concurrent", "8", "--rounds", "1",
         "--paced-chunks", "5", "--paced-seconds", "0.2", "--big", "2", "--big-bytes", "200000", "--loops", "2"]

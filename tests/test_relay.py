@@ -263,6 +263,7 @@ def test_the_development_server_serves_the_same_app(backend, searxng):
         proc.wait(10)
 
 
+@pytest.mark.slow  # outlives gunicorn's worker timeout on purpose
 @pytest.mark.parametrize("streamed", [True, False])
 def test_generations_longer_than_the_worker_timeout_survive(start_proxy, backend, streamed):
     """gunicorn's worker timeout guards against a stuck worker, never a long generation:

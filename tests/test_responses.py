@@ -332,6 +332,7 @@ def _default(q):
     return default_results(q)
 
 
+@pytest.mark.slow  # waits out keep-alive intervals
 def test_keepalive_comments_during_a_search(start_proxy, backend, searxng):
     proxy = start_proxy(KEEPALIVE_INTERVAL="0.2")
     searxng.behave("slow one", "slow", seconds=1.2)

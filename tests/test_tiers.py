@@ -24,7 +24,8 @@ NEEDS_VLLM = ("tests/real_vllm/", "tests/container/")
 AGENT_MODULES = ("tests/test_claude_code.py", "tests/test_codex.py")
 QUICK = "not real_vllm and not agents"
 # Under `-n N` the module's whole-suite collection is made once, on one worker, not once per worker.
-pytestmark = pytest.mark.xdist_group("collect")
+pytestmark = [pytest.mark.xdist_group("collect"),
+              pytest.mark.slow]  # collects the whole suite in pytest subprocesses: 10-20 s of CPU
 
 
 def collect(out: Path, *args: str) -> dict[str, set[str]]:
