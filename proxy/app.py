@@ -8,6 +8,7 @@ import hmac
 import logging
 import socket
 import time
+import urllib.parse
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -51,6 +52,26 @@ class AccessLog:
         return _CountingIterable(body, lambda sent: log.info(
             "%s %s %s %.0fms searches=%d bytes=%d", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"),
             state["status"], (time.monotonic() - started) * 1000, environ["proxy.searches"], sent))
+
+
+class WholePath:
+    """WSGI wrapper: the path routed and guarded by the key is the whole path the client sent.
+
+    The proxy is never mounted under a prefix, so a SCRIPT_NAME can only come from a server told to
+    trust a client's header (gunicorn.conf.py tells gunicorn not to); folded back into PATH_INFO, it
+    cannot make the key check read "/health" while the relay sends RAW_URI's "/metrics/health".
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        script = environ.get("SCRIPT_NAME", "")
+        if script:
+            # WSGI paths are percent-decoded and latin-1 strings; gunicorn leaves SCRIPT_NAME encoded.
+            environ["PATH_INFO"] = urllib.parse.unquote_to_bytes(script).decode("latin-1") + environ.get("PATH_INFO", "")
+            environ["SCRIPT_NAME"] = ""
+        return self.app(environ, start_response)
 
 
 class _CountingIterable:
@@ -178,7 +199,7 @@ def create_app(cfg: Config) -> Flask:
     def passthrough(path):
         return exchange().relay()
 
-    app.wsgi_app = AccessLog(app.wsgi_app)  # type: ignore[method-assign]  # Flask's documented way to add WSGI middleware
+    app.wsgi_app = WholePath(AccessLog(app.wsgi_app))  # type: ignore[method-assign]  # Flask's documented way to add WSGI middleware
     return app
 
 
