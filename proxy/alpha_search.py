@@ -3,7 +3,7 @@
 `web.run` tool and sends each call here as `{id, model, input, commands, settings, max_output_tokens}`;
 the answer is `{"output": <text the model reads>, "encrypted_output": null}`.
 
-Registered on the app by `register(app, cfg, searxng)` (proxy/app.py). `search_query` runs on the
+Served by `AlphaSearch.handle` on the route proxy/app.py adds. `search_query` runs on the
 search core (proxy/search.py), `open` and `find` on the fetch core (proxy/fetch.py); the handler is
 thin over the pure functions below. Wire format: tests/data/codex-alpha-search.md.
 """
@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from flask import Response, request
+from flask import Response
 
 from . import jsonio
 from .config import Config
@@ -381,6 +381,23 @@ class AlphaSearch:
         self.refs.add(p.session, new_refs)
         return sections, failures, ok, len(p.queries)
 
+    def handle(self, raw: bytes, environ: dict) -> Response:
+        """One request's body -> the answer; the access log's search count goes into environ."""
+        try:
+            body = jsonio.loads(raw or b"null")
+        except (ValueError, UnicodeDecodeError):
+            return error_response(400, "Request body is not valid JSON.")
+        try:
+            parsed = parse_request(body)
+        except BadRequest as e:
+            return error_response(400, e.message, param=e.param)
+        sections, failures, ok, searches = self.run(parsed)
+        environ["proxy.searches"] = searches
+        status, payload = answer(sections, failures, ok, parsed.output_tokens * CHARS_PER_TOKEN)
+        if status != 200:
+            log.warning("POST %s: %d (%d commands failed)", PATH, status, len(failures))
+        return Response(jsonio.dumps(payload), status=status, mimetype="application/json")
+
 
 def answer(sections: list[str], failures: list[Failure], ok: int, budget_chars: int) -> tuple[int, dict]:
     """The HTTP answer for a run. Pure. Nothing succeeded and every failure was a server's behind
@@ -397,25 +414,3 @@ def answer(sections: list[str], failures: list[Failure], ok: int, budget_chars: 
     return 200, {"output": text, "encrypted_output": None}
 
 
-def register(app, cfg: Config, searxng: SearXNG, fetcher: Fetcher | None = None) -> AlphaSearch:
-    """Add the route to a Flask app; one AlphaSearch (and its ref store) per worker."""
-    service = AlphaSearch(cfg, searxng, fetcher or Fetcher(cfg))
-
-    @app.route(PATH, methods=["POST"])
-    def alpha_search():
-        try:
-            body = jsonio.loads(request.get_data(cache=False) or b"null")
-        except (ValueError, UnicodeDecodeError):
-            return error_response(400, "Request body is not valid JSON.")
-        try:
-            parsed = parse_request(body)
-        except BadRequest as e:
-            return error_response(400, e.message, param=e.param)
-        sections, failures, ok, searches = service.run(parsed)
-        request.environ["proxy.searches"] = searches
-        status, payload = answer(sections, failures, ok, parsed.output_tokens * CHARS_PER_TOKEN)
-        if status != 200:
-            log.warning("POST %s: %d (%d commands failed)", PATH, status, len(failures))
-        return Response(jsonio.dumps(payload), status=status, mimetype="application/json")
-
-    return service

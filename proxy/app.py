@@ -161,7 +161,8 @@ def create_app(cfg: Config) -> Flask:
         # The proxy's own liveness, independent of vLLM's four-minute boot.
         return Response('{"status":"ok"}', mimetype="application/json")
 
-    def exchange() -> Exchange:
+    def request_body() -> bytes:
+        """The whole body, or RequestEntityTooLarge (413, too_large above): every route reads it here."""
         # get_data reads at most MAX_CONTENT_LENGTH bytes; a Content-Length over it raises 413.
         body = request.get_data(cache=False)
         if len(body) >= cfg.max_body_bytes and request.content_length is None:
@@ -169,6 +170,10 @@ def create_app(cfg: Config) -> Flask:
             # and the cut body went to vLLM as if whole: one byte more means it was too large.
             if request.environ["wsgi.input"].read(1):
                 raise RequestEntityTooLarge()
+        return body
+
+    def exchange() -> Exchange:
+        body = request_body()
         # RAW_URI keeps the client's exact path and query encoding (gunicorn sets it).
         raw = request.environ.get("RAW_URI")
         if not (raw and raw.startswith("/")):
@@ -192,7 +197,12 @@ def create_app(cfg: Config) -> Flask:
         return responses.handle(exchange())
 
     # Codex's standalone web search (supports_standalone_web_search); answered here, never by vLLM.
-    alpha_search.register(app, cfg, searxng, fetcher)  # one page cache per worker for every API
+    # One per worker: its ref store, and the page cache it shares with every API.
+    codex_search = alpha_search.AlphaSearch(cfg, searxng, fetcher)
+
+    @app.route(alpha_search.PATH, methods=["POST"])
+    def alpha_web_search():
+        return codex_search.handle(request_body(), request.environ)
 
     @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
     @app.route("/<path:path>", methods=ALL_METHODS)
