@@ -41,6 +41,8 @@ MAX_BODY_BYTES = int(os.environ.get("MAX_BODY_BYTES", "67108864"))
 PROXY_API_KEY = os.environ.get("PROXY_API_KEY", "")
 # Answer unknown model names on /v1/messages (Claude Code's claude-...) with the served model.
 ANTHROPIC_ANY_MODEL = _flag("ANTHROPIC_ANY_MODEL", False)
+# open + find commands one /v1/alpha/search request may run (each fetches a page); Codex sends one or two.
+ALPHA_SEARCH_MAX_PAGES = int(os.environ.get("ALPHA_SEARCH_MAX_PAGES", "10"))
 # web_fetch: comma-separated CIDRs exempt from the SSRF refusals (a LAN wiki: 192.168.1.0/24); empty: public only.
 WEB_FETCH_ALLOWED_NETWORKS = os.environ.get("WEB_FETCH_ALLOWED_NETWORKS", "")
 # Seconds one fetch may take, redirects included; an agent is blocked on the tool result meanwhile.
@@ -82,6 +84,7 @@ app = create_app(Config(
     max_body_bytes=MAX_BODY_BYTES,
     proxy_api_keys=tuple(k.strip() for k in PROXY_API_KEY.split(",") if k.strip()),
     anthropic_any_model=ANTHROPIC_ANY_MODEL,
+    alpha_search_max_pages=ALPHA_SEARCH_MAX_PAGES,
     web_fetch_allowed_networks=tuple(n.strip() for n in WEB_FETCH_ALLOWED_NETWORKS.split(",") if n.strip()),
     web_fetch_timeout=WEB_FETCH_TIMEOUT,
     web_fetch_max_bytes=WEB_FETCH_MAX_BYTES,

@@ -24,6 +24,7 @@ class Config:
     max_body_bytes: int = 64 * 1024 * 1024
     proxy_api_keys: tuple[str, ...] = ()
     anthropic_any_model: bool = False
+    alpha_search_max_pages: int = 10  # open + find commands run per /v1/alpha/search request; the rest are named, not run
     # web_fetch (proxy/fetch.py). Networks (CIDR strings) exempt from the SSRF refusals; empty: public addresses only.
     web_fetch_allowed_networks: tuple[str, ...] = ()
     web_fetch_timeout: float = 20.0  # whole fetch, redirects included
