@@ -466,6 +466,7 @@ STRUCTURE_ROUTES = ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_
                     "/v1/alpha/search"]
 
 
+@pytest.mark.slow  # a fuzzing budget per route
 @pytest.mark.parametrize("route", STRUCTURE_ROUTES)
 def test_fields_of_the_wrong_json_type_are_4xx_in_the_apis_shape(fuzz_proxy, backend, route):
     backend.responder = model_turn
