@@ -17,7 +17,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from .cancel import GONE, TIMEOUT, Cancel
-from .fetch import READ_CHUNK, Decoder, Fetcher, FetchError, FetchOutcome, FetchRequest, format_page_for_model
+from .fetch import (
+    READ_CHUNK,
+    Decoder,
+    Fetcher,
+    FetchError,
+    FetchOutcome,
+    FetchRequest,
+    domain_matches,
+    format_page_for_model,
+)
 
 log = logging.getLogger("proxy.search")
 
@@ -182,14 +191,9 @@ def _list(value) -> list:
 
 
 def host_matches(url: str, domains) -> bool:
-    """True when the URL's host is one of `domains` or a subdomain of one. Pure."""
-    host = (urllib.parse.urlsplit(url).hostname or "").lower().rstrip(".")
-    for d in domains:
-        d = str(d).lower().strip().rstrip(".")
-        d = urllib.parse.urlsplit(d).hostname or d if "//" in d else d.split("/")[0]
-        if d and (host == d or host.endswith("." + d)):
-            return True
-    return False
+    """True when the URL's host is one of `domains` or a subdomain of one (a path in a domain is not
+    compared: search results are filtered by site). Pure."""
+    return domain_matches(url, domains, paths=False)
 
 
 def filter_domains(outcome: SearchOutcome, allowed=None, blocked=None) -> SearchOutcome:
