@@ -53,21 +53,46 @@ def _one_line(text: str | None) -> str | None:
     return (" ".join(text.split()) or None) if text else None
 
 
+# Above this much HTML, readability's scoring (about 1.4 s a MB here) is skipped for a cheap rule: drop the
+# elements that are never the article (navigation, scripts, forms) and keep <main> or <article> if there is one.
+FAST_PATH_CHARS = 512 * 1024
+NOT_CONTENT = "//script|//style|//nav|//header|//footer|//aside|//form|//noscript|//template|//iframe|//svg|//button"
+
+
 def html_to_text(html: str, url: str) -> tuple[str | None, str]:
     """A page's title and main content as Markdown (readability-lxml picks the content, markdownify writes it)."""
+    title, text, _ = extract_page(html, url)
+    return title, text
+
+
+def extract_page(html: str, url: str, max_chars: int | None = None) -> tuple[str | None, str, bool]:
+    """(title, Markdown, cut): readability-lxml picks the content (the fast rule on pages over FAST_PATH_CHARS),
+    then only about `max_chars` of its text go through markdownify, which costs about a second a MB and
+    writes text the model would never get (the fetcher cuts the text to its token budget anyway)."""
     if not html.strip():
-        return None, ""
+        return None, "", False
     # Imported on the first page, not at boot: markdownify brings BeautifulSoup and soupsieve, which compile
     # their selectors at import (the pool's children import them before their first page).
     import lxml.html
     import markdownify
     from readability import Document
     try:
-        doc = Document(html, url=url)
-        title = doc.short_title() or None
-        content = doc.summary(html_partial=True)
-        text = markdownify.markdownify(content, heading_style="ATX", bullets="-", strip=["img"])
-        return _one_line(title), tidy(text)
+        if len(html) > FAST_PATH_CHARS:
+            root = lxml.html.fromstring(html)
+            title = root.findtext(".//title")
+            for el in root.xpath(NOT_CONTENT):
+                el.drop_tree()
+            content = (root.xpath("//main|//article") or root.xpath("//body") or [root])[0]
+        else:
+            doc = Document(html, url=url)
+            title = doc.short_title() or None
+            content = lxml.html.fromstring(doc.summary(html_partial=True))
+        cut = False
+        if max_chars is not None:
+            _, cut = _trim(content, max_chars + max_chars // 4)  # Markdown is a little longer than the text
+        partial = lxml.html.tostring(content, encoding="unicode")
+        text = markdownify.markdownify(partial, heading_style="ATX", bullets="-", strip=["img"])
+        return _one_line(title), tidy(text), cut
     except MemoryError:
         raise
     except Exception as e:  # readability and markdownify raise bare lxml errors, RecursionError on deep nesting
@@ -75,8 +100,26 @@ def html_to_text(html: str, url: str) -> tuple[str | None, str]:
     try:
         root = lxml.html.fromstring(html)
     except (ValueError, lxml.etree.ParserError):
-        return None, ""
-    return _one_line(root.findtext(".//title")), tidy(root.text_content())
+        return None, "", False
+    return _one_line(root.findtext(".//title")), tidy(root.text_content()), False
+
+
+def _trim(el, budget: int) -> tuple[int, bool]:
+    """Remove what follows the first `budget` characters of text under `el`: (characters kept, whether cut)."""
+    used, cut = len(el.text or ""), False
+    for child in list(el):
+        if used >= budget:
+            el.remove(child)
+            cut = True
+            continue
+        size = len(child.text_content()) + len(child.tail or "")
+        if used + size <= budget:
+            used += size
+            continue
+        kept, _ = _trim(child, budget - used)
+        used += kept + len(child.tail or "")
+        cut = True
+    return used, cut
 
 
 # -- the child -----------------------------------------------------------------------------------
@@ -118,8 +161,8 @@ def _child_main(cpu_seconds: int, memory_bytes: int) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (soft, cpu_hard))
         try:
             job = jsonio.loads(frame)
-            title, text = html_to_text(job["html"], job["url"])
-            answer: dict = {"title": title, "text": text}
+            title, text, cut = extract_page(job["html"], job["url"], job.get("max_chars"))
+            answer: dict = {"title": title, "text": text, "cut": cut}
         except MemoryError:
             answer = {"error": "memory"}
         data = jsonio.dumps(answer)
@@ -218,8 +261,9 @@ class ExtractPool:
                 pool = cls._shared[key] = cls(key[0], key[1], key[2] * 1024 * 1024, key[3])
             return pool
 
-    def extract(self, html: str, url: str, cancel: Cancel | None = None) -> tuple[str | None, str]:
-        """(title, Markdown) of a page; raises ExtractError naming the limit a page went over."""
+    def extract(self, html: str, url: str, cancel: Cancel | None = None,
+                max_chars: int | None = None) -> tuple[str | None, str, bool]:
+        """(title, Markdown, cut) of a page, about max_chars of it; raises ExtractError naming the limit a page went over."""
         with self._lock:
             if self._waiting >= self.queue_size:
                 raise ExtractError("unavailable", f"the proxy is extracting {len(self._children)} pages and has "
@@ -235,20 +279,20 @@ class ExtractPool:
                 self._waiting -= 1
         undo = cancel.on_abort(child.kill) if cancel is not None else None
         try:
-            return self._run(child, html, url)
+            return self._run(child, html, url, max_chars)
         finally:
             if undo is not None:
                 undo()
             self._idle.put(child)
 
-    def _run(self, child: _Child, html: str, url: str) -> tuple[str | None, str]:
+    def _run(self, child: _Child, html: str, url: str, max_chars: int | None) -> tuple[str | None, str, bool]:
         deadline = time.monotonic() + self.wall_seconds
         try:
             proc = child.ensure()
         except OSError as e:
             raise ExtractError("unavailable", f"the extraction process cannot start ({e}).") from None
         assert proc.stdin is not None and proc.stdout is not None
-        job = jsonio.dumps({"url": url, "html": html})
+        job = jsonio.dumps({"url": url, "html": html, "max_chars": max_chars})
         sent = _send(proc.stdin.fileno(), len(job).to_bytes(FRAME_HEADER, "big") + job, deadline)
         answer = _receive(proc.stdout.fileno(), deadline) if sent else None
         if answer is None:
@@ -260,7 +304,7 @@ class ExtractPool:
         if not isinstance(reply, dict) or "error" in reply or not isinstance(reply.get("text"), str):
             return self._failed(child, timed_out=False, reported=str(reply.get("error")) if isinstance(reply, dict) else "")
         title = reply.get("title")
-        return (title if isinstance(title, str) else None), reply["text"]
+        return (title if isinstance(title, str) else None), reply["text"], reply.get("cut") is True
 
     def _failed(self, child: _Child, timed_out: bool, reported: str = ""):
         """The child did not answer: stop it (the next page starts a fresh one) and say which limit was hit."""

@@ -628,12 +628,15 @@ class Fetcher:
             raise FetchError("unsupported_content_type", f"{body.url} sent no Content-Type and does not look like text.")
         text = decode_text(body.data, body.charset, kind == "html")
         title: str | None = None
+        cut = body.cut
         if kind == "html":
             try:
-                title, text = self.extractor.extract(text, body.url, cancel)
+                # Only what the largest budget can hold is written as Markdown (the cache keeps that much).
+                title, text, trimmed = self.extractor.extract(text, body.url, cancel, self.max_tokens * CHARS_PER_TOKEN)
             except ExtractError as e:
                 raise self._interrupted(body.url, cancel) or FetchError(e.code, f"{body.url}: {e.message}") from None
-        return Page(url=body.url, title=title, text=text, content_type=mime, retrieved_at=now_iso(), truncated=body.cut)
+            cut = cut or trimmed
+        return Page(url=body.url, title=title, text=text, content_type=mime, retrieved_at=now_iso(), truncated=cut)
 
     def _read_body(self, target: netguard.Target, resp, started: float, cancel: Cancel) -> tuple[bytes, bool]:
         """At most max_bytes decoded bytes; stops reading (and downloading) once there are more."""
