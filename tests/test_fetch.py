@@ -648,3 +648,14 @@ def test_readability_failure_falls_back_to_all_text():
     title, text = fetchmod.html_to_text("<html><head><title> T </title></head><body>just text</body></html>", "http://x/")
     assert title == "T" and "just text" in text
     assert fetchmod.html_to_text("   ", "http://x/") == (None, "")
+
+
+@pytest.mark.parametrize("size", [200 * 1024, 2 * 1024 * 1024])  # readability's path, and the fast rule past 512 KiB
+def test_extraction_keeps_code_and_drops_navigation_on_small_and_big_pages(size):
+    from standins.hostile_web import big_page
+
+    from proxy.extract import extract_page
+    title, text, cut = extract_page(big_page(size).decode(), "http://x/", max_chars=80_000)
+    assert title == "Scheduler notes" and "def admit(request):" in text and "the key-value cache has room" in text
+    assert "Section 3" not in text and "var x" not in text and "Copyright" not in text
+    assert cut and len(text) < 80_000 * 1.5
