@@ -55,6 +55,18 @@ WEB_FETCH_CACHE_TTL = float(os.environ.get("WEB_FETCH_CACHE_TTL", "300"))
 WEB_FETCH_CACHE_BYTES = int(os.environ.get("WEB_FETCH_CACHE_BYTES", "33554432"))
 # A PEM bundle trusted instead of the system's CAs, for an allow-listed host with a private CA.
 WEB_FETCH_CA_FILE = os.environ.get("WEB_FETCH_CA_FILE", "")
+# HTML extraction runs in child processes of each worker, each page under a CPU-time and a memory limit
+# (a 5 MiB page of ordinary HTML takes a few seconds and a few hundred MiB); a page over one is a tool error.
+WEB_FETCH_EXTRACT_PROCESSES = int(os.environ.get("WEB_FETCH_EXTRACT_PROCESSES", "2"))
+WEB_FETCH_EXTRACT_CPU_SECONDS = float(os.environ.get("WEB_FETCH_EXTRACT_CPU_SECONDS", "10"))
+WEB_FETCH_EXTRACT_MEMORY_MB = int(os.environ.get("WEB_FETCH_EXTRACT_MEMORY_MB", "1024"))
+# Pages waiting for a free extraction process; more than this at once are refused as busy.
+WEB_FETCH_EXTRACT_QUEUE = int(os.environ.get("WEB_FETCH_EXTRACT_QUEUE", "16"))
+# web_fetch calls run per model turn and per client request; the model reads that it hit the cap.
+WEB_FETCH_MAX_PER_TURN = int(os.environ.get("WEB_FETCH_MAX_PER_TURN", "10"))
+WEB_FETCH_MAX_PER_REQUEST = int(os.environ.get("WEB_FETCH_MAX_PER_REQUEST", "50"))
+# Largest SearXNG answer read (4 MiB; five results are a few kB); a bigger one is a failed search.
+SEARXNG_MAX_BYTES = int(os.environ.get("SEARXNG_MAX_BYTES", "4194304"))
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "info").upper()
 PROXY_BIND = os.environ.get("PROXY_BIND", "0.0.0.0:11433")
 
@@ -92,6 +104,13 @@ app = create_app(Config(
     web_fetch_cache_ttl=WEB_FETCH_CACHE_TTL,
     web_fetch_cache_bytes=WEB_FETCH_CACHE_BYTES,
     web_fetch_ca_file=WEB_FETCH_CA_FILE,
+    web_fetch_extract_processes=WEB_FETCH_EXTRACT_PROCESSES,
+    web_fetch_extract_cpu_seconds=WEB_FETCH_EXTRACT_CPU_SECONDS,
+    web_fetch_extract_memory_mb=WEB_FETCH_EXTRACT_MEMORY_MB,
+    web_fetch_extract_queue=WEB_FETCH_EXTRACT_QUEUE,
+    web_fetch_max_per_turn=WEB_FETCH_MAX_PER_TURN,
+    web_fetch_max_per_request=WEB_FETCH_MAX_PER_REQUEST,
+    searxng_max_bytes=SEARXNG_MAX_BYTES,
 ))
 
 if __name__ == "__main__":

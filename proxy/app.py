@@ -131,7 +131,7 @@ def create_app(cfg: Config) -> Flask:
     app = Flask("proxy")
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
     backend = Backend(cfg.backend_url, cfg.connect_timeout, cfg.read_timeout, cfg.backend_api_key)
-    searxng = SearXNG(cfg.searxng_url, cfg.searxng_results, cfg.searxng_timeout)
+    searxng = SearXNG(cfg.searxng_url, cfg.searxng_results, cfg.searxng_timeout, cfg.searxng_max_bytes)
     fetcher = Fetcher(cfg)  # one per worker: its page cache is shared by that worker's requests
 
     @app.errorhandler(RequestEntityTooLarge)

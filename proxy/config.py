@@ -33,3 +33,13 @@ class Config:
     web_fetch_cache_ttl: float = 300.0
     web_fetch_cache_bytes: int = 32 * 1024 * 1024
     web_fetch_ca_file: str = ""  # a PEM bundle trusted instead of the system's CAs (a private CA; the tests)
+    # Page extraction (proxy/extract.py): child processes per worker, each page's CPU seconds and address space
+    # (MiB), and the pages that may wait for a free child; a page over a limit is a tool error that names it.
+    web_fetch_extract_processes: int = 2
+    web_fetch_extract_cpu_seconds: float = 10.0
+    web_fetch_extract_memory_mb: int = 1024
+    web_fetch_extract_queue: int = 16
+    # Caps on web_fetch calls (proxy/search.py's SearchSession): per model turn and per client request.
+    web_fetch_max_per_turn: int = 10
+    web_fetch_max_per_request: int = 50
+    searxng_max_bytes: int = 4 * 1024 * 1024  # a SearXNG answer's decoded bytes; a bigger one is a failed search
