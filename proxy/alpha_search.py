@@ -231,7 +231,7 @@ def format_search(outcome: SearchOutcome, turn: int, first: int) -> tuple[str, d
     """One query's results as text, and the ref ids it handed out (numbered from `first`)."""
     if outcome.status != "ok":
         return f'## search_query "{outcome.query}"\n{outcome.message}', {}
-    lines, refs = [f'## search_query "{outcome.query}"'], {}
+    lines, refs = [f'## search_query "{outcome.query}"{outcome.cached_note}'], {}
     for a in outcome.answers:
         lines.append(f"Answer: {a}")
     for box in outcome.infoboxes:
