@@ -12,7 +12,7 @@ import time
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from . import alpha_search, chat, messages, responses
+from . import alpha_search, chat, messages, metrics, responses
 from .config import Config
 from .errors import error_for_path, upstream_error_status
 from .exchange import Exchange, response_headers
@@ -112,6 +112,7 @@ def create_app(cfg: Config) -> Flask:
     backend = Backend(cfg.backend_url, cfg.connect_timeout, cfg.read_timeout, cfg.backend_api_key)
     searxng = SearXNG(cfg.searxng_url, cfg.searxng_results, cfg.searxng_timeout)
     fetcher = Fetcher(cfg)  # one per worker: its page cache is shared by that worker's requests
+    searxng, fetcher = metrics.instrument(cfg, searxng, fetcher)  # the search cache; both metered
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_e):
@@ -179,6 +180,7 @@ def create_app(cfg: Config) -> Flask:
         return exchange().relay()
 
     app.wsgi_app = AccessLog(app.wsgi_app)  # type: ignore[method-assign]  # Flask's documented way to add WSGI middleware
+    metrics.install(app, cfg)  # GET /proxy/metrics, and the request metrics around everything
     return app
 
 
