@@ -45,3 +45,10 @@ def post_fork(server, worker):
     # before a streamed answer's first event (proxy/gunicorn_response.py has the figures).
     from proxy.gunicorn_response import install
     install()
+
+
+def child_exit(server, worker):
+    # A dead worker's live gauges leave /proxy/metrics' sums (its counters stay in them): proxy/metrics.py.
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+        multiprocess.mark_process_dead(worker.pid)

@@ -52,6 +52,8 @@ WEB_FETCH_MAX_BYTES = int(os.environ.get("WEB_FETCH_MAX_BYTES", "5242880"))
 # Page text handed to the model, in tokens of ~4 characters; a request may ask for less.
 WEB_FETCH_MAX_TOKENS = int(os.environ.get("WEB_FETCH_MAX_TOKENS", "20000"))
 WEB_FETCH_CACHE_TTL = float(os.environ.get("WEB_FETCH_CACHE_TTL", "300"))
+# The same, under the name beside SEARCH_CACHE_TTL; when set it wins over WEB_FETCH_CACHE_TTL.
+FETCH_CACHE_TTL = float(os.environ.get("FETCH_CACHE_TTL", "") or WEB_FETCH_CACHE_TTL)
 WEB_FETCH_CACHE_BYTES = int(os.environ.get("WEB_FETCH_CACHE_BYTES", "33554432"))
 # A PEM bundle trusted instead of the system's CAs, for an allow-listed host with a private CA.
 WEB_FETCH_CA_FILE = os.environ.get("WEB_FETCH_CA_FILE", "")
@@ -67,6 +69,16 @@ WEB_FETCH_MAX_PER_TURN = int(os.environ.get("WEB_FETCH_MAX_PER_TURN", "10"))
 WEB_FETCH_MAX_PER_REQUEST = int(os.environ.get("WEB_FETCH_MAX_PER_REQUEST", "50"))
 # Largest SearXNG answer read (4 MiB; five results are a few kB); a bigger one is a failed search.
 SEARXNG_MAX_BYTES = int(os.environ.get("SEARXNG_MAX_BYTES", "4194304"))
+# Seconds a search answer with results is reused (agents repeat queries within minutes); 0 turns the cache off.
+SEARCH_CACHE_TTL = float(os.environ.get("SEARCH_CACHE_TTL", "600"))
+# Bounds of the search cache, per gunicorn worker: answers kept, and their bytes (16 MiB).
+SEARCH_CACHE_ENTRIES = int(os.environ.get("SEARCH_CACHE_ENTRIES", "1000"))
+SEARCH_CACHE_BYTES = int(os.environ.get("SEARCH_CACHE_BYTES", "16777216"))
+# The proxy's own metrics at /proxy/metrics; off, nothing is recorded.
+PROXY_METRICS = _flag("PROXY_METRICS", True)
+# Where gunicorn's workers keep their metric values so one scrape sums them all (prometheus_client's
+# multiprocess mode reads the same variable); the image sets it. Empty: one process's own metrics.
+PROMETHEUS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "info").upper()
 PROXY_BIND = os.environ.get("PROXY_BIND", "0.0.0.0:11433")
 
@@ -98,10 +110,15 @@ app = create_app(Config(
     anthropic_any_model=ANTHROPIC_ANY_MODEL,
     alpha_search_max_pages=ALPHA_SEARCH_MAX_PAGES,
     web_fetch_allowed_networks=tuple(n.strip() for n in WEB_FETCH_ALLOWED_NETWORKS.split(",") if n.strip()),
+    search_cache_ttl=SEARCH_CACHE_TTL,
+    search_cache_entries=SEARCH_CACHE_ENTRIES,
+    search_cache_bytes=SEARCH_CACHE_BYTES,
+    proxy_metrics=PROXY_METRICS,
+    metrics_dir=PROMETHEUS_MULTIPROC_DIR,
     web_fetch_timeout=WEB_FETCH_TIMEOUT,
     web_fetch_max_bytes=WEB_FETCH_MAX_BYTES,
     web_fetch_max_tokens=WEB_FETCH_MAX_TOKENS,
-    web_fetch_cache_ttl=WEB_FETCH_CACHE_TTL,
+    web_fetch_cache_ttl=FETCH_CACHE_TTL,
     web_fetch_cache_bytes=WEB_FETCH_CACHE_BYTES,
     web_fetch_ca_file=WEB_FETCH_CA_FILE,
     web_fetch_extract_processes=WEB_FETCH_EXTRACT_PROCESSES,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from flask import Response
 
-from . import jsonio
+from . import jsonio, metrics
 from .config import Config
 from .errors import error_response
 from .fetch import Fetcher, FetchError, Page
@@ -231,7 +231,7 @@ def format_search(outcome: SearchOutcome, turn: int, first: int) -> tuple[str, d
     """One query's results as text, and the ref ids it handed out (numbered from `first`)."""
     if outcome.status != "ok":
         return f'## search_query "{outcome.query}"\n{outcome.message}', {}
-    lines, refs = [f'## search_query "{outcome.query}"'], {}
+    lines, refs = [f'## search_query "{outcome.query}"{outcome.cached_note}'], {}
     for a in outcome.answers:
         lines.append(f"Answer: {a}")
     for box in outcome.infoboxes:
@@ -359,6 +359,7 @@ class AlphaSearch:
         if p.queries:
             outcomes = run_together(lambda q: self._search(q, limit, p.allowed), list(p.queries), at_most=4)
             for outcome in outcomes:
+                metrics.tool_call(request.environ, "web_search", metrics.outcome_of(outcome))
                 if outcome.status == "failed":
                     failures.append(Failure(outcome.error_code or "unavailable", outcome.message))
                 else:
@@ -377,9 +378,12 @@ class AlphaSearch:
                                   f"Unknown ref_id {ref_id!r}: {command} {where} or a ref id from an earlier result.")
             else:
                 try:
-                    return self._fetch(url, p)
+                    page = self._fetch(url, p)
+                    metrics.tool_call(request.environ, command, "ok")
+                    return page
                 except FetchError as e:
                     failure = Failure(e.code, e.message)
+            metrics.tool_call(request.environ, command, metrics.failure_outcome(failure.code, failure.message))
             failures.append(failure)
             sections.append(format_failure(command, ref_id, failure))
             return None

@@ -13,7 +13,7 @@ import urllib.parse
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from . import alpha_search, chat, messages, responses
+from . import alpha_search, chat, messages, metrics, responses
 from .config import Config
 from .errors import error_for_path, upstream_error_status
 from .exchange import Exchange, response_headers
@@ -133,6 +133,7 @@ def create_app(cfg: Config) -> Flask:
     backend = Backend(cfg.backend_url, cfg.connect_timeout, cfg.read_timeout, cfg.backend_api_key)
     searxng = SearXNG(cfg.searxng_url, cfg.searxng_results, cfg.searxng_timeout, cfg.searxng_max_bytes)
     fetcher = Fetcher(cfg)  # one per worker: its page cache is shared by that worker's requests
+    searxng, fetcher = metrics.instrument(cfg, searxng, fetcher)  # the search cache; both metered
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_e):
@@ -210,6 +211,7 @@ def create_app(cfg: Config) -> Flask:
         return exchange().relay()
 
     app.wsgi_app = WholePath(AccessLog(app.wsgi_app))  # type: ignore[method-assign]  # Flask's documented way to add WSGI middleware
+    metrics.install(app, cfg)  # GET /proxy/metrics, and the request metrics around everything
     return app
 
 

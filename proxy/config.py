@@ -27,6 +27,12 @@ class Config:
     alpha_search_max_pages: int = 10  # open + find commands run per /v1/alpha/search request; the rest are named, not run
     # web_fetch (proxy/fetch.py). Networks (CIDR strings) exempt from the SSRF refusals; empty: public addresses only.
     web_fetch_allowed_networks: tuple[str, ...] = ()
+    # The search cache (proxy/cache.py; 0 in any of the three turns it off) and the proxy's metrics (proxy/metrics.py).
+    search_cache_ttl: float = 600.0
+    search_cache_entries: int = 1000
+    search_cache_bytes: int = 16 * 1024 * 1024
+    proxy_metrics: bool = True
+    metrics_dir: str = ""  # PROMETHEUS_MULTIPROC_DIR: gunicorn's workers sum their metrics through files there
     web_fetch_timeout: float = 20.0  # whole fetch, redirects included
     web_fetch_max_bytes: int = 5 * 1024 * 1024  # decoded body bytes read per page; the rest is never downloaded
     web_fetch_max_tokens: int = 20000  # text handed to the model, ~4 characters a token

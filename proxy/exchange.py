@@ -14,7 +14,7 @@ from typing import Protocol
 
 from flask import Response
 
-from . import jsonio
+from . import jsonio, metrics
 from .config import Config
 from .fetch import Fetcher
 from .search import SearchSession, SearXNG
@@ -49,6 +49,7 @@ class ClientWatch:
 
     def __init__(self, environ):
         self._sock = environ.get("gunicorn.socket")
+        self._environ = environ
         self._calls: set[Abortable] = set()
         self._stop = threading.Event()
         self.gone = False
@@ -84,7 +85,9 @@ class ClientWatch:
         self.gone = True
         self._end()
         log.info("client went away; aborting the backend request and its fetches and searches")
-        for call in list(self._calls):
+        calls = list(self._calls)
+        metrics.client_left(self._environ, len(calls))
+        for call in calls:
             call.abort()
         return True
 
@@ -101,6 +104,7 @@ class ClientWatch:
         """Watch over a live call; it is aborted at once if the client already left."""
         self._calls.add(call)
         if self.gone:
+            metrics.client_left(self._environ, 1)
             call.abort()
 
     def detach(self, call: Abortable):

@@ -82,10 +82,16 @@ class SearchOutcome:
     message: str = ""
     error_code: str | None = None
     repeated: bool = False
+    cached_age: float | None = None  # seconds, when proxy/cache.py answered it from its cache
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def cached_note(self) -> str:
+        """How the model learns it reads a cached answer, and how old it is."""
+        return "" if self.cached_age is None else f" (cached, {self.cached_age:.0f} s old)"
 
 
 def clean_query(raw) -> tuple[str | None, SearchOutcome | None]:
@@ -215,7 +221,7 @@ def format_for_model(outcome: SearchOutcome) -> str:
     if outcome.status != "ok":
         text = outcome.message
     else:
-        lines = [f'Search results for "{outcome.query}":']
+        lines = [f'Search results for "{outcome.query}"{outcome.cached_note}:']
         for a in outcome.answers:
             lines.append(f"Answer: {a}")
         for box in outcome.infoboxes:
