@@ -346,7 +346,7 @@ class AlphaSearch:
         return self.fetcher.fetch(url, max_tokens=max_tokens, allowed_domains=list(p.allowed) or None,
                                   blocked_domains=list(p.blocked) or None)
 
-    def run(self, p: Parsed) -> tuple[list[str], list[Failure], int, int]:
+    def run(self, p: Parsed, environ: dict) -> tuple[list[str], list[Failure], int, int]:
         """-> (output sections, failures, commands that succeeded, searches run)."""
         p, left = within_cap(p, self.cfg.alpha_search_max_pages)
         turn, refs = self.refs.begin(p.session)
@@ -359,7 +359,7 @@ class AlphaSearch:
         if p.queries:
             outcomes = run_together(lambda q: self._search(q, limit, p.allowed), list(p.queries), at_most=4)
             for outcome in outcomes:
-                metrics.tool_call(request.environ, "web_search", metrics.outcome_of(outcome))
+                metrics.tool_call(environ, "web_search", metrics.outcome_of(outcome))
                 if outcome.status == "failed":
                     failures.append(Failure(outcome.error_code or "unavailable", outcome.message))
                 else:
@@ -379,11 +379,11 @@ class AlphaSearch:
             else:
                 try:
                     page = self._fetch(url, p)
-                    metrics.tool_call(request.environ, command, "ok")
+                    metrics.tool_call(environ, command, "ok")
                     return page
                 except FetchError as e:
                     failure = Failure(e.code, e.message)
-            metrics.tool_call(request.environ, command, metrics.failure_outcome(failure.code, failure.message))
+            metrics.tool_call(environ, command, metrics.failure_outcome(failure.code, failure.message))
             failures.append(failure)
             sections.append(format_failure(command, ref_id, failure))
             return None
@@ -417,7 +417,7 @@ class AlphaSearch:
             parsed = parse_request(body)
         except BadRequest as e:
             return error_response(400, e.message, param=e.param)
-        sections, failures, ok, searches = self.run(parsed)
+        sections, failures, ok, searches = self.run(parsed, environ)
         environ["proxy.searches"] = searches
         status, payload = answer(sections, failures, ok, parsed.output_tokens * CHARS_PER_TOKEN)
         if status != 200:

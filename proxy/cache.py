@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from .cancel import GONE, Cancel
 from .search import SearchOutcome, SearXNG
 
 V = TypeVar("V")
@@ -154,6 +155,14 @@ class TTLCache(Generic[V]):
 
 # -- the search cache -----------------------------------------------------------------------
 
+class _Abandoned(Exception):
+    """A search its own caller's client abandoned; carries the outcome back to that caller only."""
+
+    def __init__(self, outcome: SearchOutcome):
+        super().__init__("abandoned")
+        self.outcome = outcome
+
+
 def search_key(query: str, language: str | None, limit: int, time_range: str | None) -> tuple:
     """What changes SearXNG's answer: the query (already cleaned by search.clean_query; engines
     ignore case and spacing), language, time range and result count. The instance and its
@@ -188,17 +197,25 @@ class CachedSearXNG(SearXNG):
         self._on_lookup = on_lookup
 
     def search(self, query: str, language: str | None = None, limit: int | None = None,
-               time_range: str | None = None) -> SearchOutcome:
+               time_range: str | None = None, cancel: Cancel | None = None) -> SearchOutcome:
         def upstream() -> SearchOutcome:
             started = time.monotonic()
-            outcome = SearXNG.search(self, query, language=language, limit=limit, time_range=time_range)
+            outcome = SearXNG.search(self, query, language=language, limit=limit, time_range=time_range,
+                                     cancel=cancel)
             if self._on_answer:
                 self._on_answer(outcome, time.monotonic() - started)
+            if cancel is not None and cancel.reason == GONE:
+                # Cut short because this caller's client left: another client waiting on the same search must
+                # not get that as its answer, so it searches for itself (see TTLCache.get_or_compute).
+                raise _Abandoned(outcome)
             return outcome
 
         key = search_key(query, language, limit or self.results, time_range)
         # A waiter gives up a little after the first search's own timeout would have ended it.
-        found = self.cache.get_or_compute(key, upstream, lambda o: o.status == "ok", wait=self.timeout + 5)
+        try:
+            found = self.cache.get_or_compute(key, upstream, lambda o: o.status == "ok", wait=self.timeout + 5)
+        except _Abandoned as e:
+            return e.outcome
         if self._on_lookup and self.cache.enabled:
             self._on_lookup(found.how, found.age)
         # A copy: callers reshape what they get, and the cached one must stay as SearXNG gave it.
