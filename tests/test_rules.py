@@ -190,7 +190,7 @@ class FakeSearxng:
         self.calls = []
         self.status = status
 
-    def search(self, query, language=None, limit=None):
+    def search(self, query, language=None, limit=None, cancel=None):
         self.calls.append(query)
         return SearchOutcome(query, self.status, hits=[Hit("t", "https://u")] if self.status == "ok" else [],
                              message="No results" if self.status != "ok" else "")
