@@ -17,8 +17,10 @@ from dataclasses import dataclass, field, replace
 from flask import Response
 
 from . import jsonio, metrics
+from .cancel import Watch, watched
 from .config import Config
 from .errors import error_response
+from .exchange import ClientWatch
 from .fetch import Fetcher, FetchError, Page
 from .search import SearchOutcome, SearXNG, clean_query, filter_domains, run_together
 
@@ -333,21 +335,24 @@ class AlphaSearch:
         self.cfg, self.searxng, self.fetcher = cfg, searxng, fetcher
         self.refs = RefStore()
 
-    def _search(self, query: Query, limit: int, allowed) -> SearchOutcome:
+    def _search(self, query: Query, limit: int, allowed, watch: Watch | None) -> SearchOutcome:
         q, early = clean_query(query.q)
         if q is None:  # clean_query gives exactly one of the two
             return early or SearchOutcome(str(query.q), "failed", error_code="invalid_tool_input")
-        outcome = self.searxng.search(q, limit=limit, time_range=time_range(query.recency))
+        with watched(watch) as cancel:
+            outcome = self.searxng.search(q, limit=limit, time_range=time_range(query.recency), cancel=cancel)
         # Domains are enforced on the results, as on /v1/responses; the query is sent unchanged.
         domains = tuple(query.domains) + tuple(allowed)
         return filter_domains(outcome, allowed=domains or None)
 
-    def _fetch(self, url: str, p: Parsed, max_tokens: int | None = None) -> Page:
-        return self.fetcher.fetch(url, max_tokens=max_tokens, allowed_domains=list(p.allowed) or None,
-                                  blocked_domains=list(p.blocked) or None)
+    def _fetch(self, url: str, p: Parsed, watch: Watch | None) -> Page:
+        with watched(watch) as cancel:
+            return self.fetcher.fetch(url, allowed_domains=list(p.allowed) or None,
+                                      blocked_domains=list(p.blocked) or None, cancel=cancel)
 
-    def run(self, p: Parsed, environ: dict) -> tuple[list[str], list[Failure], int, int]:
-        """-> (output sections, failures, commands that succeeded, searches run)."""
+    def run(self, p: Parsed, environ: dict, watch: Watch | None = None) -> tuple[list[str], list[Failure], int, int]:
+        """-> (output sections, failures, commands that succeeded, searches run). Each search and page read
+        is on the client's `watch`: a client that leaves stops what is under way and what was still to run."""
         p, left = within_cap(p, self.cfg.alpha_search_max_pages)
         turn, refs = self.refs.begin(p.session)
         budget = p.output_tokens * CHARS_PER_TOKEN
@@ -357,7 +362,7 @@ class AlphaSearch:
         ok = 0
         limit = p.results or self.searxng.results
         if p.queries:
-            outcomes = run_together(lambda q: self._search(q, limit, p.allowed), list(p.queries), at_most=4)
+            outcomes = run_together(lambda q: self._search(q, limit, p.allowed, watch), list(p.queries), at_most=4)
             for outcome in outcomes:
                 metrics.tool_call(environ, "web_search", metrics.outcome_of(outcome))
                 if outcome.status == "failed":
@@ -378,7 +383,7 @@ class AlphaSearch:
                                   f"Unknown ref_id {ref_id!r}: {command} {where} or a ref id from an earlier result.")
             else:
                 try:
-                    page = self._fetch(url, p)
+                    page = self._fetch(url, p, watch)
                     metrics.tool_call(environ, command, "ok")
                     return page
                 except FetchError as e:
@@ -417,8 +422,15 @@ class AlphaSearch:
             parsed = parse_request(body)
         except BadRequest as e:
             return error_response(400, e.message, param=e.param)
-        sections, failures, ok, searches = self.run(parsed, environ)
+        watch = ClientWatch(environ)
+        try:
+            sections, failures, ok, searches = self.run(parsed, environ, watch)
+        finally:
+            watch.stop()
         environ["proxy.searches"] = searches
+        if watch.gone:
+            # Nobody reads the answer; 499 (nginx's "client closed request") is what the access log shows.
+            return error_response(499, "The client closed the connection before the search finished.")
         status, payload = answer(sections, failures, ok, parsed.output_tokens * CHARS_PER_TOKEN)
         if status != 200:
             log.warning("POST %s: %d (%d commands failed)", PATH, status, len(failures))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Protocol
 
 try:  # gunicorn's gevent worker patches the socket module before it loads the app
     import gevent
@@ -82,6 +84,29 @@ class Cancel:
         self.disarm()
         with self._lock:
             self._hooks = []
+
+
+class Watch(Protocol):
+    """What aborts a call when its client leaves (proxy/exchange.py's ClientWatch)."""
+
+    def attach(self, call: Cancel) -> None: ...
+
+    def detach(self, call: Cancel) -> None: ...
+
+
+@contextmanager
+def watched(watch: Watch | None) -> Iterator[Cancel]:
+    """A Cancel for one fetch or search, on the client's watch while the call runs (aborted at once if
+    the client already left), closed after it; with no watch (the development server), just a Cancel."""
+    cancel = Cancel()
+    if watch is not None:
+        watch.attach(cancel)
+    try:
+        yield cancel
+    finally:
+        if watch is not None:
+            watch.detach(cancel)
+        cancel.close()
 
 
 def _shut(sock) -> None:

@@ -16,7 +16,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from .cancel import GONE, TIMEOUT, Cancel
+from .cancel import GONE, TIMEOUT, Cancel, watched
 from .fetch import (
     READ_CHUNK,
     Decoder,
@@ -396,25 +396,19 @@ class SearchSession:
         queries = self._capped(queries)
 
         def one(item):
-            watch = self._watch() if self._watch is not None else None
-            cancel = Cancel()
-            if watch is not None:
-                watch.attach(cancel)  # the client leaving ends the fetch or search at once
-            try:
-                return self._one(item, limit, language, cancel)
-            except Exception:
-                # A bug or a library's surprise must not end the client's turn with a 500: the model reads
-                # a failure, the log keeps the traceback.
-                log.exception("a %s failed unexpectedly", "fetch" if isinstance(item, FetchRequest) else "search")
-                if isinstance(item, FetchRequest):
-                    return FetchOutcome(item.url, error_code="unavailable",
-                                        message="Fetch failed: the proxy could not read this page (an internal error).")
-                return SearchOutcome(str(item[0]), "failed", error_code="unavailable",
-                                     message="Search failed: the proxy could not run this search (an internal error).")
-            finally:
-                if watch is not None:
-                    watch.detach(cancel)
-                cancel.close()
+            # On the client's watch: its leaving ends the fetch or search at once.
+            with watched(self._watch() if self._watch is not None else None) as cancel:
+                try:
+                    return self._one(item, limit, language, cancel)
+                except Exception:
+                    # A bug or a library's surprise must not end the client's turn with a 500: the model reads
+                    # a failure, the log keeps the traceback.
+                    log.exception("a %s failed unexpectedly", "fetch" if isinstance(item, FetchRequest) else "search")
+                    if isinstance(item, FetchRequest):
+                        return FetchOutcome(item.url, error_code="unavailable", message=(
+                            "Fetch failed: the proxy could not read this page (an internal error)."))
+                    return SearchOutcome(str(item[0]), "failed", error_code="unavailable",
+                                         message="Search failed: the proxy could not run this search (an internal error).")
 
         # No items: a round of calls all refused before searching still counts as a round.
         outcomes = run_together(one, queries, at_most=8)

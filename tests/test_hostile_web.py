@@ -184,14 +184,35 @@ def test_a_page_over_an_extraction_limit_names_it_and_the_next_page_is_read(star
     assert "Caf\u00e9 text" in tool_results(backend)[0]
 
 
-def test_a_fetch_ends_when_its_client_leaves(start_proxy, backend, hostile):
+def _alpha(**commands) -> dict:
+    return {"id": "leaving", "model": "foundation", "commands": commands, "max_output_tokens": 2500}
+
+
+# Each case: the route, its body (given the page server), the proxy's settings (given the page server). The
+# page server drips one header byte a second (/slow-head), so only the client's leaving can end the read early.
+LEAVING = {
+    "chat web_fetch": ("/v1/chat/completions",
+                       lambda h: {"model": "foundation", "messages": [{"role": "user", "content": "fetch " + h.url("/slow-head")}]},
+                       lambda h: {}),
+    "alpha open": ("/v1/alpha/search", lambda h: _alpha(open=[{"ref_id": h.url("/slow-head")}]), lambda h: {}),
+    "alpha find": ("/v1/alpha/search", lambda h: _alpha(find=[{"ref_id": h.url("/slow-head"), "pattern": "x"}]),
+                   lambda h: {}),
+    "alpha search_query": ("/v1/alpha/search", lambda h: _alpha(search_query=[{"q": "q"}]),
+                           lambda h: {"SEARXNG_URL": h.url("/slow-head"), "SEARXNG_TIMEOUT": "60"}),
+}
+
+
+@pytest.mark.parametrize("case", list(LEAVING))
+def test_a_fetch_or_search_ends_when_its_client_leaves(start_proxy, backend, hostile, case):
+    path, make_body, settings = LEAVING[case]
     backend.responder = model
-    p = start_proxy(WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", WEB_FETCH_TIMEOUT="60", KEEPALIVE_INTERVAL="0.2")
+    p = start_proxy(WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", WEB_FETCH_TIMEOUT="60", KEEPALIVE_INTERVAL="0.2",
+                    **settings(hostile))
     before = len(hostile.requests)
-    payload = json.dumps({"model": "foundation", "messages": [{"role": "user", "content": "fetch " + hostile.url("/slow-head")}]}).encode()
+    payload = json.dumps(make_body(hostile)).encode()
     s = socket.create_connection(("127.0.0.1", int(p.url.rsplit(":", 1)[1])))
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(payload), payload))
     deadline = time.monotonic() + 10
     while len(hostile.requests) == before or not hostile.open_now:
         assert time.monotonic() < deadline, "the fetch never started"
@@ -200,7 +221,7 @@ def test_a_fetch_ends_when_its_client_leaves(start_proxy, backend, hostile):
     deadline = time.monotonic() + 5
     while hostile.open_now and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert hostile.open_now == 0, "the fetch went on after its client left"
+    assert hostile.open_now == 0, "the read went on after its client left"
 
 
 @pytest.mark.parametrize("path, phrase", [
