@@ -479,9 +479,9 @@ def add_usage(total: dict | None, turn: dict | None) -> dict | None:
 
 
 def with_searches(usage: dict | None, requests: int, fetches: int | None = None) -> dict:
-    """Usage with server_tool_use; web_fetch_requests only when the request had web_fetch, so a
-    search-only reply stays as it was (the SDK's type wants both counts once web_fetch is in play)."""
-    counts = {"web_search_requests": requests} | ({} if fetches is None else {"web_fetch_requests": fetches})
+    """Usage with server_tool_use, both counts always: anthropic 2.16's ServerToolUsage requires
+    web_search_requests and web_fetch_requests, and Anthropic always sends both."""
+    counts = {"web_search_requests": requests, "web_fetch_requests": fetches or 0}
     return {**(usage or {"input_tokens": 0, "output_tokens": 0}), "server_tool_use": counts}
 
 

@@ -579,6 +579,19 @@ def _sum(a, b):
     return b if b is not None else a
 
 
+def complete_usage(usage):
+    """Usage with every count openai 3.57's ResponseUsage requires (0 where vLLM left one out: builds
+    without prompt caching omit input_tokens_details.cache_write_tokens), so a strict typed client
+    loads it; None (no usage) stays None. Pure."""
+    if not isinstance(usage, dict):
+        return usage
+    out = {"input_tokens": 0, "output_tokens": 0, **usage}
+    out.setdefault("total_tokens", (out["input_tokens"] or 0) + (out["output_tokens"] or 0))
+    out["input_tokens_details"] = {"cached_tokens": 0, "cache_write_tokens": 0, **as_dict(usage.get("input_tokens_details"))}
+    out["output_tokens_details"] = {"reasoning_tokens": 0, **as_dict(usage.get("output_tokens_details"))}
+    return out
+
+
 def client_view(response: dict, plan: Plan) -> dict:
     """A response object as the client should see it: its own tools echoed, not the function."""
     out = dict(response)
@@ -595,13 +608,13 @@ def final_response(last: dict, first: dict, output: list, usage, plan: Plan) -> 
     out = client_view(last, plan)
     out["id"], out["created_at"] = first.get("id"), first.get("created_at")
     out["output"] = output
-    out["usage"] = usage
+    out["usage"] = complete_usage(usage)
     return out
 
 
 def failed_response(base: dict, output: list, usage, plan: Plan, code: str, message: str) -> dict:
     out = client_view(base, plan)
-    out.update(status="failed", output=output, usage=usage, error={"code": code, "message": message})
+    out.update(status="failed", output=output, usage=complete_usage(usage), error={"code": code, "message": message})
     return out
 
 
@@ -769,8 +782,10 @@ class StreamedResponses(loop.Stream, _Responses):
         first = self.out.first
         if first is None:
             return self.out.emit({"type": "error", "code": code, "message": message, "param": None, "sequence_number": 0})
+        # ResponseError.code is a closed list in openai 3.57 (no room for the cap's own name): the name rides
+        # in the message, so a strict typed client still loads the failed response.
         resp = failed_response((self.turn and self.turn.response) or first, list(self.out.items), self.usage,
-                               self.plan, code, message)
+                               self.plan, "server_error", message if type_ is None else f"{message} ({type_})")
         resp["id"], resp["created_at"] = first.get("id"), first.get("created_at")
         return self.out.emit({"type": "response.failed", "response": resp, "sequence_number": 0})
 
