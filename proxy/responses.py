@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from flask import Response
 
-from . import jsonio, loop
+from . import citations, jsonio, loop
 from .errors import error_response
 from .exchange import Exchange, encode_json
 from .fetch import (
@@ -335,7 +335,7 @@ def first_request(body: dict, plan: Plan) -> dict:
     """The body vLLM gets on the first turn; every field not named here as the client sent it."""
     out = dict(body)
     if isinstance(body.get("input"), list):
-        out["input"] = replay(body["input"], plan.name, plan.fetch_name, plan.find_name)
+        out["input"] = replay(citations.without_annotations(body["input"]), plan.name, plan.fetch_name, plan.find_name)
     if isinstance(body.get("include"), list):
         out["include"] = rewrite_include(body["include"])
     if plan.hosted:
@@ -471,6 +471,11 @@ def tool_output(outcome) -> str:
     return format_for_model(outcome)
 
 
+def numbered_output(outcome, sources: citations.Sources | None) -> str:
+    """tool_output with its sources numbered for citing (a find_in_page result is not a source of its own)."""
+    return tool_output(outcome) if isinstance(outcome, Found) else citations.numbered(sources, outcome, tool_output(outcome))
+
+
 def ws_id(call: dict) -> str:
     """The web_search_call id for an internal call: the same suffix as vLLM's fc_ id."""
     ident = call.get("id") or ""
@@ -520,13 +525,13 @@ def visible_output(turn_output: list, plan: Plan, outcomes: dict) -> list:
     return out
 
 
-def call_outputs(turn_output: list, plan: Plan, outcomes: dict) -> list:
+def call_outputs(turn_output: list, plan: Plan, outcomes: dict, sources: citations.Sources | None = None) -> list:
     """One output item per call of the turn, in order: results, or the not-executed stub."""
     out = []
     for item in turn_output or []:
         if is_internal_call(item, plan):
             out.append({"type": "function_call_output", "call_id": item.get("call_id"),
-                        "output": tool_output(outcomes[item.get("call_id")])})
+                        "output": numbered_output(outcomes[item.get("call_id")], sources)})
         elif item.get("type") == "function_call":
             out.append({"type": "function_call_output", "call_id": item.get("call_id"), "output": NOT_EXECUTED})
         elif item.get("type") == "custom_tool_call":
@@ -549,9 +554,10 @@ def forced(choice, name: str) -> bool:
     return False
 
 
-def next_request(request: dict, turn_output: list, plan: Plan, outcomes: dict) -> dict:
+def next_request(request: dict, turn_output: list, plan: Plan, outcomes: dict,
+                 sources: citations.Sources | None = None) -> dict:
     """The following turn: the turn's items and their outputs appended to `input`."""
-    out = {**request, "input": as_items(request["input"]) + list(turn_output) + call_outputs(turn_output, plan, outcomes)}
+    out = {**request, "input": as_items(request["input"]) + list(turn_output) + call_outputs(turn_output, plan, outcomes, sources)}
     if forced(request.get("tool_choice"), plan.name):
         out["tool_choice"] = "auto"
     return out
@@ -678,7 +684,7 @@ class _Responses(loop.Dialect):
     def follow(self, turn, calls: list, outcomes: list) -> dict:
         """The next request: the turn's items and their outputs appended; the outcomes by call_id."""
         by_call = dict(zip([c.get("call_id") for c in calls], outcomes, strict=True))
-        self.request = next_request(self.request, turn.output, self.plan, by_call)
+        self.request = next_request(self.request, turn.output, self.plan, by_call, self.sources)
         return by_call
 
     def error_reply(self, status, message, type_=None) -> Response:
@@ -708,7 +714,8 @@ class PlainResponses(loop.Plain, _Responses):
         return _Answer(data)
 
     def finish(self, turn: _Answer):
-        result = final_response(turn.data, self.first or turn.data, self.output + list(turn.output), self.usage, self.plan)
+        output = citations.cited_items(self.output + list(turn.output), self.sources)
+        result = final_response(turn.data, self.first or turn.data, output, self.usage, self.plan)
         yield Response(compact(result), status=200, mimetype="application/json")
 
     def record(self, turn: _Answer, calls, outcomes):
@@ -725,6 +732,8 @@ class StreamedResponses(loop.Stream, _Responses):
     def __init__(self, ex, request, plan):
         super().__init__(ex, request, plan)
         self.out = ClientStream(lambda response: client_view(response, plan))
+        if self.sources is not None:
+            self.out.citer = citations.Citer(self.sources, citations.url_citation)
         self.turn: Turn | None = None  # the latest turn: a failure shows its response
         self.placed: list = []         # (call, client output_index) of the round's searches
 
@@ -745,7 +754,8 @@ class StreamedResponses(loop.Stream, _Responses):
     def finish(self, turn: Turn):
         yield from turn.flush(self.out)
         response = turn.response or {}  # relay returns a turn only once its response.completed came
-        final = final_response(response, self.out.first or response, list(self.out.items), self.usage, self.plan)
+        items = citations.cited_items(list(self.out.items), self.sources, self.out.citer.found if self.out.citer else None)
+        final = final_response(response, self.out.first or response, items, self.usage, self.plan)
         yield self.out.emit({"type": "response.completed", "response": final, "sequence_number": 0})
 
     def announce(self, calls):
