@@ -21,6 +21,14 @@ loglevel = os.environ.get("LOG_LEVEL", "info").lower()
 # gunicorn 27's runtime control socket sits at a fixed path under $HOME; the proxy needs no
 # remote control, and two proxies on one host (or in the tests) would fight over the path.
 control_socket_disable = True
+# Nothing in front of the proxy is trusted to rewrite a request. gunicorn's default trusts loopback,
+# and every client of a one-host stack is on loopback: its `SCRIPT_NAME: /metrics` header split the
+# path, so the key was checked on one path and vLLM sent another. With no trusted address, SCRIPT_NAME
+# and PATH_INFO headers are dropped and X-Forwarded-Proto and friends leave the scheme alone; the
+# lists are emptied too, so widening the trust (FORWARDED_ALLOW_IPS) still maps none of them.
+forwarded_allow_ips = ""
+forwarder_headers = ""
+secure_scheme_headers: dict = {}
 
 
 def when_ready(server):
@@ -37,3 +45,10 @@ def post_fork(server, worker):
     # before a streamed answer's first event (proxy/gunicorn_response.py has the figures).
     from proxy.gunicorn_response import install
     install()
+
+
+def child_exit(server, worker):
+    # A dead worker's live gauges leave /proxy/metrics' sums (its counters stay in them): proxy/metrics.py.
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+        multiprocess.mark_process_dead(worker.pid)

@@ -43,6 +43,8 @@ MAX_BODY_BYTES = int(os.environ.get("MAX_BODY_BYTES", "67108864"))
 PROXY_API_KEY = os.environ.get("PROXY_API_KEY", "")
 # Answer unknown model names on /v1/messages (Claude Code's claude-...) with the served model.
 ANTHROPIC_ANY_MODEL = _flag("ANTHROPIC_ANY_MODEL", False)
+# open + find commands one /v1/alpha/search request may run (each fetches a page); Codex sends one or two.
+ALPHA_SEARCH_MAX_PAGES = int(os.environ.get("ALPHA_SEARCH_MAX_PAGES", "10"))
 # web_fetch: comma-separated CIDRs exempt from the SSRF refusals (a LAN wiki: 192.168.1.0/24); empty: public only.
 WEB_FETCH_ALLOWED_NETWORKS = os.environ.get("WEB_FETCH_ALLOWED_NETWORKS", "")
 # Seconds one fetch may take, redirects included; an agent is blocked on the tool result meanwhile.
@@ -52,9 +54,33 @@ WEB_FETCH_MAX_BYTES = int(os.environ.get("WEB_FETCH_MAX_BYTES", "5242880"))
 # Page text handed to the model, in tokens of ~4 characters; a request may ask for less.
 WEB_FETCH_MAX_TOKENS = int(os.environ.get("WEB_FETCH_MAX_TOKENS", "20000"))
 WEB_FETCH_CACHE_TTL = float(os.environ.get("WEB_FETCH_CACHE_TTL", "300"))
+# The same, under the name beside SEARCH_CACHE_TTL; when set it wins over WEB_FETCH_CACHE_TTL.
+FETCH_CACHE_TTL = float(os.environ.get("FETCH_CACHE_TTL", "") or WEB_FETCH_CACHE_TTL)
 WEB_FETCH_CACHE_BYTES = int(os.environ.get("WEB_FETCH_CACHE_BYTES", "33554432"))
 # A PEM bundle trusted instead of the system's CAs, for an allow-listed host with a private CA.
 WEB_FETCH_CA_FILE = os.environ.get("WEB_FETCH_CA_FILE", "")
+# HTML extraction runs in child processes of each worker, each page under a CPU-time and a memory limit
+# (a 5 MiB page of ordinary HTML takes a few seconds and a few hundred MiB); a page over one is a tool error.
+WEB_FETCH_EXTRACT_PROCESSES = int(os.environ.get("WEB_FETCH_EXTRACT_PROCESSES", "2"))
+WEB_FETCH_EXTRACT_CPU_SECONDS = float(os.environ.get("WEB_FETCH_EXTRACT_CPU_SECONDS", "10"))
+WEB_FETCH_EXTRACT_MEMORY_MB = int(os.environ.get("WEB_FETCH_EXTRACT_MEMORY_MB", "1024"))
+# Pages waiting for a free extraction process; more than this at once are refused as busy.
+WEB_FETCH_EXTRACT_QUEUE = int(os.environ.get("WEB_FETCH_EXTRACT_QUEUE", "16"))
+# web_fetch calls run per model turn and per client request; the model reads that it hit the cap.
+WEB_FETCH_MAX_PER_TURN = int(os.environ.get("WEB_FETCH_MAX_PER_TURN", "10"))
+WEB_FETCH_MAX_PER_REQUEST = int(os.environ.get("WEB_FETCH_MAX_PER_REQUEST", "50"))
+# Largest SearXNG answer read (4 MiB; five results are a few kB); a bigger one is a failed search.
+SEARXNG_MAX_BYTES = int(os.environ.get("SEARXNG_MAX_BYTES", "4194304"))
+# Seconds a search answer with results is reused (agents repeat queries within minutes); 0 turns the cache off.
+SEARCH_CACHE_TTL = float(os.environ.get("SEARCH_CACHE_TTL", "600"))
+# Bounds of the search cache, per gunicorn worker: answers kept, and their bytes (16 MiB).
+SEARCH_CACHE_ENTRIES = int(os.environ.get("SEARCH_CACHE_ENTRIES", "1000"))
+SEARCH_CACHE_BYTES = int(os.environ.get("SEARCH_CACHE_BYTES", "16777216"))
+# The proxy's own metrics at /proxy/metrics; off, nothing is recorded.
+PROXY_METRICS = _flag("PROXY_METRICS", True)
+# Where gunicorn's workers keep their metric values so one scrape sums them all (prometheus_client's
+# multiprocess mode reads the same variable); the image sets it. Empty: one process's own metrics.
+PROMETHEUS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "info").upper()
 PROXY_BIND = os.environ.get("PROXY_BIND", "0.0.0.0:11433")
 
@@ -85,13 +111,26 @@ app = create_app(Config(
     max_body_bytes=MAX_BODY_BYTES,
     proxy_api_keys=tuple(k.strip() for k in PROXY_API_KEY.split(",") if k.strip()),
     anthropic_any_model=ANTHROPIC_ANY_MODEL,
+    alpha_search_max_pages=ALPHA_SEARCH_MAX_PAGES,
     web_fetch_allowed_networks=tuple(n.strip() for n in WEB_FETCH_ALLOWED_NETWORKS.split(",") if n.strip()),
+    search_cache_ttl=SEARCH_CACHE_TTL,
+    search_cache_entries=SEARCH_CACHE_ENTRIES,
+    search_cache_bytes=SEARCH_CACHE_BYTES,
+    proxy_metrics=PROXY_METRICS,
+    metrics_dir=PROMETHEUS_MULTIPROC_DIR,
     web_fetch_timeout=WEB_FETCH_TIMEOUT,
     web_fetch_max_bytes=WEB_FETCH_MAX_BYTES,
     web_fetch_max_tokens=WEB_FETCH_MAX_TOKENS,
-    web_fetch_cache_ttl=WEB_FETCH_CACHE_TTL,
+    web_fetch_cache_ttl=FETCH_CACHE_TTL,
     web_fetch_cache_bytes=WEB_FETCH_CACHE_BYTES,
     web_fetch_ca_file=WEB_FETCH_CA_FILE,
+    web_fetch_extract_processes=WEB_FETCH_EXTRACT_PROCESSES,
+    web_fetch_extract_cpu_seconds=WEB_FETCH_EXTRACT_CPU_SECONDS,
+    web_fetch_extract_memory_mb=WEB_FETCH_EXTRACT_MEMORY_MB,
+    web_fetch_extract_queue=WEB_FETCH_EXTRACT_QUEUE,
+    web_fetch_max_per_turn=WEB_FETCH_MAX_PER_TURN,
+    web_fetch_max_per_request=WEB_FETCH_MAX_PER_REQUEST,
+    searxng_max_bytes=SEARXNG_MAX_BYTES,
 ))
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 `web.run` tool and sends each call here as `{id, model, input, commands, settings, max_output_tokens}`;
 the answer is `{"output": <text the model reads>, "encrypted_output": null}`.
 
-Registered on the app by `register(app, cfg, searxng)` (proxy/app.py). `search_query` runs on the
+Served by `AlphaSearch.handle` on the route proxy/app.py adds. `search_query` runs on the
 search core (proxy/search.py), `open` and `find` on the fetch core (proxy/fetch.py); the handler is
 thin over the pure functions below. Wire format: tests/data/codex-alpha-search.md.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from flask import Response, request
+from flask import Response
 
-from . import jsonio
+from . import jsonio, metrics
 from .config import Config
 from .errors import error_response
 from .fetch import Fetcher, FetchError, Page
@@ -231,7 +231,7 @@ def format_search(outcome: SearchOutcome, turn: int, first: int) -> tuple[str, d
     """One query's results as text, and the ref ids it handed out (numbered from `first`)."""
     if outcome.status != "ok":
         return f'## search_query "{outcome.query}"\n{outcome.message}', {}
-    lines, refs = [f'## search_query "{outcome.query}"'], {}
+    lines, refs = [f'## search_query "{outcome.query}"{outcome.cached_note}'], {}
     for a in outcome.answers:
         lines.append(f"Answer: {a}")
     for box in outcome.infoboxes:
@@ -302,6 +302,25 @@ def unsupported_note(names) -> str:
             "answers search_query, open and find.")
 
 
+def within_cap(p: Parsed, cap: int) -> tuple[Parsed, list[str]]:
+    """The request with at most `cap` open and find commands (opens first, as they run), and the
+    ones left out, as the output names them. Pure. Each is a page fetch from a third-party host,
+    chosen by a model that page text can steer: one request must not become a crawl."""
+    cap = max(0, cap)
+    opens, finds = p.opens[:cap], p.finds[:max(0, cap - len(p.opens))]
+    left = [f"open {ref}" for ref, _ in p.opens[len(opens):]] + \
+           [f'find "{pattern}" in {ref}' for ref, pattern in p.finds[len(finds):]]
+    return replace(p, opens=opens, finds=finds), left
+
+
+def over_cap_note(left: list[str], cap: int, named: int = 10) -> str:
+    """What the model reads about the commands within_cap left out (the first `named` of them by name)."""
+    more = f"; and {len(left) - named} more" if len(left) > named else ""
+    return (f"## not run: {len(left)} page command{'s' if len(left) != 1 else ''}\nThis server runs at most {cap} "
+            f"open/find commands per call (ALPHA_SEARCH_MAX_PAGES); these were not run: {'; '.join(left[:named])}{more}. "
+            "Send the ones you still need in another call.")
+
+
 def gateway_status(failures: list[Failure]) -> int:
     """504 when every failure was a timeout, else 502. Pure."""
     return 504 if failures and all(f.timeout for f in failures) else 502
@@ -327,8 +346,9 @@ class AlphaSearch:
         return self.fetcher.fetch(url, max_tokens=max_tokens, allowed_domains=list(p.allowed) or None,
                                   blocked_domains=list(p.blocked) or None)
 
-    def run(self, p: Parsed) -> tuple[list[str], list[Failure], int, int]:
+    def run(self, p: Parsed, environ: dict) -> tuple[list[str], list[Failure], int, int]:
         """-> (output sections, failures, commands that succeeded, searches run)."""
+        p, left = within_cap(p, self.cfg.alpha_search_max_pages)
         turn, refs = self.refs.begin(p.session)
         budget = p.output_tokens * CHARS_PER_TOKEN
         sections: list[str] = []
@@ -339,6 +359,7 @@ class AlphaSearch:
         if p.queries:
             outcomes = run_together(lambda q: self._search(q, limit, p.allowed), list(p.queries), at_most=4)
             for outcome in outcomes:
+                metrics.tool_call(environ, "web_search", metrics.outcome_of(outcome))
                 if outcome.status == "failed":
                     failures.append(Failure(outcome.error_code or "unavailable", outcome.message))
                 else:
@@ -357,9 +378,12 @@ class AlphaSearch:
                                   f"Unknown ref_id {ref_id!r}: {command} {where} or a ref id from an earlier result.")
             else:
                 try:
-                    return self._fetch(url, p)
+                    page = self._fetch(url, p)
+                    metrics.tool_call(environ, command, "ok")
+                    return page
                 except FetchError as e:
                     failure = Failure(e.code, e.message)
+            metrics.tool_call(environ, command, metrics.failure_outcome(failure.code, failure.message))
             failures.append(failure)
             sections.append(format_failure(command, ref_id, failure))
             return None
@@ -376,10 +400,29 @@ class AlphaSearch:
             if page is not None:
                 ok += 1
                 sections.append(format_find(ref_id, page, pattern, share))
+        if left:  # first, so the cut to max_output_tokens never hides it
+            sections.insert(0, over_cap_note(left, self.cfg.alpha_search_max_pages))
         if p.unsupported:
             sections.append(unsupported_note(p.unsupported))
         self.refs.add(p.session, new_refs)
         return sections, failures, ok, len(p.queries)
+
+    def handle(self, raw: bytes, environ: dict) -> Response:
+        """One request's body -> the answer; the access log's search count goes into environ."""
+        try:
+            body = jsonio.loads(raw or b"null")
+        except (ValueError, UnicodeDecodeError):
+            return error_response(400, "Request body is not valid JSON.")
+        try:
+            parsed = parse_request(body)
+        except BadRequest as e:
+            return error_response(400, e.message, param=e.param)
+        sections, failures, ok, searches = self.run(parsed, environ)
+        environ["proxy.searches"] = searches
+        status, payload = answer(sections, failures, ok, parsed.output_tokens * CHARS_PER_TOKEN)
+        if status != 200:
+            log.warning("POST %s: %d (%d commands failed)", PATH, status, len(failures))
+        return Response(jsonio.dumps(payload), status=status, mimetype="application/json")
 
 
 def answer(sections: list[str], failures: list[Failure], ok: int, budget_chars: int) -> tuple[int, dict]:
@@ -397,25 +440,3 @@ def answer(sections: list[str], failures: list[Failure], ok: int, budget_chars: 
     return 200, {"output": text, "encrypted_output": None}
 
 
-def register(app, cfg: Config, searxng: SearXNG, fetcher: Fetcher | None = None) -> AlphaSearch:
-    """Add the route to a Flask app; one AlphaSearch (and its ref store) per worker."""
-    service = AlphaSearch(cfg, searxng, fetcher or Fetcher(cfg))
-
-    @app.route(PATH, methods=["POST"])
-    def alpha_search():
-        try:
-            body = jsonio.loads(request.get_data(cache=False) or b"null")
-        except (ValueError, UnicodeDecodeError):
-            return error_response(400, "Request body is not valid JSON.")
-        try:
-            parsed = parse_request(body)
-        except BadRequest as e:
-            return error_response(400, e.message, param=e.param)
-        sections, failures, ok, searches = service.run(parsed)
-        request.environ["proxy.searches"] = searches
-        status, payload = answer(sections, failures, ok, parsed.output_tokens * CHARS_PER_TOKEN)
-        if status != 200:
-            log.warning("POST %s: %d (%d commands failed)", PATH, status, len(failures))
-        return Response(jsonio.dumps(payload), status=status, mimetype="application/json")
-
-    return service

@@ -8,11 +8,12 @@ import hmac
 import logging
 import socket
 import time
+import urllib.parse
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from . import alpha_search, chat, messages, responses
+from . import alpha_search, chat, messages, metrics, responses
 from .config import Config
 from .errors import error_for_path, upstream_error_status
 from .exchange import Exchange, response_headers
@@ -51,6 +52,26 @@ class AccessLog:
         return _CountingIterable(body, lambda sent: log.info(
             "%s %s %s %.0fms searches=%d bytes=%d", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"),
             state["status"], (time.monotonic() - started) * 1000, environ["proxy.searches"], sent))
+
+
+class WholePath:
+    """WSGI wrapper: the path routed and guarded by the key is the whole path the client sent.
+
+    The proxy is never mounted under a prefix, so a SCRIPT_NAME can only come from a server told to
+    trust a client's header (gunicorn.conf.py tells gunicorn not to); folded back into PATH_INFO, it
+    cannot make the key check read "/health" while the relay sends RAW_URI's "/metrics/health".
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        script = environ.get("SCRIPT_NAME", "")
+        if script:
+            # WSGI paths are percent-decoded and latin-1 strings; gunicorn leaves SCRIPT_NAME encoded.
+            environ["PATH_INFO"] = urllib.parse.unquote_to_bytes(script).decode("latin-1") + environ.get("PATH_INFO", "")
+            environ["SCRIPT_NAME"] = ""
+        return self.app(environ, start_response)
 
 
 class _CountingIterable:
@@ -110,8 +131,9 @@ def create_app(cfg: Config) -> Flask:
     app = Flask("proxy")
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
     backend = Backend(cfg.backend_url, cfg.connect_timeout, cfg.read_timeout, cfg.backend_api_key)
-    searxng = SearXNG(cfg.searxng_url, cfg.searxng_results, cfg.searxng_timeout)
+    searxng = SearXNG(cfg.searxng_url, cfg.searxng_results, cfg.searxng_timeout, cfg.searxng_max_bytes)
     fetcher = Fetcher(cfg)  # one per worker: its page cache is shared by that worker's requests
+    searxng, fetcher = metrics.instrument(cfg, searxng, fetcher)  # the search cache; both metered
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_e):
@@ -140,7 +162,8 @@ def create_app(cfg: Config) -> Flask:
         # The proxy's own liveness, independent of vLLM's four-minute boot.
         return Response('{"status":"ok"}', mimetype="application/json")
 
-    def exchange() -> Exchange:
+    def request_body() -> bytes:
+        """The whole body, or RequestEntityTooLarge (413, too_large above): every route reads it here."""
         # get_data reads at most MAX_CONTENT_LENGTH bytes; a Content-Length over it raises 413.
         body = request.get_data(cache=False)
         if len(body) >= cfg.max_body_bytes and request.content_length is None:
@@ -148,6 +171,10 @@ def create_app(cfg: Config) -> Flask:
             # and the cut body went to vLLM as if whole: one byte more means it was too large.
             if request.environ["wsgi.input"].read(1):
                 raise RequestEntityTooLarge()
+        return body
+
+    def exchange() -> Exchange:
+        body = request_body()
         # RAW_URI keeps the client's exact path and query encoding (gunicorn sets it).
         raw = request.environ.get("RAW_URI")
         if not (raw and raw.startswith("/")):
@@ -171,14 +198,20 @@ def create_app(cfg: Config) -> Flask:
         return responses.handle(exchange())
 
     # Codex's standalone web search (supports_standalone_web_search); answered here, never by vLLM.
-    alpha_search.register(app, cfg, searxng, fetcher)  # one page cache per worker for every API
+    # One per worker: its ref store, and the page cache it shares with every API.
+    codex_search = alpha_search.AlphaSearch(cfg, searxng, fetcher)
+
+    @app.route(alpha_search.PATH, methods=["POST"])
+    def alpha_web_search():
+        return codex_search.handle(request_body(), request.environ)
 
     @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
     @app.route("/<path:path>", methods=ALL_METHODS)
     def passthrough(path):
         return exchange().relay()
 
-    app.wsgi_app = AccessLog(app.wsgi_app)  # type: ignore[method-assign]  # Flask's documented way to add WSGI middleware
+    app.wsgi_app = WholePath(AccessLog(app.wsgi_app))  # type: ignore[method-assign]  # Flask's documented way to add WSGI middleware
+    metrics.install(app, cfg)  # GET /proxy/metrics, and the request metrics around everything
     return app
 
 

@@ -12,6 +12,7 @@ import logging
 from flask import Response
 
 from . import citations, jsonio, loop
+from . import validate as V
 from .errors import error_response, sse_error
 from .exchange import Exchange, encode_json, response_headers
 from .fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchRequest, parse_fetch_arguments
@@ -33,7 +34,8 @@ PROXY_TOOLS = {WEB_SEARCH: WEB_SEARCH_TOOL, WEB_FETCH: WEB_FETCH_TOOL}  # in the
 # ---- pure rules ---------------------------------------------------------------------------
 
 def validate(body) -> tuple[str, str | None] | None:
-    """(message, param) when the body is not a chat request vLLM could take, else None."""
+    """(message, param) when the body is not a chat request vLLM could take, or has a field the
+    proxy reads of the wrong JSON type; else None."""
     if not isinstance(body, dict):
         return "The request body must be a JSON object.", None
     if not isinstance(body.get("messages"), list):
@@ -49,6 +51,16 @@ def validate(body) -> tuple[str, str | None] | None:
         return "`stream_options` must be an object.", "stream_options"
     if "tool_choice" in body and not isinstance(body["tool_choice"], (str, dict, type(None))):
         return "`tool_choice` must be a string or an object.", "tool_choice"
+    try:
+        # The names the proxy compares with its own tools' (tool_name, forced_tool).
+        for i, tool in enumerate(body.get("tools") or []):
+            V.string(tool.get("name"), f"tools[{i}].name")
+            V.string(V.obj(tool.get("function"), f"tools[{i}].function").get("name"), f"tools[{i}].function.name")
+        if isinstance(body.get("tool_choice"), dict):
+            choice = V.obj(body["tool_choice"].get("function"), "tool_choice.function")
+            V.string(choice.get("name"), "tool_choice.function.name")
+    except V.Invalid as e:
+        return e.openai_message, e.param
     return None
 
 

@@ -25,11 +25,28 @@ class Config:
     max_body_bytes: int = 64 * 1024 * 1024
     proxy_api_keys: tuple[str, ...] = ()
     anthropic_any_model: bool = False
+    alpha_search_max_pages: int = 10  # open + find commands run per /v1/alpha/search request; the rest are named, not run
     # web_fetch (proxy/fetch.py). Networks (CIDR strings) exempt from the SSRF refusals; empty: public addresses only.
     web_fetch_allowed_networks: tuple[str, ...] = ()
+    # The search cache (proxy/cache.py; 0 in any of the three turns it off) and the proxy's metrics (proxy/metrics.py).
+    search_cache_ttl: float = 600.0
+    search_cache_entries: int = 1000
+    search_cache_bytes: int = 16 * 1024 * 1024
+    proxy_metrics: bool = True
+    metrics_dir: str = ""  # PROMETHEUS_MULTIPROC_DIR: gunicorn's workers sum their metrics through files there
     web_fetch_timeout: float = 20.0  # whole fetch, redirects included
     web_fetch_max_bytes: int = 5 * 1024 * 1024  # decoded body bytes read per page; the rest is never downloaded
     web_fetch_max_tokens: int = 20000  # text handed to the model, ~4 characters a token
     web_fetch_cache_ttl: float = 300.0
     web_fetch_cache_bytes: int = 32 * 1024 * 1024
     web_fetch_ca_file: str = ""  # a PEM bundle trusted instead of the system's CAs (a private CA; the tests)
+    # Page extraction (proxy/extract.py): child processes per worker, each page's CPU seconds and address space
+    # (MiB), and the pages that may wait for a free child; a page over a limit is a tool error that names it.
+    web_fetch_extract_processes: int = 2
+    web_fetch_extract_cpu_seconds: float = 10.0
+    web_fetch_extract_memory_mb: int = 1024
+    web_fetch_extract_queue: int = 16
+    # Caps on web_fetch calls (proxy/search.py's SearchSession): per model turn and per client request.
+    web_fetch_max_per_turn: int = 10
+    web_fetch_max_per_request: int = 50
+    searxng_max_bytes: int = 4 * 1024 * 1024  # a SearXNG answer's decoded bytes; a bigger one is a failed search

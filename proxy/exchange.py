@@ -10,10 +10,11 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from flask import Response
 
-from . import jsonio
+from . import jsonio, metrics
 from .config import Config
 from .fetch import Fetcher
 from .search import SearchSession, SearXNG
@@ -29,6 +30,12 @@ except ImportError:  # the development server (python proxy-passthrough.py) has 
     _GEVENT = False
 
 
+class Abortable(Protocol):
+    """What a watch can stop: a call to vLLM (Call), or a fetch or search (proxy.cancel.Cancel)."""
+
+    def abort(self) -> None: ...
+
+
 class ClientWatch:
     """Notices a client that hangs up while the proxy waits on vLLM, and aborts the calls to
     vLLM that are live for it (each call attaches itself, and detaches when it is over).
@@ -42,7 +49,8 @@ class ClientWatch:
 
     def __init__(self, environ):
         self._sock = environ.get("gunicorn.socket")
-        self._calls: set[Call] = set()
+        self._environ = environ
+        self._calls: set[Abortable] = set()
         self._stop = threading.Event()
         self.gone = False
         self._io = None
@@ -76,8 +84,10 @@ class ClientWatch:
             return True
         self.gone = True
         self._end()
-        log.info("client went away; aborting the backend request")
-        for call in list(self._calls):
+        log.info("client went away; aborting the backend request and its fetches and searches")
+        calls = list(self._calls)
+        metrics.client_left(self._environ, len(calls))
+        for call in calls:
             call.abort()
         return True
 
@@ -90,13 +100,14 @@ class ClientWatch:
             if readable and self._check():
                 return
 
-    def attach(self, call: Call):
+    def attach(self, call: Abortable):
         """Watch over a live call; it is aborted at once if the client already left."""
         self._calls.add(call)
         if self.gone:
+            metrics.client_left(self._environ, 1)
             call.abort()
 
-    def detach(self, call: Call):
+    def detach(self, call: Abortable):
         self._calls.discard(call)
 
     def _end(self):
@@ -204,7 +215,9 @@ class Exchange:
     def session(self) -> SearchSession:
         def count(n):
             self.environ["proxy.searches"] = self.environ.get("proxy.searches", 0) + n
-        return SearchSession(self.searxng, self.cfg.max_search_iter, on_search=count, fetcher=self.fetcher)
+        # The watch starts after the dialect made its session (loop.run), so the session asks for it per call.
+        return SearchSession(self.searxng, self.cfg.max_search_iter, on_search=count, fetcher=self.fetcher,
+                             watch=lambda: self.watch)
 
     def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:
         """Send one request to vLLM and wait for its head, the watch able to abort it

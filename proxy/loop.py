@@ -19,7 +19,7 @@ from typing import Any
 
 from flask import Response
 
-from . import jsonio
+from . import jsonio, metrics
 from .background import run_with_keepalive
 from .citations import Sources
 from .errors import upstream_error_status
@@ -229,6 +229,7 @@ def _rounds(ex: Exchange, d: Dialect, call, watch: ClientWatch):
                 yield from d.finish(turn)
                 return
             if session.exhausted:
+                metrics.cap_hit(ex.environ, "search_rounds")
                 yield d.error(422, session.cap_message(), CAP_TYPE)
                 return
             yield from d.announce(calls)
@@ -238,6 +239,8 @@ def _rounds(ex: Exchange, d: Dialect, call, watch: ClientWatch):
                     should_stop=lambda: watch.gone)
             else:
                 outcomes = d.search(calls)
+            if outcomes is not None:
+                metrics.tool_calls(ex.environ, outcomes)
             if watch.gone or outcomes is None:
                 return
             yield from d.record(turn, calls, outcomes)

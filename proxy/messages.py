@@ -23,10 +23,11 @@ from dataclasses import dataclass, field, replace
 from flask import Response
 
 from . import citations, loop
+from . import validate as V
 from .errors import anthropic_error, as_anthropic_error, upstream_error_status
 from .exchange import Exchange, encode_json, response_headers
 from .fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchOutcome, FetchRequest, parse_fetch_arguments
-from .jsonio import as_dict
+from .jsonio import as_dict, as_list
 from .messages_stream import PING, SSE_HEADERS, ClientMessage, error_event
 from .search import (
     NOT_EXECUTED,
@@ -111,7 +112,7 @@ def has_server_blocks(body: dict) -> bool:
     msgs = body.get("messages")
     return isinstance(msgs, list) and any(
         isinstance(m, dict) and isinstance(m.get("content"), list)
-        and any(isinstance(b, dict) and b.get("type") in SERVER_BLOCKS for b in m["content"]) for m in msgs)
+        and any(V.kind(b) in SERVER_BLOCKS for b in m["content"]) for m in msgs)
 
 
 def needs_rewrite(body) -> bool:
@@ -126,10 +127,43 @@ def validate(body: dict) -> str | None:
                                           or not all(isinstance(t, dict) for t in body["tools"])):
         return "tools: must be an array of tool objects"
     fetch = fetch_tool(body)
-    return _spec_problem(SERVER_NAME, server_tool(body) or {}, ("max_uses",)) \
+    problem = _spec_problem(SERVER_NAME, server_tool(body) or {}, ("max_uses",)) \
         or _spec_problem(FETCH_NAME, fetch or {}, ("max_uses", "max_content_tokens")) \
         or (None if fetch is None or fetch.get("citations") is None or isinstance(fetch["citations"], dict)
             else "tools: web_fetch citations must be an object like {\"enabled\": true}")
+    if problem:
+        return problem
+    try:
+        _check_types(body)
+    except V.Invalid as e:
+        return e.anthropic_message
+    return None
+
+
+def _check_types(body: dict) -> None:
+    """The fields the rewrite reads (names, ids, domains, tool_choice, replayed server blocks) are of
+    the JSON type it reads them as, or V.Invalid names the first that is not."""
+    V.boolean(body.get("stream"), "stream")
+    for i, tool in enumerate(body.get("tools") or []):
+        V.fields(tool, f"tools.{i}", name=V.string, type=V.string)
+        if is_server_tool(tool):
+            V.fields(tool, f"tools.{i}", allowed_domains=V.strings, blocked_domains=V.strings)
+    if isinstance(body.get("tool_choice"), dict):
+        V.fields(body["tool_choice"], "tool_choice", type=V.string, name=V.string)
+    for i, msg in enumerate(body["messages"]):
+        content = msg.get("content")
+        if not (isinstance(content, list) and any(V.kind(b) in SERVER_BLOCKS for b in content)):
+            continue  # history without server blocks goes to vLLM as it is: vLLM judges it
+        for j, block in enumerate(content):
+            at = f"messages.{i}.content.{j}"
+            block = V.obj(block, at)
+            V.fields(block, at, type=V.string, id=V.string, tool_use_id=V.string, name=V.string)
+            if block.get("type") == "server_tool_use":
+                V.fields(block, at, input=V.obj)
+            elif block.get("type") == "web_search_tool_result" and not isinstance(block.get("content"), list):
+                V.fields(V.obj(block.get("content"), f"{at}.content"), f"{at}.content", error_code=V.string)
+            elif block.get("type") == "web_fetch_tool_result":
+                V.fields(V.obj(block.get("content"), f"{at}.content"), f"{at}.content", error_code=V.string)
 
 
 def _positive(n) -> bool:
@@ -291,7 +325,7 @@ def rewrite_history(messages: list[dict], name: str, fetch_name: str = FETCH_NAM
             carry = []
             continue
         if msg.get("role") != "assistant" or not isinstance(content, list) \
-                or not any(isinstance(b, dict) and b.get("type") in SERVER_BLOCKS for b in content):
+                or not any(V.kind(b) in SERVER_BLOCKS for b in content):
             out.append(msg)
             continue
         queries = {b.get("id"): str((as_dict(b.get("input"))).get("query", ""))
@@ -303,7 +337,7 @@ def rewrite_history(messages: list[dict], name: str, fetch_name: str = FETCH_NAM
         seg: list[dict] = []
         results: list[dict] = []
         for b in content:
-            kind = b.get("type") if isinstance(b, dict) else None
+            kind = V.kind(b)
             if kind == "server_tool_use":
                 if results and not _pending(seg, results, ids):
                     out += [{**msg, "content": seg}, {"role": "user", "content": _complete(seg, results, ids)}]
@@ -392,8 +426,8 @@ def outcome_from_block(query: str, content) -> SearchOutcome:
         if not isinstance(r, dict) or not r.get("url"):
             continue
         extra = decode_content(r.get("encrypted_content"))
-        if i == 0:
-            answers, infoboxes = list(extra.get("answers") or []), list(extra.get("infoboxes") or [])
+        if i == 0:  # what encode_content stored, or whatever a client put in its place
+            answers, infoboxes = ([str(a) for a in as_list(extra.get(k))] for k in ("answers", "infoboxes"))
         hits.append(Hit(title=str(r.get("title") or r["url"]), url=str(r["url"]),
                         snippet=str(extra.get("snippet") or ""), date=r.get("page_age")))
     if hits or answers or infoboxes:

@@ -7,6 +7,7 @@ the addresses in.
 from __future__ import annotations
 
 import ipaddress
+import re
 import urllib.parse
 from dataclasses import dataclass
 
@@ -128,6 +129,30 @@ def address_refusal(address, allowed=()) -> str | None:
     return None
 
 
+_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
+def normalise_path(path: str) -> str:
+    """A URL path as a server resolves it, per RFC 3986: percent-escapes of unreserved characters decoded
+    (%2e is "."), the others upper-cased, and "." and ".." segments removed. Pure.
+
+    Without it "example.com/docs" would admit "/docs/../secret" and "/docs/%2e%2e/secret", which the
+    server serves as "/secret"."""
+    def unescape(m: re.Match) -> str:
+        c = chr(int(m.group(1), 16))
+        return c if (c.isascii() and c.isalnum()) or c in "-._~" else "%" + m.group(1).upper()
+    segments = _PERCENT.sub(unescape, path or "/").split("/")
+    out: list[str] = []
+    for seg in segments[1:]:
+        if seg == "..":
+            if out:
+                out.pop()
+        elif seg != ".":
+            out.append(seg)
+    trailing = segments[-1] in (".", "..") and len(segments) > 1
+    return "/" + "/".join(out) + ("/" if trailing and out else "")
+
+
 @dataclass(frozen=True)
 class Target:
     """A URL that passed parse_url: what to connect to and what to send."""
@@ -178,6 +203,8 @@ def parse_url(url, max_chars: int = MAX_URL_CHARS) -> tuple[Target | None, tuple
     port = port or (443 if scheme == "https" else 80)
     shown = f"[{host}]" if ip is not None and ip.version == 6 else host
     netloc = shown if port == (443 if scheme == "https" else 80) else f"{shown}:{port}"
-    request_target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    normalised = urllib.parse.urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
+    # The path as the server will resolve it, so the domain filters judge the path that is sent.
+    path = normalise_path(parts.path)
+    request_target = path + (f"?{parts.query}" if parts.query else "")
+    normalised = urllib.parse.urlunsplit((scheme, netloc, path, parts.query, ""))
     return Target(normalised, scheme, host, port, request_target, netloc), None

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from flask import Response
 
 from . import citations, jsonio, loop
+from . import validate as V
 from .errors import error_response
 from .exchange import Exchange, encode_json
 from .fetch import (
@@ -111,7 +112,7 @@ class Plan:
 # ---- pure rules ---------------------------------------------------------------------------
 
 def is_hosted(tool) -> bool:
-    return isinstance(tool, dict) and tool.get("type") in HOSTED_TYPES
+    return V.kind(tool) in HOSTED_TYPES
 
 
 def is_replayed_search(item) -> bool:
@@ -132,7 +133,37 @@ def validate(body) -> tuple[str, str | None] | None:
     include = body.get("include")
     if include is not None and not isinstance(include, list):
         return "`include` must be an array of strings.", "include"
+    try:
+        _check_types(body)
+    except V.Invalid as e:
+        return e.openai_message, e.param
     return None
+
+
+def _check_types(body: dict) -> None:
+    """The fields the rewrite reads (tool types and names, the hosted tool's filters, tool_choice,
+    replayed web_search_call items) are of the JSON type it reads them as, or V.Invalid names
+    the first that is not."""
+    for i, tool in enumerate(body.get("tools") or []):
+        V.fields(tool, f"tools[{i}]", type=V.string)
+        if tool.get("type") == "namespace":
+            for j, sub in enumerate(V.objects(tool.get("tools"), f"tools[{i}].tools")):
+                V.fields(sub, f"tools[{i}].tools[{j}]", type=V.string)
+        if is_hosted(tool):
+            filters = V.obj(tool.get("filters"), f"tools[{i}].filters")
+            V.fields(filters, f"tools[{i}].filters", allowed_domains=V.strings)
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        V.fields(choice, "tool_choice", type=V.string, name=V.string, mode=V.string)
+        if choice.get("type") == "allowed_tools":
+            for j, tool in enumerate(V.objects(choice.get("tools"), "tool_choice.tools")):
+                V.fields(tool, f"tool_choice.tools[{j}]", type=V.string)
+    for i, item in enumerate(body["input"] if isinstance(body["input"], list) else ()):
+        if is_replayed_search(item):
+            V.fields(item, f"input[{i}]", id=V.string, status=V.string)
+            action = V.obj(item.get("action"), f"input[{i}].action")
+            V.fields(action, f"input[{i}].action", type=V.string, query=V.string, queries=V.strings,
+                     url=V.string, pattern=V.string, sources=V.objects)
 
 
 def needs_rewrite(body: dict) -> bool:

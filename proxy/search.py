@@ -6,7 +6,6 @@ functions that build and read SearXNG traffic are pure so they are tested withou
 """
 from __future__ import annotations
 
-import gzip
 import http.client
 import json
 import logging
@@ -15,9 +14,19 @@ import time
 import urllib.parse
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from .fetch import Fetcher, FetchOutcome, FetchRequest, format_page_for_model
+from .cancel import GONE, TIMEOUT, Cancel
+from .fetch import (
+    READ_CHUNK,
+    Decoder,
+    Fetcher,
+    FetchError,
+    FetchOutcome,
+    FetchRequest,
+    domain_matches,
+    format_page_for_model,
+)
 
 log = logging.getLogger("proxy.search")
 
@@ -73,10 +82,16 @@ class SearchOutcome:
     message: str = ""
     error_code: str | None = None
     repeated: bool = False
+    cached_age: float | None = None  # seconds, when proxy/cache.py answered it from its cache
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def cached_note(self) -> str:
+        """How the model learns it reads a cached answer, and how old it is."""
+        return "" if self.cached_age is None else f" (cached, {self.cached_age:.0f} s old)"
 
 
 def clean_query(raw) -> tuple[str | None, SearchOutcome | None]:
@@ -119,18 +134,6 @@ def search_url(base_url: str, query: str, language: str | None = None, time_rang
     return base_url.rstrip("/") + "/search?" + urllib.parse.urlencode(params)
 
 
-def _decode_body(body: bytes, encoding: str) -> bytes:
-    encoding = encoding.lower().strip()
-    if encoding == "gzip":
-        return gzip.decompress(body)
-    if encoding == "deflate":
-        try:
-            return zlib.decompress(body)
-        except zlib.error:
-            return zlib.decompress(body, -zlib.MAX_WBITS)  # raw deflate, as some servers send
-    return body
-
-
 def outcome_from_response(query: str, url: str, status: int, body: bytes, limit: int) -> SearchOutcome:
     """Read SearXNG's answer (status and decoded body) into an outcome. Pure."""
     if status == 403:
@@ -156,8 +159,8 @@ def outcome_from_response(query: str, url: str, status: int, body: bytes, limit:
         return SearchOutcome(query, "failed", error_code="unavailable",
                              message=f"Search failed: {url} answered JSON that is not an object.")
     hits = []
-    for r in data.get("results") or []:
-        if not isinstance(r, dict) or not r.get("url"):
+    for r in _list(data.get("results")):
+        if not isinstance(r, dict) or not isinstance(r.get("url"), str) or not r["url"]:
             continue
         snippet = " ".join(str(r.get("content") or "").split())
         if len(snippet) > SNIPPET_CHARS:
@@ -167,19 +170,19 @@ def outcome_from_response(query: str, url: str, status: int, body: bytes, limit:
                         snippet=snippet, date=str(date)[:10] if date else None))
         if len(hits) >= limit:
             break
-    answers = [a if isinstance(a, str) else str(a.get("answer", "")) for a in data.get("answers") or []
+    answers = [a if isinstance(a, str) else str(a.get("answer") or "") for a in _list(data.get("answers"))
                if isinstance(a, (str, dict))]
     answers = [a for a in answers if a]
     infoboxes = []
-    for box in data.get("infoboxes") or []:
+    for box in _list(data.get("infoboxes")):
         if isinstance(box, dict):
             text = " ".join(str(box.get("content") or "").split())
-            name = box.get("infobox") or box.get("id") or ""
+            name = str(box.get("infobox") or box.get("id") or "")
             if text or name:
                 infoboxes.append(f"{name}: {text[:SNIPPET_CHARS]}" if name else text[:SNIPPET_CHARS])
     if hits or answers or infoboxes:
         return SearchOutcome(query, "ok", hits=hits, answers=answers, infoboxes=infoboxes)
-    dead = [e for e in data.get("unresponsive_engines") or [] if isinstance(e, (list, tuple)) and e]
+    dead = [e for e in _list(data.get("unresponsive_engines")) if isinstance(e, (list, tuple)) and e]
     if dead:
         names = ", ".join(f"{e[0]} ({e[1]})" if len(e) > 1 else str(e[0]) for e in dead)
         return SearchOutcome(query, "failed", error_code="unavailable", message=(
@@ -188,15 +191,15 @@ def outcome_from_response(query: str, url: str, status: int, body: bytes, limit:
     return SearchOutcome(query, "empty", message=f'No results for "{query}". Try different keywords.')
 
 
+def _list(value) -> list:
+    """A field SearXNG documents as a list, or [] when a hostile or broken answer put anything else there."""
+    return value if isinstance(value, list) else []
+
+
 def host_matches(url: str, domains) -> bool:
-    """True when the URL's host is one of `domains` or a subdomain of one. Pure."""
-    host = (urllib.parse.urlsplit(url).hostname or "").lower().rstrip(".")
-    for d in domains:
-        d = str(d).lower().strip().rstrip(".")
-        d = urllib.parse.urlsplit(d).hostname or d if "//" in d else d.split("/")[0]
-        if d and (host == d or host.endswith("." + d)):
-            return True
-    return False
+    """True when the URL's host is one of `domains` or a subdomain of one (a path in a domain is not
+    compared: search results are filtered by site). Pure."""
+    return domain_matches(url, domains, paths=False)
 
 
 def filter_domains(outcome: SearchOutcome, allowed=None, blocked=None) -> SearchOutcome:
@@ -218,7 +221,7 @@ def format_for_model(outcome: SearchOutcome) -> str:
     if outcome.status != "ok":
         text = outcome.message
     else:
-        lines = [f'Search results for "{outcome.query}":']
+        lines = [f'Search results for "{outcome.query}"{outcome.cached_note}:']
         for a in outcome.answers:
             lines.append(f"Answer: {a}")
         for box in outcome.infoboxes:
@@ -255,13 +258,16 @@ def format_result(outcome) -> str:
 class SearXNG:
     """A SearXNG instance. `search()` never raises: every failure is an outcome."""
 
-    def __init__(self, base_url: str, results: int, timeout: float):
+    def __init__(self, base_url: str, results: int, timeout: float, max_bytes: int = 4 * 1024 * 1024):
         self.base_url = base_url.rstrip("/")
         self.results = results
         self.timeout = timeout
+        self.max_bytes = max_bytes
 
     def search(self, query: str, language: str | None = None, limit: int | None = None,
-               time_range: str | None = None) -> SearchOutcome:
+               time_range: str | None = None, cancel: Cancel | None = None) -> SearchOutcome:
+        """One search; `cancel` (the caller's, so its client's leaving ends it) gets the call's deadline:
+        SEARXNG_TIMEOUT over connect, head and body together, not per receive."""
         url = search_url(self.base_url, query, language, time_range)
         parts = urllib.parse.urlsplit(url)
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
@@ -269,24 +275,63 @@ class SearXNG:
         # client's X-Forwarded-For never rides along (SearXNG would rate-limit by it).
         conn = cls(parts.hostname or "", parts.port, timeout=self.timeout)
         started = time.monotonic()
+        cancel = cancel or Cancel()
+        cancel.arm(self.timeout)
         try:
+            conn.connect()
+            cancel.watch(conn.sock)
             conn.request("GET", parts.path + "?" + parts.query, headers=dict(REQUEST_HEADERS))
             resp = conn.getresponse()
-            body = _decode_body(resp.read(), resp.getheader("Content-Encoding", ""))
+            body = self._read(resp, cancel)
             outcome = outcome_from_response(query, self.base_url, resp.status, body, limit or self.results)
-        except TimeoutError:
-            outcome = SearchOutcome(query, "failed", error_code="unavailable",
-                                    message=f"Search failed: {self.base_url} did not answer within {self.timeout:g} s.")
-        except (OSError, http.client.HTTPException, zlib.error, EOFError) as e:
-            outcome = SearchOutcome(query, "failed", error_code="unavailable",
-                                    message=f"Search failed: cannot reach SearXNG at {self.base_url}: {e}")
+        except _TooBig:
+            outcome = SearchOutcome(query, "failed", error_code="unavailable", message=(
+                f"Search failed: {self.base_url} answered more than {self.max_bytes} bytes (SEARXNG_MAX_BYTES)."))
+        except (OSError, http.client.HTTPException, zlib.error, EOFError, FetchError, ValueError) as e:
+            outcome = self._interrupted(query, cancel) or (
+                SearchOutcome(query, "failed", error_code="unavailable",
+                              message=f"Search failed: {self.base_url} did not answer within {self.timeout:g} s.")
+                if isinstance(e, TimeoutError) else
+                SearchOutcome(query, "failed", error_code="unavailable",
+                              message=f"Search failed: cannot reach SearXNG at {self.base_url}: {e}"))
         finally:
+            cancel.disarm()
             conn.close()
         # The query is model-written from the prompt, so its text is logged only at DEBUG.
         log.info("search -> %s (%d hits, %.0f ms)", outcome.status, len(outcome.hits),
                  (time.monotonic() - started) * 1000)
         log.debug("search query %r -> %s", query, outcome.message or outcome.status)
         return outcome
+
+    def _read(self, resp, cancel: Cancel) -> bytes:
+        """The decoded body, at most max_bytes (gzip and deflate undone within the cap: no bombs)."""
+        decoder = Decoder(resp.getheader("Content-Encoding", ""))
+        chunks, total = [], 0
+        while True:
+            data = resp.read1(READ_CHUNK)
+            if not data:
+                break
+            out = decoder.feed(data, self.max_bytes + 1 - total)
+            chunks.append(out)
+            total += len(out)
+            if total > self.max_bytes:
+                raise _TooBig
+        if cancel.fired:
+            raise EOFError("the answer was cut")  # the end was the deadline shutting the socket
+        return b"".join(chunks)
+
+    def _interrupted(self, query: str, cancel: Cancel) -> SearchOutcome | None:
+        if cancel.reason == TIMEOUT:
+            return SearchOutcome(query, "failed", error_code="unavailable",
+                                 message=f"Search failed: {self.base_url} did not answer within {self.timeout:g} s.")
+        if cancel.reason == GONE:
+            return SearchOutcome(query, "failed", error_code="unavailable",
+                                 message="Search failed: the client closed the request.")
+        return None
+
+
+class _TooBig(Exception):
+    """A SearXNG answer over max_bytes."""
 
 
 class SearchSession:
@@ -298,10 +343,12 @@ class SearchSession:
     the fetcher's cache.
     """
 
-    def __init__(self, searxng: SearXNG, max_rounds: int, on_search=None, fetcher: Fetcher | None = None):
+    def __init__(self, searxng: SearXNG, max_rounds: int, on_search=None, fetcher: Fetcher | None = None,
+                 watch=None):
         self.searxng = searxng
         self.fetcher = fetcher
         self.fetches = 0
+        self.fetched = 0    # web_fetch calls run (not refused before fetching): what the caps count
         self.max_rounds = max_rounds
         self.rounds = 0
         self.searches = 0
@@ -310,35 +357,64 @@ class SearchSession:
         self.repeated = 0   # queries answered from memory, not searched again
         self._seen: dict[str, SearchOutcome] = {}
         self._on_search = on_search
+        self._watch = watch  # () -> the client's ClientWatch or None: each call is on it while it runs
         self._lock = threading.Lock()
 
     @property
     def exhausted(self) -> bool:
         return self.rounds >= self.max_rounds
 
+    def _capped(self, items: list) -> list:
+        """The round's items with fetches past WEB_FETCH_MAX_PER_TURN or WEB_FETCH_MAX_PER_REQUEST replaced by
+        the outcome that tells the model so: a prompt-injected model must not turn one request into
+        unbounded traffic to third-party hosts."""
+        if self.fetcher is None:
+            return items
+        per_turn, per_request = self.fetcher.max_per_turn, self.fetcher.max_per_request
+        out, this_turn = [], 0
+        for item in items:
+            if isinstance(item, FetchRequest) and item.early is None:
+                if this_turn >= per_turn:
+                    item = replace(item, early=FetchOutcome(item.url, error_code="max_uses_exceeded", message=(
+                        f"Fetch failed: not fetched: one turn may fetch at most {per_turn} pages "
+                        "(WEB_FETCH_MAX_PER_TURN). Fetch the most useful pages first, fewer at a time.")))
+                elif self.fetched >= per_request:
+                    item = replace(item, early=FetchOutcome(item.url, error_code="max_uses_exceeded", message=(
+                        f"Fetch failed: not fetched: this request already fetched {per_request} pages, the most one "
+                        "request may (WEB_FETCH_MAX_PER_REQUEST). Answer from what you have read.")))
+                else:
+                    this_turn += 1
+                    self.fetched += 1
+            out.append(item)
+        return out
+
     def run(self, queries: list, limit: int | None = None, language: str | None = None) -> list:
         """Run one round: each item is a parse_arguments() result (a search, giving a SearchOutcome)
         or a fetch.FetchRequest (giving a FetchOutcome); outcomes in the items' order, all run
-        concurrently."""
+        concurrently. Never raises: every failure is an outcome the model reads."""
         self.rounds += 1
+        queries = self._capped(queries)
 
         def one(item):
-            if isinstance(item, FetchRequest):
-                if self.fetcher is None:
-                    return FetchOutcome(item.url, error_code="unavailable", message="Fetch failed: web_fetch is off.")
-                return self.fetcher.run(item)
-            query, early = item
-            if early is not None:
-                return early
-            key = query.casefold()
-            with self._lock:
-                if key in self._seen:
-                    prev = self._seen[key]
-                    return SearchOutcome(**{**prev.__dict__, "repeated": True})
-            outcome = self.searxng.search(query, language=language, limit=limit)
-            with self._lock:
-                self._seen[key] = outcome
-            return outcome
+            watch = self._watch() if self._watch is not None else None
+            cancel = Cancel()
+            if watch is not None:
+                watch.attach(cancel)  # the client leaving ends the fetch or search at once
+            try:
+                return self._one(item, limit, language, cancel)
+            except Exception:
+                # A bug or a library's surprise must not end the client's turn with a 500: the model reads
+                # a failure, the log keeps the traceback.
+                log.exception("a %s failed unexpectedly", "fetch" if isinstance(item, FetchRequest) else "search")
+                if isinstance(item, FetchRequest):
+                    return FetchOutcome(item.url, error_code="unavailable",
+                                        message="Fetch failed: the proxy could not read this page (an internal error).")
+                return SearchOutcome(str(item[0]), "failed", error_code="unavailable",
+                                     message="Search failed: the proxy could not run this search (an internal error).")
+            finally:
+                if watch is not None:
+                    watch.detach(cancel)
+                cancel.close()
 
         # No items: a round of calls all refused before searching still counts as a round.
         outcomes = run_together(one, queries, at_most=8)
@@ -355,6 +431,24 @@ class SearchSession:
         if self._on_search:
             self._on_search(len([o for o in outcomes if isinstance(o, SearchOutcome) and not o.repeated]))
         return outcomes
+
+    def _one(self, item, limit: int | None, language: str | None, cancel: Cancel):
+        if isinstance(item, FetchRequest):
+            if self.fetcher is None:
+                return FetchOutcome(item.url, error_code="unavailable", message="Fetch failed: web_fetch is off.")
+            return self.fetcher.run(item, cancel)
+        query, early = item
+        if early is not None:
+            return early
+        key = query.casefold()
+        with self._lock:
+            if key in self._seen:
+                prev = self._seen[key]
+                return SearchOutcome(**{**prev.__dict__, "repeated": True})
+        outcome = self.searxng.search(query, language=language, limit=limit, cancel=cancel)
+        with self._lock:
+            self._seen[key] = outcome
+        return outcome
 
     def cap_message(self) -> str:
         """The error the client reads when the model wants more rounds than allowed: the

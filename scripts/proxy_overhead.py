@@ -7,6 +7,8 @@ then measures each case interleaved, direct and proxied, from one client process
   1 non-streaming latency p50/p99      2 a 200-chunk unpaced stream: TTFT, total, proxy CPU/chunk
   3 64 concurrent 1 s paced streams    4 a 1 MB body, with and without web_search injection
   5 a two-search loop: the proxy's own time    6 the proxy's peak RSS during 3
+  7 what metrics cost: 1 against a proxy with PROXY_METRICS=off (ratio on/off)
+  8 the search cache: 5's loop repeated, against a proxy with SEARCH_CACHE_TTL=600 (the others run with 0)
 It prints a table against issue 7's targets and, with --json PATH, writes every figure.
 This is a benchmark, not a test: it never fails on a missed target, it reports it.
 
@@ -243,6 +245,13 @@ def stream_batch(url: str, n: int, req_headers, body: bytes, timeout: float) -> 
 
 
 # ---- the processes under test
+
+def metrics_dir(workdir: Path, name: str) -> Path:
+    """An empty folder for one proxy's metric files (the image's tmpfs)."""
+    folder = workdir / f"metrics-{name}"
+    folder.mkdir()
+    return folder
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -570,6 +579,58 @@ def phase_search(backend, proxy, n: int, searches: int) -> dict:
             "direct_ms": med["direct"], "proxy_ms": med["proxy"], "proxy_itself_ms": med["proxy"] - med["direct"]}
 
 
+def samples(url: str) -> dict:
+    """{sample name: value summed over labels} from one scrape of a proxy's /proxy/metrics."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 (the test venv has it)
+    c = Client(url)
+    resp, _ = c.retrying("GET", "/proxy/metrics", keep_body=True)
+    c.close()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(b"".join(resp.body).decode()):
+        for s in family.samples:
+            out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+def phase_metrics(backend, on, off, n: int) -> dict:
+    """Case 1's request, interleaved through a proxy recording metrics (in its multiprocess folder, as the
+    image runs) and one with PROXY_METRICS=off: what the request middleware and its histograms cost."""
+    body = json.dumps(SMALL).encode()
+    hdr = [("X-Bench-Mode", "plain")]
+    a, b = Client(on.url), Client(off.url)
+    for c in (a, b):
+        for _ in range(20):
+            c.retrying("POST", "/v1/chat/completions", body, hdr)
+    cpu_on0, cpu_off0 = on.cpu(), off.cpu()
+    r = interleaved(n, [("on", lambda: a.retrying("POST", "/v1/chat/completions", body, hdr)[1]),
+                        ("off", lambda: b.retrying("POST", "/v1/chat/completions", body, hdr)[1])])
+    cpu_on, cpu_off = (on.cpu() - cpu_on0) / n, (off.cpu() - cpu_off0) / n
+    a.close(), b.close()
+    return {"n": n, "on_p50_ms": pct(r["on"], 50) * 1e3, "off_p50_ms": pct(r["off"], 50) * 1e3,
+            "p50_ratio": pct(r["on"], 50) / pct(r["off"], 50),
+            "on_cpu_per_request_us": cpu_on * 1e6, "off_cpu_per_request_us": cpu_off * 1e6,
+            "cpu_ratio": cpu_on / cpu_off if cpu_off else None}
+
+
+def phase_cache(backend, cached, uncached, n: int, searches: int) -> dict:
+    """Case 5's search loop (the same queries every time, as an agent repeating itself), interleaved through a
+    proxy with the search cache and one without: the loop's time, and how many searches reached SearXNG."""
+    body = json.dumps(SMALL).encode()
+    hdr = [("X-Bench-Mode", "search"), ("X-Bench-Searches", str(searches))]
+    clients = {"cache": Client(cached.url), "nocache": Client(uncached.url)}
+    before = {k: samples(p.url) for k, p in (("cache", cached), ("nocache", uncached))}
+    r = interleaved(n, [(k, lambda c=c: c.retrying("POST", "/v1/chat/completions", body, hdr)[1])
+                        for k, c in clients.items()])
+    after = {k: samples(p.url) for k, p in (("cache", cached), ("nocache", uncached))}
+    for c in clients.values():
+        c.close()
+    sent = {k: after[k].get("proxy_searxng_request_duration_seconds_count", 0)
+            - before[k].get("proxy_searxng_request_duration_seconds_count", 0) for k in clients}
+    med = {k: statistics.median(v) * 1e3 for k, v in r.items()}
+    return {"n": n, "searches_per_loop": searches, "cache_ms": med["cache"], "nocache_ms": med["nocache"],
+            "cache_searxng_requests": sent["cache"], "nocache_searxng_requests": sent["nocache"]}
+
+
 # ---- report
 
 def rows(r: dict):
@@ -605,6 +666,20 @@ def rows(r: dict):
            se["proxy_ms"], se["proxy_itself_ms"], None, "(proxy itself)", None)
     yield ("(6) proxy RSS idle -> peak during (3), MB", cc["proxy_rss_idle_mb"], cc["proxy_rss_peak_mb"],
            cc["proxy_rss_peak_mb"] - cc["proxy_rss_idle_mb"], None, "", None)
+    # Columns: metrics off in place of direct, on in place of proxied.
+    if "metrics" in r:
+        m = r["metrics"]
+        yield ("(7) PROXY_METRICS off -> on: non-streaming p50, ms", m["off_p50_ms"], m["on_p50_ms"],
+               m["on_p50_ms"] - m["off_p50_ms"], m["p50_ratio"], "(what they cost)", None)
+        yield ("(7) PROXY_METRICS off -> on: proxy CPU per request, us", m["off_cpu_per_request_us"], m["on_cpu_per_request_us"],
+               m["on_cpu_per_request_us"] - m["off_cpu_per_request_us"], m["cpu_ratio"], "", None)
+    # Columns: no cache in place of direct, the cache in place of proxied.
+    if "search_cache" in r:
+        c = r["search_cache"]
+        yield (f"(8) {c['n']} repeated {c['searches_per_loop']}-search loops, ms", c["nocache_ms"], c["cache_ms"],
+               c["cache_ms"] - c["nocache_ms"], None, "(no cache -> cache)", None)
+        yield ("(8) searches that reached SearXNG", c["nocache_searxng_requests"], c["cache_searxng_requests"],
+               c["cache_searxng_requests"] - c["nocache_searxng_requests"], None, "", None)
 
 
 def table(r: dict) -> str:
@@ -640,7 +715,9 @@ def main():
     ap.add_argument("--workers", type=int, help="gunicorn --workers")
     ap.add_argument("--variant", default="", help="worker-side patch to compare designs: noreuse (no backend keep-alive)")
     ap.add_argument("--log-level", default="info", help="the proxy's LOG_LEVEL (default info, as shipped)")
-    ap.add_argument("--only", default="1,2,3,4,5", help="comma list of phases to run (default all)")
+    ap.add_argument("--metric-requests", type=int, default=300, help="(7) requests per side, metrics on and off (default 300)")
+    ap.add_argument("--cache-loops", type=int, default=30, help="(8) search loops per side, cache on and off (default 30)")
+    ap.add_argument("--only", default="1,2,3,4,5,7,8", help="comma list of phases to run (default all)")
     args = ap.parse_args()
 
     gargs = []
@@ -657,7 +734,10 @@ def main():
     backend = Backend(workdir)
     procs = [backend]
     try:
-        env = {"BACKEND_URL": backend.url, "SEARXNG_URL": backend.searxng_url, "LOG_LEVEL": args.log_level}
+        # Metrics on in a multiprocess folder, as the image runs them; the search cache off (case 8 measures it),
+        # so case 5's proxied loops search SearXNG as often as its direct replay does.
+        env = {"BACKEND_URL": backend.url, "SEARXNG_URL": backend.searxng_url, "LOG_LEVEL": args.log_level,
+               "SEARCH_CACHE_TTL": "0", "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir(workdir, "inject"))}
         proxy = Proxy("inject", env, gargs, args.variant, workdir)
         procs.append(proxy)
         results = {}
@@ -674,6 +754,16 @@ def main():
             results["big_body"] = phase_big(backend, proxy, noinject, args.big, args.big_bytes)
         if "5" in only:
             results["search_loop"] = phase_search(backend, proxy, args.loops, 2)
+        if "7" in only:
+            off = Proxy("nometrics", {**env, "PROXY_METRICS": "false"}, gargs, args.variant, workdir)
+            procs.append(off)
+            results["metrics"] = phase_metrics(backend, proxy, off, args.metric_requests)
+        if "8" in only:
+            cached = Proxy("cache", {**env, "SEARCH_CACHE_TTL": "600",
+                                     "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir(workdir, "cache"))},
+                           gargs, args.variant, workdir)
+            procs.append(cached)
+            results["search_cache"] = phase_cache(backend, cached, proxy, args.cache_loops, 2)
     except BaseException:
         print(f"proxy_overhead.py: logs of the processes are in {workdir}", file=sys.stderr)
         raise
@@ -693,7 +783,7 @@ def main():
     if FAILURES:
         print(f"FAILED ANSWERS: {len(FAILURES)} (each retried on a new connection); first: {FAILURES[0]}")
     meta["failures"] = FAILURES
-    if set(results) == {"nonstreaming", "stream", "concurrent", "big_body", "search_loop"}:
+    if set(results) >= {"nonstreaming", "stream", "concurrent", "big_body", "search_loop"}:
         print(table(results))
     else:
         print(json.dumps(results, indent=2))

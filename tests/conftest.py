@@ -66,7 +66,12 @@ class ProxyProcess:
     def __init__(self, env: dict, log_path: Path):
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        full_env = {**os.environ, "PROXY_BIND": "127.0.0.1:0", "LOG_LEVEL": "info", **env}
+        # Its own metrics folder, as the image's tmpfs: the workers sum their metrics through it (proxy/metrics.py).
+        self.metrics_dir = log_path.with_suffix(".metrics")
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        self.metrics_dir.mkdir(parents=True)
+        full_env = {**os.environ, "PROXY_BIND": "127.0.0.1:0", "LOG_LEVEL": "info",
+                    "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir), **env}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "--config", "gunicorn.conf.py", "proxy-passthrough:app"],
             cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -146,7 +151,9 @@ def _proxies(request, _backend_server, _searxng_server):
     running: dict[tuple, ProxyProcess] = {}
 
     def start(**env) -> ProxyProcess:
-        env = {"BACKEND_URL": _backend_server.url, "SEARXNG_URL": _searxng_server.url,
+        # The search cache is off unless a test turns it on: a proxy serves many tests, which change what the
+        # SearXNG stand-in answers to the same query, and a cached answer would carry over from one to the next.
+        env = {"BACKEND_URL": _backend_server.url, "SEARXNG_URL": _searxng_server.url, "SEARCH_CACHE_TTL": "0",
                **{k: str(v) for k, v in env.items()}}
         key = tuple(sorted(env.items()))
         if key not in running or running[key].proc.poll() is not None:

@@ -202,6 +202,29 @@ def test_answer_is_cut_to_max_output_tokens():
     assert payload["output"] == "x" * 20 + "\n(cut to max_output_tokens)"
 
 
+def _parsed(opens, finds):
+    return A.Parsed(session="", queries=(), opens=tuple((r, 0) for r in opens), finds=tuple((r, "p") for r in finds),
+                    unsupported=(), results=None, output_tokens=100)
+
+
+@pytest.mark.parametrize("cap,opens,finds,run,left", [
+    (10, ["a", "b"], ["c"], (["a", "b"], ["c"]), []),
+    (2, ["a", "b", "c"], ["d"], (["a", "b"], []), ["open c", 'find "p" in d']),
+    (3, ["a"], ["b", "c", "d"], (["a"], ["b", "c"]), ['find "p" in d']),
+    (0, ["a"], ["b"], ([], []), ["open a", 'find "p" in b']),
+    (-1, ["a"], [], ([], []), ["open a"]),
+])
+def test_page_commands_over_the_cap_are_left_out(cap, opens, finds, run, left):
+    kept, out = A.within_cap(_parsed(opens, finds), cap)
+    assert ([r for r, _ in kept.opens], [r for r, _ in kept.finds]) == run and out == left
+
+
+def test_the_note_names_what_was_left_out():
+    note = A.over_cap_note([f"open u{i}" for i in range(12)], 3)
+    assert note.startswith("## not run: 12 page commands\nThis server runs at most 3 open/find commands per call")
+    assert "open u9; and 2 more." in note and "u10" not in note
+
+
 def test_ref_store_is_bounded_and_counts_turns():
     store = A.RefStore(max_sessions=2, max_refs=3)
     assert store.begin("a") == (0, {})
@@ -295,6 +318,19 @@ def test_served(start_proxy, searxng, pages, name):
     assert all(r.params["format"] == "json" for r in searxng.requests)
     opened = [c["ref_id"] for c in commands.get("open", []) + commands.get("find", []) if c["ref_id"].startswith("http")]
     assert [pages.url + r.path for r in pages.requests] == opened
+
+
+def test_page_commands_over_alpha_search_max_pages_are_not_run(start_proxy, searxng, pages):
+    """A prompt-injected model asking for many pages in one call gets the first few and a note it reads."""
+    proxy = start_proxy(ALPHA_SEARCH_MAX_PAGES="1", **LOOPBACK)
+    got, payload = post(proxy, body(search_query=[{"q": "alpha"}], open=[{"ref_id": f"{pages.url}/doc"}],
+                                    find=[{"ref_id": f"{pages.url}/plain", "pattern": "Annie"}]))
+    assert got == 200, payload
+    out = payload["output"]
+    assert "PELICAN-7731" in out and "[turn0search0] alpha" in out
+    assert (f'## not run: 1 page command\nThis server runs at most 1 open/find commands per call (ALPHA_SEARCH_MAX_PAGES); '
+            f'these were not run: find "Annie" in {pages.url}/plain.') in out
+    assert [r.path for r in pages.requests] == ["/doc"] and searxng.queries == ["alpha"]
 
 
 def test_recency_reaches_searxng_as_time_range(start_proxy, searxng):

@@ -509,8 +509,19 @@ def test_the_test_overlay_changes_only_test_settings(cpu, tmp_path):
                     differences.add((name, key))
     assert differences == {
         ("model", "environment", "PROGRESS_INTERVAL"),
-        ("proxy", "environment", "WEB_FETCH_ALLOWED_NETWORKS"),
+        ("proxy", "environment", "WEB_FETCH_ALLOWED_NETWORKS"), ("proxy", "environment", "SEARCH_CACHE_TTL"),
         ("vllm", "environment", "VLLM_CPU_KVCACHE_SPACE"), ("vllm", "shm_size"),
         ("preflight", "environment", "VLLM_CPU_KVCACHE_SPACE"), ("preflight", "shm_size"),
         ("vllm", "command", "32768"), ("vllm", "command", "bfloat16"),
     }
+
+
+def test_the_proxys_metrics_folder_is_a_fresh_tmpfs_its_user_owns(config):
+    """The image's PROMETHEUS_MULTIPROC_DIR is a tmpfs in the stack (the CPU trial's proxy is this one): empty at each
+    start, so a restarted proxy neither adds the last run's counts nor keeps a dead worker's gauges (proxy/metrics.py)."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    folder = re.search(r"^ENV PROMETHEUS_MULTIPROC_DIR=(\S+)$", dockerfile, re.M).group(1)
+    uid = re.search(r"useradd .*--uid (\d+)", dockerfile).group(1)
+    mounts = {m.split(":", 1)[0]: m.split(":", 1)[1] for m in config["services"]["proxy"]["tmpfs"]}
+    assert f"uid={uid}" in mounts[folder].split(",")
+    assert config["services"]["proxy"]["environment"]["PROXY_METRICS"] == "true"

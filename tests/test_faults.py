@@ -367,7 +367,7 @@ def test_lone_surrogate_escape_reaches_vllm_as_sent(proxy, backend, searxng):
 LIMIT = 1000
 
 
-@pytest.mark.parametrize("target", [CHAT, "/v1/messages", "/v1/responses", "/v1/other"])
+@pytest.mark.parametrize("target", [CHAT, "/v1/messages", "/v1/responses", "/v1/alpha/search", "/v1/other"])
 @pytest.mark.parametrize("how", ["length", "chunked", "declared"])
 def test_bodies_over_the_limit_are_413(start_proxy, backend, target, how):
     p = start_proxy(MAX_BODY_BYTES=str(LIMIT))

@@ -288,10 +288,26 @@ CAFE = "Café au lait, naïve façade, ½ price"
     ({"Content-Type": "text/plain"}, b"\xef\xbb\xbf" + CAFE.encode("utf-8")),
     ({"Content-Type": "text/plain; charset=utf-16"}, CAFE.encode("utf-16")),
     ({"Content-Type": "text/plain; charset=no-such-charset"}, CAFE.encode("utf-8")),
+    # Codecs Python knows that are no text encoding, or fail even with "replace": read as UTF-8.
+    ({"Content-Type": "text/plain; charset=rot13"}, CAFE.encode("utf-8")),
+    ({"Content-Type": "text/plain; charset=base64"}, CAFE.encode("utf-8")),
+    ({"Content-Type": "text/plain; charset=hex"}, CAFE.encode("utf-8")),
+    ({"Content-Type": "text/plain; charset=zlib"}, CAFE.encode("utf-8")),
+    ({"Content-Type": "text/plain; charset=undefined"}, CAFE.encode("utf-8")),
+    ({"Content-Type": "text/plain; charset=idna"}, CAFE.encode("utf-8")),
+    ({"Content-Type": "text/plain; charset=punycode"}, CAFE.encode("utf-8")),
 ])
 def test_charsets_of_text(site, headers, body):
     site.route("/c", body, headers=headers)
     assert make().fetch(url(site, "/c")).text == CAFE
+
+
+@pytest.mark.parametrize("codec", ["rot13", "base64", "hex", "zlib", "bz2", "uu", "undefined", "idna"])
+def test_a_meta_charset_naming_no_text_encoding_is_read_as_utf8(site, codec):
+    html = f"<html><head><meta charset={codec}><title>Caf\xe9</title></head><body><article><p>{CAFE}. " + "More words here. " * 20 + "</p></article></body></html>"
+    site.route("/mc", html.encode("utf-8"), headers={"Content-Type": "text/html"})
+    page = make().fetch(url(site, "/mc"))
+    assert page.title == "Café" and CAFE in page.text
 
 
 @pytest.mark.parametrize("meta", ['<meta charset="iso-8859-1">', "<meta charset=windows-1252>",
@@ -411,6 +427,9 @@ def test_redirects_are_followed_and_rechecked(site):
     ("ftp://pages.test/file", "ftp"),
     ("http://user:pw@pages.test/", "credentials"),
     ("file:///etc/passwd", "file"),
+    ("http://[::1", "cannot be read"),                   # urlsplit raises on it
+    ("http://[::1]x/", "loopback"),                      # urlsplit reads it as [::1]
+    ("http://pages.test:99999/", "cannot be"),
 ])
 def test_a_redirect_to_a_refused_target_is_not_followed(site, location, phrase):
     site.route("/go", status=302, headers={"Location": location})
@@ -451,9 +470,38 @@ def test_five_redirects_are_fine(site):
     ("https://example.com/", ["https://example.com"], True),  # a scheme, though not documented, is tolerated
     ("https://xn--bcher-kva.example/", ["bücher.example"], True),
     ("https://example.com/", [], False),
+    # Paths are compared as the server resolves them (dot segments, escapes of unreserved characters).
+    ("https://example.com/docs/../secret", ["example.com/docs"], False),
+    ("https://example.com/docs/%2e%2e/secret", ["example.com/docs"], False),
+    ("https://example.com/docs/%2E%2E/secret", ["example.com/docs"], False),
+    ("https://example.com/docs/./a/../b", ["example.com/docs"], True),
+    ("https://example.com/%64ocs/b", ["example.com/docs"], True),
+    ("https://example.com/secret", ["example.com/docs/../secret"], True),
+    ("https://example.com/docs%2Fx", ["example.com/docs"], False),   # %2F is not a separator to match on
 ])
 def test_domain_matches(target, domains, matches):
     assert domain_matches(target, domains) is matches
+
+
+@pytest.mark.parametrize("target, domains, matches", [
+    ("https://docs.example.com/x", ["example.com/other"], True),   # search results: the host only
+    ("https://bücher.example/", ["xn--bcher-kva.example"], True),
+    ("https://example.com:8443/", ["https://example.com:8443/x"], True),
+    ("https://evil.com/?q=example.com", ["example.com"], False),
+])
+def test_search_host_matches_is_the_same_rule_without_paths(target, domains, matches):
+    from proxy.search import host_matches
+    assert host_matches(target, domains) is matches is domain_matches(target, domains, paths=False)
+
+
+def test_a_path_scoped_allow_list_refuses_dot_segments_out_of_it(site):
+    site.route("/docs/a", ARTICLE)
+    f = make()
+    for path in ("/docs/../secret", "/docs/%2e%2e/secret"):
+        e = code_of(lambda path=path: f.fetch(url(site, path), allowed_domains=["pages.test/docs"]))
+        assert e.code == "url_not_allowed"
+    assert site.requests == []
+    assert "third approach" in f.fetch(url(site, "/docs/./a"), allowed_domains=["pages.test/docs"]).text
 
 
 def test_allowed_and_blocked_domains(site):
@@ -600,3 +648,14 @@ def test_readability_failure_falls_back_to_all_text():
     title, text = fetchmod.html_to_text("<html><head><title> T </title></head><body>just text</body></html>", "http://x/")
     assert title == "T" and "just text" in text
     assert fetchmod.html_to_text("   ", "http://x/") == (None, "")
+
+
+@pytest.mark.parametrize("size", [200 * 1024, 2 * 1024 * 1024])  # readability's path, and the fast rule past 512 KiB
+def test_extraction_keeps_code_and_drops_navigation_on_small_and_big_pages(size):
+    from standins.hostile_web import big_page
+
+    from proxy.extract import extract_page
+    title, text, cut = extract_page(big_page(size).decode(), "http://x/", max_chars=80_000)
+    assert title == "Scheduler notes" and "def admit(request):" in text and "the key-value cache has room" in text
+    assert "Section 3" not in text and "var x" not in text and "Copyright" not in text
+    assert cut and len(text) < 80_000 * 1.5

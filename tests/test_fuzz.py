@@ -6,15 +6,20 @@ beyond the fixed, reproducible sequence CI runs).
 """
 from __future__ import annotations
 
+import base64
+import copy
 import json
 import os
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from standins import anthropic_wire as aw
+from standins import responses_wire as rw
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
-from standins.vllm_wire import compact, completion, sse_reply, stream_frames
+from standins.vllm_wire import compact, completion, sse_reply, stream_frames, tool_call
 from test_faults import worker_pid
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
@@ -194,3 +199,314 @@ def test_fuzzed_requests_never_500_nor_crash_the_worker(fuzz_proxy, backend):
         assert bad not in log, f"{bad!r} in {fuzz_proxy.log_path}"
     assert log.count("Booting worker") == 1 and worker_pid(fuzz_proxy) == pid
     assert len(backend.received) > EXAMPLES // 4, "most fuzzed requests should have been relayed"
+
+
+# ---- structure: valid bodies with one or two fields of the wrong JSON type ----------------
+#
+# The fuzz above varies values within their types and whole bodies; this one takes a request
+# each API accepts, with every field the proxy reads (tools of each kind, tool_choice, filters,
+# replayed history of searches and pages, streams), and puts a value of another JSON type at
+# one or two of its places, picked from every place in the body (dict keys and list items, at
+# any depth). The stand-in model searches once when it is given the proxy's web_search, so
+# the loop's later turns read the body too. Every case must be a 4xx in the API's own error
+# shape, or a 2xx when the field went to the (stand-in) backend untouched: never a 5xx, and a
+# stream always ends the API's way.
+
+def _b64(obj) -> str:
+    return base64.b64encode(json.dumps(obj).encode()).decode()
+
+
+SEARCH_RESULT = {"type": "web_search_result", "url": "https://a.example/", "title": "A", "page_age": "2026-01-01",
+                 "encrypted_content": _b64({"snippet": "s", "answers": ["a"], "infoboxes": ["i"]})}
+PAGE = {"type": "web_fetch_result", "url": "https://a.example/", "retrieved_at": "2026-01-01T00:00:00Z",
+        "content": {"type": "document", "title": "A",
+                    "source": {"type": "text", "media_type": "text/plain", "data": "page text"}}}
+OBJECT_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+CHAT_VALID = {
+    "model": "foundation", "max_tokens": 50, "n": 1, "metadata": {"k": "v"}, "stream_options": {"include_usage": True},
+    "messages": [{"role": "system", "content": "be brief"},
+                 {"role": "user", "content": [{"type": "text", "text": "weather?"}]},
+                 {"role": "assistant", "content": None, "tool_calls": [
+                     {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                 {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+                 {"role": "user", "content": "and the news?"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "w", "parameters": OBJECT_SCHEMA}}],
+}
+CHAT_CHOICES = ["auto", "required", {"type": "function", "function": {"name": "web_search"}},
+                {"type": "function", "function": {"name": "get_weather"}}]
+
+MESSAGES_VALID = {
+    "model": "foundation", "max_tokens": 100, "metadata": {"user_id": "u"},
+    "system": [{"type": "text", "text": "be brief"}],
+    "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3, "allowed_domains": ["a.example"],
+               "user_location": {"type": "approximate", "country": "US", "city": "Boston"}},
+              {"type": "web_fetch_20250910", "name": "web_fetch", "max_uses": 2, "blocked_domains": ["b.example"],
+               "max_content_tokens": 1000, "citations": {"enabled": True}},
+              {"name": "get_weather", "description": "w", "input_schema": OBJECT_SCHEMA}],
+    "messages": [
+        {"role": "user", "content": "what is new?"},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Searching."},
+            {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "vllm"}},
+            {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": [SEARCH_RESULT]},
+            {"type": "server_tool_use", "id": "srvtoolu_2", "name": "web_fetch", "input": {"url": "https://a.example/"}},
+            {"type": "web_fetch_tool_result", "tool_use_id": "srvtoolu_2", "content": PAGE},
+            {"type": "server_tool_use", "id": "srvtoolu_3", "name": "web_search", "input": {"query": "x"}},
+            {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_3",
+             "content": {"type": "web_search_tool_result_error", "error_code": "unavailable"}},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                                     {"type": "text", "text": "more"}]}],
+}
+# Claude Code's search sub-request, which the proxy answers without the model's first turn.
+MESSAGES_SUBREQUEST = {"model": "foundation", "max_tokens": 100,
+                       "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 8}],
+                       "messages": [{"role": "user", "content": [
+                           {"type": "text", "text": "Perform a web search for the query: vllm 0.32"}]}]}
+MESSAGES_CHOICES = [{"type": "auto"}, {"type": "any"}, {"type": "tool", "name": "web_search"},
+                    {"type": "tool", "name": "web_fetch", "disable_parallel_tool_use": True}]
+
+RESPONSES_VALID = {
+    "model": "foundation", "max_output_tokens": 100, "metadata": {"k": "v"}, "store": False,
+    "instructions": "be brief", "reasoning": {"effort": "low"}, "background": False, "previous_response_id": None,
+    "include": ["web_search_call.action.sources", "reasoning.encrypted_content"],
+    "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "what is new?"}]},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed",
+         "action": {"type": "search", "query": "vllm", "queries": ["vllm"],
+                    "sources": [{"type": "url", "url": "https://a.example/"}]}},
+        {"type": "web_search_call", "id": "ws_2", "status": "completed",
+         "action": {"type": "open_page", "url": "https://a.example/"}},
+        {"type": "web_search_call", "id": "ws_3", "status": "failed",
+         "action": {"type": "find_in_page", "url": "https://a.example/", "pattern": "0.32"}},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"role": "user", "content": "and?"}],
+    "tools": [{"type": "web_search", "filters": {"allowed_domains": ["a.example"]}, "search_context_size": "low",
+               "user_location": {"type": "approximate", "country": "US"}},
+              {"type": "function", "name": "get_weather", "parameters": OBJECT_SCHEMA},
+              {"type": "namespace", "name": "ns", "description": "d", "tools": [{"type": "function", "name": "f"}]}],
+}
+RESPONSES_CHOICES = ["auto", "required", {"type": "web_search"}, {"type": "function", "name": "get_weather"},
+                     {"type": "allowed_tools", "mode": "required", "tools": [{"type": "web_search"}]}]
+
+ALPHA_VALID = {
+    "id": "thread-fuzz", "model": "foundation", "max_output_tokens": 2500,
+    "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "search"}]}],
+    # A loopback URL: refused by the fetch core's address rules at once, without a page server.
+    "commands": {"search_query": [{"q": "vllm", "recency": 7, "domains": ["a.example"]}],
+                 "open": [{"ref_id": "http://127.0.0.1:9/page", "lineno": 3}],
+                 "find": [{"ref_id": "http://127.0.0.1:9/page", "pattern": "x"}],
+                 "response_length": "short"},
+    "settings": {"search_context_size": "medium", "user_location": {"type": "approximate", "country": "US"},
+                 "filters": {"allowed_domains": ["a.example"]}, "external_web_access": False},
+}
+
+
+@st.composite
+def _valid(draw, route):
+    """A body the route accepts, streamed or not; tool_choice drawn from those the proxy reads."""
+    if route == "/v1/chat/completions":
+        body = {**CHAT_VALID, "tool_choice": draw(st.sampled_from(CHAT_CHOICES))}
+    elif route.startswith("/v1/messages"):
+        body = dict(draw(st.sampled_from([MESSAGES_VALID, MESSAGES_SUBREQUEST])))
+        if draw(st.booleans()):
+            body["tool_choice"] = draw(st.sampled_from(MESSAGES_CHOICES))
+    elif route == "/v1/responses":
+        body = {**RESPONSES_VALID, "tool_choice": draw(st.sampled_from(RESPONSES_CHOICES))}
+    else:
+        return copy.deepcopy(ALPHA_VALID)
+    body["stream"] = draw(st.booleans()) and not route.endswith("count_tokens")
+    return copy.deepcopy(body)
+
+
+def json_type(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}[type(value)]
+
+
+small = st.one_of(st.none(), st.booleans(), st.integers(-3, 2**40), st.text(max_size=6))
+OF_TYPE = {"null": st.none(), "boolean": st.booleans(),
+           "number": st.one_of(st.integers(-2**40, 2**40), st.floats(allow_nan=False, allow_infinity=False)),
+           "string": st.one_of(st.text(max_size=10), odd_text, st.sampled_from(["web_search", "https://a.example/"])),
+           "array": st.lists(small, max_size=3), "object": st.dictionaries(st.text(max_size=6), small, max_size=3)}
+
+
+def places(value, at=()):
+    """Every place below a JSON value, as key/index paths, depth first."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in items:
+        yield at + (key,)
+        yield from places(child, at + (key,))
+
+
+# The places each handler reads, drawn half the time (when the body has them), so the fields that
+# matter are hit often; the other half any place at all, at any depth.
+KNOWN = {
+    "/v1/chat/completions": ["messages", "messages.1", "tools", "tools.0", "tools.0.function", "tools.0.function.name",
+                             "tool_choice", "tool_choice.function", "tool_choice.function.name", "stream",
+                             "stream_options", "n"],
+    "/v1/messages": ["messages", "messages.1", "messages.1.content", "messages.1.content.1", "messages.1.content.1.type",
+                     "messages.1.content.1.id", "messages.1.content.1.name", "messages.1.content.1.input",
+                     "messages.1.content.2.tool_use_id", "messages.1.content.2.content",
+                     "messages.1.content.2.content.0.encrypted_content", "messages.1.content.4.content",
+                     "messages.1.content.4.content.content.source", "messages.1.content.6.content.error_code",
+                     "messages.1.content.7.id", "messages.0.content.0.text", "tools", "tools.0", "tools.0.type",
+                     "tools.0.name", "tools.0.max_uses", "tools.0.allowed_domains", "tools.0.allowed_domains.0",
+                     "tools.1.blocked_domains.0", "tools.1.max_content_tokens", "tools.1.citations", "tools.2.name",
+                     "tool_choice", "tool_choice.type", "tool_choice.name", "stream", "model"],
+    "/v1/responses": ["input", "input.0", "input.1", "input.1.type", "input.1.id", "input.1.status", "input.1.action",
+                      "input.1.action.query", "input.1.action.queries", "input.1.action.sources",
+                      "input.1.action.sources.0", "input.2.action.url", "input.3.action.pattern", "tools", "tools.0",
+                      "tools.0.type", "tools.0.filters", "tools.0.filters.allowed_domains",
+                      "tools.0.filters.allowed_domains.0", "tools.0.user_location", "tools.0.search_context_size",
+                      "tools.1.name", "tools.2.tools", "tools.2.tools.0", "tools.2.tools.0.type", "tool_choice",
+                      "tool_choice.type", "tool_choice.name", "tool_choice.tools", "tool_choice.tools.0.type",
+                      "include", "include.0", "stream", "previous_response_id", "background"],
+    "/v1/alpha/search": ["commands", "commands.search_query", "commands.search_query.0", "commands.search_query.0.q",
+                         "commands.search_query.0.domains", "commands.search_query.0.recency", "commands.open",
+                         "commands.open.0.ref_id", "commands.open.0.lineno", "commands.find.0.pattern",
+                         "commands.response_length", "settings", "settings.filters", "settings.filters.allowed_domains",
+                         "settings.search_context_size", "max_output_tokens", "id"],
+}
+KNOWN["/v1/messages/count_tokens"] = KNOWN["/v1/messages"]
+
+
+@st.composite
+def wrongly_typed(draw, route):
+    """(body, where): a valid body with one or two places holding a value of another JSON type."""
+    body = draw(_valid(route))
+    changed = []
+    for _ in range(draw(st.integers(1, 2))):
+        anywhere = list(places(body))
+        known = [p for p in anywhere if ".".join(map(str, p)) in KNOWN[route]]
+        where = draw(st.sampled_from(known if known and draw(st.booleans()) else anywhere))
+        *parent_path, key = where
+        parent = body
+        for step in parent_path:
+            parent = parent[step]
+        old_type = json_type(parent[key])
+        parent[key] = draw(st.sampled_from([t for t in OF_TYPE if t != old_type]).flatmap(OF_TYPE.get))
+        changed.append(".".join(map(str, where)))
+    return body, changed
+
+
+MARK = "standin-search"  # the id of the stand-in's one call: once it is in the request, the model answers
+
+
+def model_turn(received):
+    """The stand-in model: it calls the proxy's web_search once when it has the tool, then answers;
+    streamed when the request asks, in vLLM's own wire format for each API."""
+    try:
+        body = json.loads(received.body)
+    except (ValueError, RecursionError):
+        body = None
+    body = body if isinstance(body, dict) else {}
+    streaming = body.get("stream") is True
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    # The proxy's tool as vLLM sees it: a function (chat, Responses) or a plain tool (Messages) named web_search*.
+    names = [t.get("function", t).get("name") if isinstance(t.get("function", t), dict) else None
+             for t in tools if isinstance(t, dict)]
+    search = any(isinstance(n, str) and n.startswith("web_search") for n in names) and MARK.encode() not in received.body
+    if received.path == "/v1/chat/completions":
+        calls = [tool_call("web_search", {"query": "q"}, MARK)] if search else []
+        if streaming:
+            return sse_reply(stream_frames(content=[] if search else ["ok"], tool_calls=calls, include_usage=True))
+        return Reply(body=compact(completion(content=None if search else "ok", tool_calls=calls or None)))
+    if received.path.startswith("/v1/messages"):
+        if received.path.endswith("count_tokens"):
+            return Reply(body=b'{"input_tokens":12}')
+        blocks = [aw.tool_use("web_search", {"query": "q"}, MARK)] if search else [aw.text("ok")]
+        return aw.stream_reply(blocks) if streaming else aw.message_reply(blocks)
+    if received.path == "/v1/responses":
+        items = [rw.call("web_search", {"query": "q"}, call_id=MARK)] if search else [rw.message("ok")]
+        try:
+            return rw.answer(body, items)
+        except (AttributeError, TypeError, ValueError):  # echoing a mangled field (or a lone surrogate): vLLM would refuse it
+            return rw.answer({"stream": streaming}, items)
+    return Reply(body=b'{"ok":true}')
+
+
+def last_event(data: bytes) -> bytes:
+    names = re.findall(rb"^event: (\S+)", data, re.M)
+    return names[-1] if names else b""
+
+
+def ends_the_apis_way(route: str, data: bytes) -> bool:
+    if route == "/v1/chat/completions":
+        return data.endswith(b"data: [DONE]\n\n")
+    if route.startswith("/v1/messages"):
+        return last_event(data) in (b"message_stop", b"error")
+    return last_event(data) in (b"response.completed", b"response.failed", b"response.incomplete", b"error")
+
+
+def own_error_shape(route: str, status: int, data: bytes) -> str | None:
+    """What is wrong with a 4xx body the proxy wrote itself, in the route's API's error shape; None when right."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return "not JSON"
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if not (isinstance(err, dict) and isinstance(err.get("message"), str) and err["message"]
+            and isinstance(err.get("type"), str)):
+        return "no error.message and error.type"
+    if route.startswith("/v1/messages"):
+        return None if doc.get("type") == "error" and set(doc) == {"type", "error"} else "not Anthropic's shape"
+    return None if err.get("code") == status and "param" in err else "not OpenAI's shape"
+
+
+STRUCTURE_EXAMPLES = max(10, EXAMPLES // 3)
+STRUCTURE_ROUTES = ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
+                    "/v1/alpha/search"]
+
+
+@pytest.mark.slow  # a fuzzing budget per route
+@pytest.mark.parametrize("route", STRUCTURE_ROUTES)
+def test_fields_of_the_wrong_json_type_are_4xx_in_the_apis_shape(fuzz_proxy, backend, route):
+    backend.responder = model_turn
+    pid = worker_pid(fuzz_proxy)
+
+    @settings(max_examples=STRUCTURE_EXAMPLES, deadline=None, database=None,
+              derandomize=os.environ.get("FUZZ_RANDOM") != "1",
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(case=wrongly_typed(route))
+    def one(case):
+        body, changed = case
+        sent_before = len(backend.received)
+        status, headers, data = raw_request(fuzz_proxy.url, "POST", route, json.dumps(body).encode(),
+                                            {"Content-Type": "application/json"}, timeout=30)
+        repro = f"reproduce: POST {route} with {changed} changed, body={json.dumps(body)}"
+        assert status < 500, f"{status} {data[:300]!r}; {repro}"
+        if status >= 400:
+            relayed = len(backend.received) > sent_before
+            problem = None if relayed else own_error_shape(route, status, data)
+            assert problem is None, f"{status} {problem}: {data[:300]!r}; {repro}"
+        elif headers.get("content-type", "").startswith("text/event-stream"):
+            assert ends_the_apis_way(route, data), f"a stream cut short: {data[-300:]!r}; {repro}"
+        else:
+            assert isinstance(json.loads(data), dict), repro
+        assert worker_pid(fuzz_proxy) == pid, f"the worker was replaced; {repro}"
+
+    logged = len(fuzz_proxy.log())  # the proxy is shared with the other routes' cases: only this test's lines
+    one()
+    log = fuzz_proxy.log()[logged:]
+    for bad in ("Traceback", "Exception on", "Worker exiting", "WORKER TIMEOUT"):
+        assert bad not in log, f"{bad!r} in {fuzz_proxy.log_path}"
+    assert "searches=1" in log or route.endswith("count_tokens"), "the stand-in model never searched: the loop went untried"
+
+
+@pytest.mark.parametrize("route", STRUCTURE_ROUTES)
+def test_the_known_places_are_in_the_valid_bodies(route):
+    """A misspelt place in KNOWN would never be drawn, silently."""
+    bodies = {"/v1/chat/completions": [{**CHAT_VALID, "tool_choice": c} for c in CHAT_CHOICES],
+              "/v1/responses": [{**RESPONSES_VALID, "tool_choice": c} for c in RESPONSES_CHOICES],
+              "/v1/alpha/search": [ALPHA_VALID]}.get(
+        route, [MESSAGES_SUBREQUEST] + [{**MESSAGES_VALID, "tool_choice": c} for c in MESSAGES_CHOICES])
+    found = {".".join(map(str, p)) for b in bodies for p in places({**b, "stream": False})}
+    assert set(KNOWN[route]) <= found

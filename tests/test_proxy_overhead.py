@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow  # runs the overhead benchmark end to end
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--requests", "20", "--streams", "3", "--chunks", "20", "--concurrent", "8", "--rounds", "1",
-        "--paced-chunks", "5", "--paced-seconds", "0.2", "--big", "2", "--big-bytes", "200000", "--loops", "2"]
+        "--paced-chunks", "5", "--paced-seconds", "0.2", "--big", "2", "--big-bytes", "200000", "--loops", "2",
+        "--metric-requests", "20", "--cache-loops", "3"]
 
 
 def test_a_tiny_run_measures_every_case(tmp_path):
@@ -26,11 +27,15 @@ def test_a_tiny_run_measures_every_case(tmp_path):
     assert "FAILED ANSWERS" not in run.stdout
     for row in ["(1) non-streaming p50", "(1) floor: GET /proxy/health", "(2) 20-event stream TTFT", "(2) 4-event stream TTFT",
                 "(2) proxy CPU per event", "(3) 8 x 0.2 s streams wall", "(4) 0.2 MB body, web_search injected",
-                "(4) 0.2 MB body, nothing injected", "(5) search loop", "(6) proxy RSS"]:
+                "(4) 0.2 MB body, nothing injected", "(5) search loop", "(6) proxy RSS",
+                "(7) PROXY_METRICS off -> on: non-streaming p50", "(7) PROXY_METRICS off -> on: proxy CPU per request",
+                "(8) 3 repeated 2-search loops", "(8) searches that reached SearXNG"]:
         assert row in run.stdout, f"{row!r} missing from:\n{run.stdout}"
     assert run.stdout.count(" met") + run.stdout.count("NOT MET") == 7  # one verdict per target
     results = json.loads(out.read_text())["results"]
-    assert set(results) == {"nonstreaming", "stream", "concurrent", "big_body", "search_loop"}
+    assert set(results) == {"nonstreaming", "stream", "concurrent", "big_body", "search_loop", "metrics", "search_cache"}
+    # The cache's loops searched twice in all (the first loop's two queries); the others twice per loop.
+    assert (results["search_cache"]["cache_searxng_requests"], results["search_cache"]["nocache_searxng_requests"]) == (2, 6)
     assert results["stream"]["chunks"] == 20 and results["concurrent"]["streams"] == 8
     assert all(v > 0 for v in (results["nonstreaming"]["proxy_p50_ms"], results["stream"]["proxy_short_ttft_ms"],
                                results["concurrent"]["proxy_rss_peak_mb"]))

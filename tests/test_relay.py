@@ -216,6 +216,51 @@ def test_proxy_api_key(start_proxy, backend, target, headers, status):
         assert b"vllm-key" not in data
 
 
+# A client on loopback is on gunicorn's default trusted-proxy list: its SCRIPT_NAME header once split the
+# path, so the key was checked on "/health" (open) while vLLM was sent "/metrics/health" (vLLM's metrics).
+KEY = {"Authorization": "Bearer k1"}
+FORWARDED = {"X-Forwarded-Proto": "https", "X-Forwarded-Ssl": "off", "X-Forwarded-Protocol": "ssl",
+             "X-Forwarded-For": "10.9.8.7", "X-Forwarded-Host": "elsewhere.example", "Forwarded": "for=10.9.8.7;proto=https"}
+CASES = [
+    ("/metrics/health", {"SCRIPT_NAME": "/metrics"}, 401),
+    ("/metrics/proxy/health", {"SCRIPT_NAME": "/metrics"}, 401),
+    ("/metrics/health", {"SCRIPT_NAME": "/metrics", **KEY}, 200),
+    ("/v1/v1/chat/completions", {"SCRIPT_NAME": "/v1", **KEY}, 200),  # relayed unchanged, not run as a chat
+    ("/v1/models", {"PATH_INFO": "/health"}, 401),
+]
+# A gunicorn told to trust these refuses them itself (a SCRIPT_NAME that is no prefix of the path,
+# scheme headers that disagree), so only the shipped config can show they change nothing.
+SHIPPED_ONLY = [
+    ("/v1/models", {"SCRIPT_NAME": "/elsewhere", **KEY}, 200),
+    ("/v1/models", {**FORWARDED, **KEY}, 200),
+    ("/health", FORWARDED, 200),
+]
+# GUNICORN_CMD_ARGS overrides gunicorn.conf.py: a gunicorn that trusts every peer's SCRIPT_NAME,
+# against which the app alone must hold.
+TRUSTING = "--forwarded-allow-ips=* --forwarder-headers=SCRIPT_NAME,PATH_INFO"
+
+
+@pytest.mark.parametrize("gunicorn_args, target, headers, status",
+                         [("", *c) for c in CASES + SHIPPED_ONLY] + [(TRUSTING, *c) for c in CASES])
+def test_forwarded_headers_change_neither_the_path_nor_the_key(start_proxy, backend, gunicorn_args, target, headers,
+                                                               status):
+    """The key guards the path that is relayed, with the shipped gunicorn.conf.py and, behind it, in the app."""
+    env = {"PROXY_API_KEY": "k1", **({"GUNICORN_CMD_ARGS": gunicorn_args} if gunicorn_args else {})}
+    p = start_proxy(**env)
+    backend.script(Reply(body=b'{"ok":true}'))
+    body = CHAT if "chat" in target else None  # the chat handler would add its web_search tool to it
+    got, _, data = raw_request(p.url, "POST" if body else "GET", target, body, headers)
+    assert got == status, data
+    if status == 401:
+        assert json.loads(data)["error"]["type"] == "authentication_error" and backend.received == []
+    else:
+        assert data == b'{"ok":true}'
+        assert [(r.path, r.body) for r in backend.received] == [(target, body or b"")]
+        for name, value in headers.items():  # X-Forwarded-* are vLLM's to ignore: relayed unchanged
+            if name.startswith(("X-", "Forwarded")):
+                assert backend.received[0].headers[name.lower()] == value
+
+
 def test_client_key_passes_through_when_the_proxy_has_none(proxy, backend):
     backend.script(Reply(body=b"{}"))
     raw_request(proxy.url, "GET", "/v1/models", None, {"Authorization": "Bearer client-key"})

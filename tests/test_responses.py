@@ -571,6 +571,12 @@ def test_disconnect_mid_search_stops_the_loop(proxy, backend, searxng):
     seen = b""
     while b"response.web_search_call.searching" not in seen:
         seen += sock.recv(65536)
+    # The client leaves once SearXNG has the query: a search whose client left before it was sent
+    # never reaches SearXNG at all, which would leave nothing here to count.
+    deadline = time.monotonic() + 10
+    while not searxng.queries:
+        assert time.monotonic() < deadline, "the search never started"
+        time.sleep(0.02)
     sock.close()
     time.sleep(2.5)
     assert len(vllm_requests(backend)) == 1  # no second turn was started for a client that left

@@ -13,11 +13,11 @@ from proxy import chat
 from proxy.app import key_ok, outbound_headers, presented_key
 from proxy.config import Config
 from proxy.errors import upstream_error_status
+from proxy.fetch import Decoder
 from proxy.search import (
     Hit,
     SearchOutcome,
     SearchSession,
-    _decode_body,
     filter_domains,
     format_for_model,
     outcome_from_response,
@@ -157,8 +157,8 @@ def test_number_of_results_is_optional_and_missing_keys_tolerated():
 # collections a second apart, and pytest-xdist refuses workers that collected different tests.
 @pytest.mark.parametrize("encoding, body", [
     ("gzip", gzip.compress(OK_PAGE, mtime=0)), ("", OK_PAGE), ("identity", OK_PAGE)], ids=["gzip", "none", "identity"])
-def test_decode_body(encoding, body):
-    assert _decode_body(body, encoding) == OK_PAGE
+def test_a_searxng_answer_is_decoded_by_the_fetchers_bounded_decoder(encoding, body):
+    assert Decoder(encoding).feed(body, len(OK_PAGE) + 1) == OK_PAGE
 
 
 def test_format_for_model_failure_and_repeat():
@@ -190,7 +190,7 @@ class FakeSearxng:
         self.calls = []
         self.status = status
 
-    def search(self, query, language=None, limit=None):
+    def search(self, query, language=None, limit=None, cancel=None):
         self.calls.append(query)
         return SearchOutcome(query, self.status, hits=[Hit("t", "https://u")] if self.status == "ok" else [],
                              message="No results" if self.status != "ok" else "")

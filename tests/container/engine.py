@@ -183,4 +183,7 @@ class NetNamespace:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
         subprocess.run(["ip", "netns", "delete", self.name], capture_output=True, timeout=30)

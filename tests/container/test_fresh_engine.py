@@ -8,6 +8,7 @@ developer's machine it only ever sees a first start once; this file is what make
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -33,7 +34,11 @@ def fresh(stack):
     subprocess.run(["rm", "-rf", str(root)], check=True)
     root.mkdir(parents=True)
     ns = engine_mod.NetNamespace(f"cs-fresh-{os.getpid()}")
-    with ns:
+    try:
+        ns.__enter__()
+    except RuntimeError as e:  # not root, or no iproute2: the tier's own engine could not start either
+        pytest.fail(str(e))
+    with contextlib.closing(ns):
         assert ns.ip("link", "show", "docker0").returncode != 0, "a new namespace has no docker0"
         try:
             eng = engine_mod.start_fresh(root, ns.name)

@@ -23,6 +23,7 @@ import pytest
 from clients import anthropic, openai
 from compose_stack import EXTRA_VLLM_ARGS, PROJECT, REPO, UP_TIMEOUT_S, get
 from packaging.markers import Marker
+from prometheus_client.parser import text_string_to_metric_families
 from realvllm import MODEL, QUERY, Http
 from standins.web_pages import WebSite
 from test_claude_code import claude_env
@@ -251,6 +252,41 @@ def test_codex_standalone_search_opens_a_page_from_the_proxy_container(stack):
         assert site.requests[0].headers["user-agent"].startswith("coding-stack-proxy/")
     finally:
         site.close()
+
+
+def proxy_metrics(stack) -> dict:
+    """{(sample name, sorted label pairs): value} from one scrape of the proxy's published /proxy/metrics."""
+    status, body = get(stack.proxy_url + "/proxy/metrics")
+    assert status == 200, body[:300]
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+
+
+def counted(samples: dict, name: str, **labels) -> float:
+    return sum(v for (n, ls), v in samples.items() if n == name and labels.items() <= dict(ls).items())
+
+
+def test_the_proxys_metrics_move_when_a_search_runs(stack):
+    """/proxy/metrics through the published port, summed by the image's multiprocess folder (the compose tmpfs): a
+    search (Codex's standalone one, which needs no model turn) moves the request, tool-call and SearXNG counters."""
+    searx = Seen(stack, "searxng")
+    before = proxy_metrics(stack)
+    body = {"id": "thread-metrics", "model": "foundation", "commands": {"search_query": [{"q": QUERY}]},
+            "settings": {"allowed_callers": ["direct"], "external_web_access": False}, "max_output_tokens": 2500}
+    req = urllib.request.Request(stack.proxy_url + "/v1/alpha/search", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert f"https://example.org/{QUERY}/1" in json.loads(resp.read())["output"]
+    after = proxy_metrics(stack)
+    assert searx.new().count(SEARCH_LINE) == 1
+    for name, labels in [("proxy_requests_total", {"api": "alpha_search", "status": "200"}),
+                         ("proxy_tool_calls_total", {"api": "alpha_search", "tool": "web_search", "outcome": "ok"}),
+                         ("proxy_searxng_request_duration_seconds_count", {"outcome": "ok"}),
+                         ("proxy_time_to_first_byte_seconds_count", {"api": "alpha_search"})]:
+        assert counted(after, name, **labels) - counted(before, name, **labels) == 1, (name, labels)
+    # vLLM's own metrics stay vLLM's, on its own port.
+    status, vllm_metrics = get(stack.vllm_url + "/metrics")
+    assert status == 200 and b"vllm:" in vllm_metrics
 
 
 AGENT_TIMEOUT_S = 240  # Claude Code's prompts are ~30k tokens of the tiny tokenizer's: a CPU prefill each

@@ -1,0 +1,92 @@
+"""Checks of a client's JSON at the point a handler reads it: a field of the wrong JSON type (a
+list where a string belongs, a number where a list belongs) raises Invalid, which each API
+answers as a 400 in its own error shape, so nothing further in reads a type it does not expect.
+
+Used by the handlers (chat.py, messages.py, responses.py); pure, not run on its own. Fields the
+proxy only relays are not checked here: vLLM judges those and its 400 is relayed.
+"""
+from __future__ import annotations
+
+_NAMES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
+          list: "an array", dict: "an object"}
+
+
+def type_name(value) -> str:
+    return _NAMES.get(type(value), type(value).__name__)
+
+
+class Invalid(ValueError):
+    """A field of the wrong type: `param` is its path (`tools[0].function.name`), `problem` what it must be."""
+
+    def __init__(self, param: str, expected: str, value):
+        self.param = param
+        self.problem = f"must be {expected}, not {type_name(value)}"
+        super().__init__(self.openai_message)
+
+    @property
+    def openai_message(self) -> str:
+        return f"`{self.param}` {self.problem}."
+
+    @property
+    def anthropic_message(self) -> str:
+        """Anthropic names the field first (`tools.0.name: Input should be ...`)."""
+        return f"{self.param}: {self.problem}"
+
+
+def kind(value) -> str | None:
+    """The `type` of a JSON object when it is a string, else None: only a string names a tool or
+    block kind, and a list or object there must not reach a set or dict lookup (unhashable)."""
+    t = value.get("type") if isinstance(value, dict) else None
+    return t if isinstance(t, str) else None
+
+
+def obj(value, param: str) -> dict:
+    """An object, or {} for null/absent."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise Invalid(param, "an object", value)
+    return value
+
+
+def objects(value, param: str) -> list[dict]:
+    """An array of objects, or [] for null/absent."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise Invalid(param, "an array of objects", value)
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise Invalid(f"{param}[{i}]", "an object", item)
+    return value
+
+
+def string(value, param: str) -> str | None:
+    """A string, or None for null/absent."""
+    if value is not None and not isinstance(value, str):
+        raise Invalid(param, "a string", value)
+    return value
+
+
+def strings(value, param: str) -> list[str]:
+    """An array of strings, or [] for null/absent."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise Invalid(param, "an array of strings", value)
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise Invalid(f"{param}[{i}]", "a string", item)
+    return value
+
+
+def boolean(value, param: str) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise Invalid(param, "true or false", value)
+    return value
+
+
+def fields(item: dict, param: str, **checks) -> None:
+    """Each named field of `item` through its check: fields(tool, "tools[0]", name=string)."""
+    for key, check in checks.items():
+        check(item.get(key), f"{param}.{key}")
