@@ -31,6 +31,8 @@ INJECT_WEB_SEARCH = _flag("INJECT_WEB_SEARCH", True)
 INJECT_WEB_FETCH = _flag("INJECT_WEB_FETCH", True)
 # "server" runs searches inside streams; "client" passes web_search calls to the client.
 STREAM_SEARCH = os.environ.get("STREAM_SEARCH", "server").strip().lower()
+# Number the sources the model reads and turn its [n] markers into each API's citations (off: neither).
+CITATIONS = _flag("CITATIONS", True)
 CONNECT_TIMEOUT = float(os.environ.get("CONNECT_TIMEOUT", "10"))
 # Longest silence tolerated from vLLM; a 250k-token prefill is minutes of it.
 READ_TIMEOUT = float(os.environ.get("READ_TIMEOUT", "900"))
@@ -102,6 +104,7 @@ app = create_app(Config(
     inject_web_search=INJECT_WEB_SEARCH,
     inject_web_fetch=INJECT_WEB_FETCH,
     stream_search=STREAM_SEARCH,
+    citations=CITATIONS,
     connect_timeout=CONNECT_TIMEOUT,
     read_timeout=READ_TIMEOUT,
     keepalive_interval=KEEPALIVE_INTERVAL,

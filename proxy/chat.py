@@ -11,7 +11,7 @@ import logging
 
 from flask import Response
 
-from . import jsonio, loop
+from . import citations, jsonio, loop
 from . import validate as V
 from .errors import error_response, sse_error
 from .exchange import Exchange, encode_json, response_headers
@@ -156,12 +156,14 @@ def assistant_turn(message: dict) -> dict:
     return out
 
 
-def tool_results(calls: list[dict], outcomes: list, ours=tuple(PROXY_TOOLS)) -> list[dict]:
+def tool_results(calls: list[dict], outcomes: list, ours=tuple(PROXY_TOOLS),
+                 sources: citations.Sources | None = None) -> list[dict]:
     """One tool message per call, in order: the proxy's results (of the calls named in `ours`,
-    in `outcomes`' order), or the not-executed stub."""
+    in `outcomes`' order, their sources numbered for citing), or the not-executed stub."""
     found = iter(outcomes)
     return [{"role": "tool", "tool_call_id": c.get("id"),
-             "content": format_result(next(found)) if is_search(c, ours) else NOT_EXECUTED}
+             "content": citations.numbered(sources, o := next(found), format_result(o)) if is_search(c, ours)
+             else NOT_EXECUTED}
             for c in calls]
 
 
@@ -213,6 +215,7 @@ class _Chat(loop.Dialect):
     path = PATH
 
     def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...] = (WEB_SEARCH,)):
+        body = {**body, "messages": citations.without_annotations(body["messages"])}  # an earlier answer's, sent back
         super().__init__(ex, body)
         self.body = body
         self.ours = ours  # the proxy's tools in this request: the calls it runs itself
@@ -233,7 +236,7 @@ class _Chat(loop.Dialect):
 
     def follow(self, message: dict, calls: list, outcomes: list):
         """The next request: the assistant turn, then one tool message per call."""
-        self.messages = self.messages + [assistant_turn(message)] + tool_results(calls, outcomes, self.ours)
+        self.messages = self.messages + [assistant_turn(message)] + tool_results(calls, outcomes, self.ours, self.sources)
         self.request = next_request(self.body, self.messages)
 
 
@@ -264,6 +267,10 @@ class PlainChat(loop.Plain, _Chat):
             yield Response(turn.raw, status=200, headers=response_headers(turn.up))  # untouched
             return
         turn.data["usage"] = add_usage(self.usage, turn.data.get("usage"))
+        message = (turn.data["choices"][0].get("message") or {}) if turn.data.get("choices") else {}
+        found = citations.cite_text(message.get("content") or "", self.sources, citations.chat_citation)
+        if found:  # vLLM writes "annotations": null
+            message["annotations"] = list(message.get("annotations") or []) + found
         yield Response(jsonio.dumps(turn.data), status=200, mimetype="application/json")
 
     def record(self, turn: _Completion, calls, outcomes):
@@ -337,7 +344,9 @@ class StreamedChat(loop.Stream, _Chat):
 
     def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...] = (WEB_SEARCH,)):
         super().__init__(ex, body, ours)
-        self.ident = self.created = None  # the first turn's, which every later chunk takes
+        self.ident = self.created = self.model = None  # the first turn's, which every later chunk takes
+        # The answer's annotations: positions in the content the client gathers over every turn of the stream.
+        self.citer = citations.Citer(self.sources, citations.chat_citation) if self.sources is not None else None
 
     def relay(self, up):
         turn = _Turn()
@@ -356,7 +365,7 @@ class StreamedChat(loop.Stream, _Chat):
                     continue
                 if self.ident is None:
                     head = jsonio.loads(payload)
-                    self.ident, self.created = head.get("id"), head.get("created")
+                    self.ident, self.created, self.model = head.get("id"), head.get("created"), head.get("model")
                 if payload.startswith(b'{"error"'):
                     out.append(frame)
                     turn.done = failed = True
@@ -364,6 +373,10 @@ class StreamedChat(loop.Stream, _Chat):
                 # Cheap substring tests keep the common event (a token) off the JSON parser.
                 if b'"tool_calls"' in payload:
                     turn.held.append(frame)
+                elif self.citer is not None and self.sources and self.sources.by_n and b'"finish_reason":"' in payload:
+                    # After a search, the answer's finish chunk waits: the annotations chunk goes before it.
+                    turn.held.append(frame)
+                    texts.append(payload)
                 elif b'"choices":[]' in payload and b'"usage"' in payload:
                     turn.usage_frame = frame
                 else:
@@ -374,8 +387,12 @@ class StreamedChat(loop.Stream, _Chat):
             data = b"".join(out)
             if data:
                 yield data
+            seen = len(turn.content)
             for payload in texts:
                 turn.add_text(payload)  # after the yield: the client never waits on it
+            if self.citer is not None:
+                for piece in turn.content[seen:]:
+                    self.citer.feed("content", piece)
             if failed:
                 break
         if not turn.done:
@@ -392,6 +409,13 @@ class StreamedChat(loop.Stream, _Chat):
 
     def finish(self, turn: _Turn):
         first = self.session.rounds == 0
+        found = self.citer.of("content") if self.citer is not None else []
+        if found:
+            # The stream's annotations, all in one chunk's delta just before the finish chunk: the SDK's
+            # accumulator puts a delta's `annotations` on the message, as message.annotations in a plain answer.
+            chunk = {"id": self.ident, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                     "choices": [{"index": 0, "delta": {"annotations": found}, "logprobs": None, "finish_reason": None}]}
+            yield b"data: " + jsonio.dumps(chunk) + b"\n\n"
         for frame in turn.held:
             yield frame if first else self.restamp(data_of(frame))
         if turn.usage_frame is not None:

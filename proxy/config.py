@@ -18,6 +18,7 @@ class Config:
     inject_web_search: bool = True
     inject_web_fetch: bool = True  # web_fetch next to web_search (chat), open_page/find_in_page (Responses)
     stream_search: str = "server"  # "server": run searches inside streams; "client": pass calls on
+    citations: bool = True  # number the sources the model reads and turn its [n] markers into each API's citations
     connect_timeout: float = 10.0
     read_timeout: float = 900.0  # longest silence tolerated from vLLM (a 250k-token prefill)
     keepalive_interval: float = 5.0  # SSE comment cadence while a search runs

@@ -21,6 +21,7 @@ from flask import Response
 
 from . import jsonio, metrics
 from .background import run_with_keepalive
+from .citations import Sources
 from .errors import upstream_error_status
 from .exchange import Call, ClientWatch, Exchange, response_headers
 from .sse import comment
@@ -48,6 +49,8 @@ class Dialect:
     def __init__(self, ex: Exchange, request: dict):
         self.session = ex.session()  # rounds, repeats, the cap
         self.request = request       # the next request to send: the first, then each next one
+        # The request's numbered sources (proxy.citations): one counter over every round; None with CITATIONS=off.
+        self.sources: Sources | None = Sources() if ex.cfg.citations else None
 
     # ---- the rules of the API -----------------------------------------------------------
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from flask import Response
 
-from . import loop
+from . import citations, loop
 from . import validate as V
 from .errors import anthropic_error, as_anthropic_error, upstream_error_status
 from .exchange import Exchange, encode_json, response_headers
@@ -220,7 +220,7 @@ class FetchPlan:
     allowed: tuple[str, ...] = ()
     blocked: tuple[str, ...] = ()
     max_tokens: int | None = None    # max_content_tokens
-    citations: dict | None = None    # echoed in each document; no citation blocks are made
+    citations: dict | None = None    # echoed in each document; {"enabled": true}: pages are cited (char_location)
 
 
 @dataclass
@@ -275,7 +275,7 @@ def fetch_tool_for_vllm(name: str, fp: FetchPlan) -> dict:
     return {"name": name, "description": desc, "input_schema": URL_SCHEMA}
 
 
-def rewrite(body: dict) -> tuple[dict, Plan]:
+def rewrite(body: dict, cite: bool = True) -> tuple[dict, Plan]:
     """The request as vLLM accepts it: the server tool as an ordinary tool, server blocks in
     history as tool_use/tool_result; every other field unchanged. Pure."""
     spec, fspec = server_tool(body), fetch_tool(body)
@@ -297,7 +297,8 @@ def rewrite(body: dict) -> tuple[dict, Plan]:
             and name != SERVER_NAME and not _client_has(tools, SERVER_NAME):
         out["tool_choice"] = {**tc, "name": name}
     if has_server_blocks(body):
-        out["messages"] = rewrite_history(body["messages"], name, plan.fetch_name)
+        out["messages"] = rewrite_history(body["messages"], name, plan.fetch_name, cite)
+    out["messages"] = citations.without_citations(out["messages"])  # an earlier answer's cited text blocks
     return out, plan
 
 
@@ -305,7 +306,7 @@ def _client_has(tools, name) -> bool:
     return any(isinstance(t, dict) and not is_server_tool(t) and t.get("name") == name for t in tools or [])
 
 
-def rewrite_history(messages: list[dict], name: str, fetch_name: str = FETCH_NAME) -> list[dict]:
+def rewrite_history(messages: list[dict], name: str, fetch_name: str = FETCH_NAME, cite: bool = True) -> list[dict]:
     """Replayed server blocks as blocks vLLM accepts (`name`, `fetch_name`: the tools' names on
     the vLLM side). Pure.
 
@@ -330,6 +331,9 @@ def rewrite_history(messages: list[dict], name: str, fetch_name: str = FETCH_NAM
         queries = {b.get("id"): str((as_dict(b.get("input"))).get("query", ""))
                    for b in content if isinstance(b, dict) and b.get("type") == "server_tool_use"}
         ids = set(queries)
+        # Numbered as when this answer was made (one counter per answer, pages only when they were cited), so the
+        # model reads the same text again (CITATIONS=off: unnumbered, as then).
+        sources = citations.Sources() if cite else None
         seg: list[dict] = []
         results: list[dict] = []
         for b in content:
@@ -342,8 +346,9 @@ def rewrite_history(messages: list[dict], name: str, fetch_name: str = FETCH_NAM
                 seg.append({"type": "tool_use", "id": b.get("id"), "name": tool, "input": b.get("input") or {}})
             elif kind in ("web_search_tool_result", "web_fetch_tool_result"):
                 tid = b.get("tool_use_id")
-                text = fetch_text(b.get("content")) if kind == "web_fetch_tool_result" \
-                    else format_for_model(outcome_from_block(queries.get(tid, ""), b.get("content")))
+                text = replayed_text(b.get("content"), sources) if kind == "web_fetch_tool_result" \
+                    else citations.numbered(sources, outcome := outcome_from_block(queries.get(tid, ""), b.get("content")),
+                                            format_for_model(outcome))
                 results.append({"type": "tool_result", "tool_use_id": tid, "content": text})
             else:
                 if results or _pending(seg, results, ids):
@@ -465,6 +470,15 @@ def fetch_text(content, message: str | None = None) -> str:
     return head + (f"\nRetrieved {content['retrieved_at']}" if content.get("retrieved_at") else "") + "\n\n" + data
 
 
+def replayed_text(content, sources: citations.Sources | None) -> str:
+    """A replayed web_fetch result's text, numbered as it was when its document had citations enabled."""
+    text, doc = fetch_text(content), as_dict(as_dict(content).get("content"))
+    if sources is None or as_dict(doc.get("citations")).get("enabled") is not True:
+        return text
+    return sources.number_document(str(as_dict(content).get("url") or ""), doc.get("title"),
+                                   str(as_dict(doc.get("source")).get("data") or ""), text)
+
+
 def model_text(outcome) -> str:
     """The tool_result text of one call of a round: a search's results or a fetch's page."""
     if not isinstance(outcome, FetchOutcome):
@@ -513,9 +527,9 @@ def add_usage(total: dict | None, turn: dict | None) -> dict | None:
 
 
 def with_searches(usage: dict | None, requests: int, fetches: int | None = None) -> dict:
-    """Usage with server_tool_use; web_fetch_requests only when the request had web_fetch, so a
-    search-only reply stays as it was (the SDK's type wants both counts once web_fetch is in play)."""
-    counts = {"web_search_requests": requests} | ({} if fetches is None else {"web_fetch_requests": fetches})
+    """Usage with server_tool_use, both counts always: anthropic 2.16's ServerToolUsage requires
+    web_search_requests and web_fetch_requests, and Anthropic always sends both."""
+    counts = {"web_search_requests": requests, "web_fetch_requests": fetches or 0}
     return {**(usage or {"input_tokens": 0, "output_tokens": 0}), "server_tool_use": counts}
 
 
@@ -530,9 +544,11 @@ def next_request(body: dict, messages: list[dict], plan: Plan) -> dict:
     return out
 
 
-def tool_results(calls: list[dict], searches: list[dict], outcomes: list) -> dict:
-    """The user turn answering every tool call of a search turn: results, pages, or not-executed."""
-    text = {id(c): model_text(o) for c, o in zip(searches, outcomes, strict=True)}
+def tool_results(calls: list[dict], searches: list[dict], outcomes: list,
+                 sources: citations.Sources | None = None, pages: bool = False) -> dict:
+    """The user turn answering every tool call of a search turn: results, pages, or not-executed (`sources`:
+    numbered for citing, pages only when web_fetch has citations enabled)."""
+    text = {id(c): citations.numbered(sources, o, model_text(o), pages) for c, o in zip(searches, outcomes, strict=True)}
     return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": c.get("id"),
                                          "content": text.get(id(c), NOT_EXECUTED)} for c in calls]}
 
@@ -580,7 +596,7 @@ def handle(ex: Exchange) -> Response:
     problem = validate(body)
     if problem:
         return anthropic_error(400, problem)
-    vbody, plan = rewrite(body)
+    vbody, plan = rewrite(body, ex.cfg.citations)
     if ex.target.split("?", 1)[0].rstrip("/").endswith("/count_tokens"):
         return count_tokens(ex, vbody)
     query = subrequest_query(body) if SUBREQUEST_SHORTCUT else None
@@ -692,12 +708,28 @@ class _Messages(loop.Dialect):
         self.fetches += sum(counts_as_fetch(r) for r in results)
         return results
 
+    @property
+    def cites_pages(self) -> bool:
+        """Fetched pages are cited (char_location) only when web_fetch asks for it, as at Anthropic."""
+        return bool(self.plan.fetch and as_dict(self.plan.fetch.citations).get("enabled") is True)
+
+    def cited(self, blocks: list[dict]) -> list[dict]:
+        """The text blocks with the citations their markers name (proxy.citations); others as they were."""
+        shape = citations.anthropic_shape(self.cites_pages)
+        out = []
+        for b in blocks:
+            found = citations.cite_text(b["text"], self.sources, shape) \
+                if b.get("type") == "text" and isinstance(b.get("text"), str) else []
+            out.append({**b, "citations": list(b.get("citations") or []) + found} if found else b)
+        return out
+
     def usage_total(self) -> dict:
         return with_searches(self.usage, self.requests, self.fetches if self.plan.fetch else None)
 
     def follow(self, turn: _Blocks, calls: list, outcomes: list):
         self.messages = self.messages + [{"role": "assistant", "content": turn.blocks},
-                                         tool_results(turn_calls(turn.blocks), calls, outcomes)]
+                                         tool_results(turn_calls(turn.blocks), calls, outcomes, self.sources,
+                                                      self.cites_pages)]
         self.request = next_request(self.body, self.messages, self.plan)
 
     def error_reply(self, status, message, type_=None) -> Response:
@@ -727,7 +759,7 @@ class PlainMessages(loop.Plain, _Messages):
             yield Response(turn.raw, status=200, headers=response_headers(turn.up))  # untouched
             return
         data = turn.data or {}  # a plain turn always has its JSON object (Plain.read)
-        data["id"], data["content"] = self.ident, self.content + turn.blocks  # one message, as the stream says
+        data["id"], data["content"] = self.ident, self.cited(self.content + turn.blocks)  # one message, as the stream says
         data["usage"] = self.usage_total()
         yield Response(encode_json(data), status=200, mimetype="application/json")
 
@@ -748,6 +780,8 @@ class StreamedMessages(loop.Stream, _Messages):
     def __init__(self, ex, body, plan, first):
         super().__init__(ex, body, plan, first)
         self.out = ClientMessage()
+        if self.sources is not None:
+            self.out.citer = citations.Citer(self.sources, citations.anthropic_shape(self.cites_pages))
 
     def relay(self, up):
         turn = yield from self.out.relay(up)

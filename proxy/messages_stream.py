@@ -11,6 +11,7 @@ import re
 import uuid
 from typing import Any
 
+from .citations import Citer
 from .errors import anthropic_error_bytes, as_anthropic_error
 from .exchange import encode_json
 from .sse import event_and_data, iter_frames
@@ -114,6 +115,7 @@ class ClientMessage:
     def __init__(self):
         self.started = False
         self.next_index = 0
+        self.citer: Citer | None = None  # the answer's citations (proxy.citations); None: CITATIONS=off
 
     def open(self, model) -> bytes:
         """A message_start of the proxy's own, for a stream whose first turn it made itself."""
@@ -150,6 +152,8 @@ class ClientMessage:
                 if kind == "content_block_start":
                     turn.index[idx] = self.take_index()
                 yield reindex(frame, data, turn.index.get(idx, idx))
+                if self.citer is not None and kind == "content_block_delta":
+                    yield from self.citations(turn.index.get(idx, idx), data)
             elif kind == "message_delta":
                 turn.delta, turn.delta_frame = data, frame
             elif kind == "message_stop":
@@ -167,6 +171,16 @@ class ClientMessage:
             return None
         turn.blocks = turn.content()
         return turn
+
+    def citations(self, index, data: dict):
+        """The citations_delta events for the markers a text_delta completes, inside its block, right after it
+        (vLLM's own events pass as they are; these are the proxy's, added)."""
+        delta = data.get("delta") or {}
+        if self.citer is None or delta.get("type") != "text_delta":
+            return
+        for citation in self.citer.feed(index, str(delta.get("text") or "")):
+            yield event("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                "delta": {"type": "citations_delta", "citation": citation}})
 
     def take_index(self) -> int:
         self.next_index += 1

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from flask import Response
 
-from . import jsonio, loop
+from . import citations, jsonio, loop
 from . import validate as V
 from .errors import error_response
 from .exchange import Exchange, encode_json
@@ -366,7 +366,7 @@ def first_request(body: dict, plan: Plan) -> dict:
     """The body vLLM gets on the first turn; every field not named here as the client sent it."""
     out = dict(body)
     if isinstance(body.get("input"), list):
-        out["input"] = replay(body["input"], plan.name, plan.fetch_name, plan.find_name)
+        out["input"] = replay(citations.without_annotations(body["input"]), plan.name, plan.fetch_name, plan.find_name)
     if isinstance(body.get("include"), list):
         out["include"] = rewrite_include(body["include"])
     if plan.hosted:
@@ -502,6 +502,11 @@ def tool_output(outcome) -> str:
     return format_for_model(outcome)
 
 
+def numbered_output(outcome, sources: citations.Sources | None) -> str:
+    """tool_output with its sources numbered for citing (a find_in_page result is not a source of its own)."""
+    return tool_output(outcome) if isinstance(outcome, Found) else citations.numbered(sources, outcome, tool_output(outcome))
+
+
 def ws_id(call: dict) -> str:
     """The web_search_call id for an internal call: the same suffix as vLLM's fc_ id."""
     ident = call.get("id") or ""
@@ -551,13 +556,13 @@ def visible_output(turn_output: list, plan: Plan, outcomes: dict) -> list:
     return out
 
 
-def call_outputs(turn_output: list, plan: Plan, outcomes: dict) -> list:
+def call_outputs(turn_output: list, plan: Plan, outcomes: dict, sources: citations.Sources | None = None) -> list:
     """One output item per call of the turn, in order: results, or the not-executed stub."""
     out = []
     for item in turn_output or []:
         if is_internal_call(item, plan):
             out.append({"type": "function_call_output", "call_id": item.get("call_id"),
-                        "output": tool_output(outcomes[item.get("call_id")])})
+                        "output": numbered_output(outcomes[item.get("call_id")], sources)})
         elif item.get("type") == "function_call":
             out.append({"type": "function_call_output", "call_id": item.get("call_id"), "output": NOT_EXECUTED})
         elif item.get("type") == "custom_tool_call":
@@ -580,9 +585,10 @@ def forced(choice, name: str) -> bool:
     return False
 
 
-def next_request(request: dict, turn_output: list, plan: Plan, outcomes: dict) -> dict:
+def next_request(request: dict, turn_output: list, plan: Plan, outcomes: dict,
+                 sources: citations.Sources | None = None) -> dict:
     """The following turn: the turn's items and their outputs appended to `input`."""
-    out = {**request, "input": as_items(request["input"]) + list(turn_output) + call_outputs(turn_output, plan, outcomes)}
+    out = {**request, "input": as_items(request["input"]) + list(turn_output) + call_outputs(turn_output, plan, outcomes, sources)}
     if forced(request.get("tool_choice"), plan.name):
         out["tool_choice"] = "auto"
     return out
@@ -610,6 +616,19 @@ def _sum(a, b):
     return b if b is not None else a
 
 
+def complete_usage(usage):
+    """Usage with every count openai 3.57's ResponseUsage requires (0 where vLLM left one out: builds
+    without prompt caching omit input_tokens_details.cache_write_tokens), so a strict typed client
+    loads it; None (no usage) stays None. Pure."""
+    if not isinstance(usage, dict):
+        return usage
+    out = {"input_tokens": 0, "output_tokens": 0, **usage}
+    out.setdefault("total_tokens", (out["input_tokens"] or 0) + (out["output_tokens"] or 0))
+    out["input_tokens_details"] = {"cached_tokens": 0, "cache_write_tokens": 0, **as_dict(usage.get("input_tokens_details"))}
+    out["output_tokens_details"] = {"reasoning_tokens": 0, **as_dict(usage.get("output_tokens_details"))}
+    return out
+
+
 def client_view(response: dict, plan: Plan) -> dict:
     """A response object as the client should see it: its own tools echoed, not the function."""
     out = dict(response)
@@ -626,13 +645,13 @@ def final_response(last: dict, first: dict, output: list, usage, plan: Plan) -> 
     out = client_view(last, plan)
     out["id"], out["created_at"] = first.get("id"), first.get("created_at")
     out["output"] = output
-    out["usage"] = usage
+    out["usage"] = complete_usage(usage)
     return out
 
 
 def failed_response(base: dict, output: list, usage, plan: Plan, code: str, message: str) -> dict:
     out = client_view(base, plan)
-    out.update(status="failed", output=output, usage=usage, error={"code": code, "message": message})
+    out.update(status="failed", output=output, usage=complete_usage(usage), error={"code": code, "message": message})
     return out
 
 
@@ -696,7 +715,7 @@ class _Responses(loop.Dialect):
     def follow(self, turn, calls: list, outcomes: list) -> dict:
         """The next request: the turn's items and their outputs appended; the outcomes by call_id."""
         by_call = dict(zip([c.get("call_id") for c in calls], outcomes, strict=True))
-        self.request = next_request(self.request, turn.output, self.plan, by_call)
+        self.request = next_request(self.request, turn.output, self.plan, by_call, self.sources)
         return by_call
 
     def error_reply(self, status, message, type_=None) -> Response:
@@ -726,7 +745,8 @@ class PlainResponses(loop.Plain, _Responses):
         return _Answer(data)
 
     def finish(self, turn: _Answer):
-        result = final_response(turn.data, self.first or turn.data, self.output + list(turn.output), self.usage, self.plan)
+        output = citations.cited_items(self.output + list(turn.output), self.sources)
+        result = final_response(turn.data, self.first or turn.data, output, self.usage, self.plan)
         yield Response(compact(result), status=200, mimetype="application/json")
 
     def record(self, turn: _Answer, calls, outcomes):
@@ -743,6 +763,8 @@ class StreamedResponses(loop.Stream, _Responses):
     def __init__(self, ex, request, plan):
         super().__init__(ex, request, plan)
         self.out = ClientStream(lambda response: client_view(response, plan))
+        if self.sources is not None:
+            self.out.citer = citations.Citer(self.sources, citations.url_citation)
         self.turn: Turn | None = None  # the latest turn: a failure shows its response
         self.placed: list = []         # (call, client output_index) of the round's searches
 
@@ -763,7 +785,8 @@ class StreamedResponses(loop.Stream, _Responses):
     def finish(self, turn: Turn):
         yield from turn.flush(self.out)
         response = turn.response or {}  # relay returns a turn only once its response.completed came
-        final = final_response(response, self.out.first or response, list(self.out.items), self.usage, self.plan)
+        items = citations.cited_items(list(self.out.items), self.sources, self.out.citer.found if self.out.citer else None)
+        final = final_response(response, self.out.first or response, items, self.usage, self.plan)
         yield self.out.emit({"type": "response.completed", "response": final, "sequence_number": 0})
 
     def announce(self, calls):
@@ -800,8 +823,10 @@ class StreamedResponses(loop.Stream, _Responses):
         first = self.out.first
         if first is None:
             return self.out.emit({"type": "error", "code": code, "message": message, "param": None, "sequence_number": 0})
+        # ResponseError.code is a closed list in openai 3.57 (no room for the cap's own name): the name rides
+        # in the message, so a strict typed client still loads the failed response.
         resp = failed_response((self.turn and self.turn.response) or first, list(self.out.items), self.usage,
-                               self.plan, code, message)
+                               self.plan, "server_error", message if type_ is None else f"{message} ({type_})")
         resp["id"], resp["created_at"] = first.get("id"), first.get("created_at")
         return self.out.emit({"type": "response.failed", "response": resp, "sequence_number": 0})
 

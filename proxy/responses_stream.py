@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 
 from . import jsonio
+from .citations import Citer, cited_event
 from .sse import event_and_data, iter_frames
 
 ENVELOPE_OPEN = ("response.created", "response.in_progress")
@@ -60,6 +61,7 @@ class ClientStream:
         self.seq = 0
         self.items: list[dict] = []       # by client output_index
         self.first: dict | None = None    # the first turn's response object
+        self.citer: Citer | None = None   # the answer's citations (proxy.citations); None: CITATIONS=off
 
     def emit(self, data: dict, raw: bytes | None = None, index: int | None = None) -> bytes:
         """The event renumbered for the client. vLLM's own bytes when the numbers already
@@ -122,6 +124,27 @@ class ClientStream:
                 if kind == "response.output_item.added":
                     turn.index[vi] = self.new_index(data.get("item") or {})
                 index = turn.index.get(vi, vi)
+                if self.citer is not None and kind in ("response.content_part.done", "response.output_item.done"):
+                    data, raw = self.cited(data, raw)
                 if kind == "response.output_item.done" and index < len(self.items):
                     self.items[index] = data.get("item") or {}
                 yield self.emit(data, raw, index)
+                if self.citer is not None and kind == "response.output_text.delta":
+                    yield from self.annotations(data, index)
+
+    def annotations(self, delta: dict, index: int):
+        """The annotation.added events for the markers this text delta completes, right after it."""
+        if self.citer is None:
+            return
+        key = (delta.get("item_id"), delta.get("content_index"))
+        before = len(self.citer.of(key))
+        for n, annotation in enumerate(self.citer.feed(key, delta.get("delta") or ""), before):
+            yield self.emit({"type": "response.output_text.annotation.added", "item_id": key[0], "output_index": index,
+                             "content_index": key[1], "annotation_index": n, "annotation": annotation,
+                             "sequence_number": 0})
+
+    def cited(self, data: dict, raw: bytes) -> tuple[dict, bytes | None]:
+        """A finished part or item with the annotations announced for it (vLLM's list is empty). Rewritten only
+        when there are some: the SDK takes the done item, and the final response, as the text's last word."""
+        new = cited_event(data, self.citer) if self.citer else data
+        return (new, None) if new is not data else (data, raw)

@@ -244,7 +244,7 @@ def test_usage_adds_up():
     total = M.add_usage(M.add_usage(None, {"input_tokens": 10, "output_tokens": 3}),
                         {"input_tokens": 30, "output_tokens": 5, "cache_read_input_tokens": 4})
     assert M.with_searches(total, 2) == {"input_tokens": 40, "output_tokens": 8, "cache_read_input_tokens": 4,
-                                         "server_tool_use": {"web_search_requests": 2}}
+                                         "server_tool_use": {"web_search_requests": 2, "web_fetch_requests": 0}}
 
 
 # ---- through the proxy -------------------------------------------------------------------------
@@ -348,7 +348,7 @@ def test_stream_is_one_well_formed_message_with_pings(proxy, backend, searxng):
             open_ = None if n == "content_block_stop" else open_
     use = [d for n, d in events if n == "content_block_delta" and d["index"] == 1]
     assert [u["delta"]["partial_json"] for u in use] == ["", '{"query": "slow one"}']
-    assert events[-2][1]["usage"]["server_tool_use"] == {"web_search_requests": 3}
+    assert events[-2][1]["usage"]["server_tool_use"] == {"web_search_requests": 3, "web_fetch_requests": 0}
     assert sorted(searxng.queries) == ["a", "b", "slow one"]
 
 

@@ -145,10 +145,10 @@ def test_replayed_fetch_blocks_become_tool_use_and_tool_result():
 
 
 @pytest.mark.parametrize("fetches,expected", [
-    (None, {"web_search_requests": 2}),
+    (None, {"web_search_requests": 2, "web_fetch_requests": 0}),  # both always: anthropic 2.16 requires both
     (1, {"web_search_requests": 2, "web_fetch_requests": 1}),
 ])
-def test_usage_counts_fetches_only_when_the_request_can_fetch(fetches, expected):
+def test_usage_counts_fetches(fetches, expected):
     assert M.with_searches({"input_tokens": 1, "output_tokens": 2}, 2, fetches)["server_tool_use"] == expected
 
 

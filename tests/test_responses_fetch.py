@@ -244,7 +244,8 @@ def test_search_then_open_the_page_then_answer(fetching, backend, searxng, site,
     assert len(sent) == 3
     assert [t["name"] for t in sent[0]["tools"]] == ["shell", "web_search", "web_fetch", "find_in_page"]
     text = outputs(sent[2])[fetch.call_id]
-    assert text.startswith(f'Page {url} "Changelog"') and FACT in text and "Sponsors" not in text
+    # Numbered after the search's three results, for citing (issue 29).
+    assert text.startswith(f'[4] Page {url} "Changelog"') and FACT in text and "Sponsors" not in text
     # SearXNG's and the site's: one search, one GET of the page.
     assert searxng.queries == ["vllm changelog"]
     assert [r.path for r in site.requests] == [path]
