@@ -196,6 +196,49 @@ def test_forced_search_in_a_stream_stops_at_the_cap(real_vllm, tapped_proxy, sea
     assert_loop_grew(tap, searxng)
 
 
+# ---- citations ---------------------------------------------------------------------------------
+
+CITED_ANSWER = "Per the first result [1], hello."
+
+
+def answer_after_the_search(body: dict) -> dict | None:
+    """The Tap's rewrite: once a tool result is in the conversation, the random model is held to an answer
+    that cites source [1] (and the tool-call bias goes), so the second turn is the answer, not another call."""
+    if not any(m.get("role") == "tool" for m in body.get("messages", [])):
+        return None
+    return {**body, "structured_outputs": {"regex": re.escape(CITED_ANSWER)}, "logit_bias": None}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_cited_answer_carries_a_url_citation(real_vllm, start_proxy, searxng, http_client, stream):
+    """vLLM's real answer after a real search loop: its [1] becomes a url_citation on the first hit."""
+    tap = Tap(real_vllm.url, outgoing=answer_after_the_search)
+    try:
+        proxy = start_proxy(BACKEND_URL=tap.url, MAX_SEARCH_ITER=str(MAX_SEARCH_ITER))
+        body = forced_call_request(real_vllm, **({"stream": True} if stream else {}))
+        del body["tools"]
+        if stream:
+            status, events = http_client.sse(proxy.url + CHAT, body)
+            assert status == 200 and events[-1] == "[DONE]"
+            chunks = [json.loads(e) for e in events[:-1]]
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+            annotations = [a for c in chunks if c.get("choices") for a in c["choices"][0]["delta"].get("annotations") or []]
+        else:
+            reply = http_client.post(proxy.url + CHAT, body)
+            assert reply.status == 200, reply.body
+            message = reply.json()["choices"][0]["message"]
+            text, annotations = message["content"], message.get("annotations") or []
+    finally:
+        tap.close()
+    # The model read numbered results and was asked to cite them; what it wrote is what vLLM made.
+    sent = [b for _, b in tap.bodies(CHAT)]
+    assert "[1] " + QUERY + " — result 1" in sent[-1]["messages"][-1]["content"]
+    assert text == CITED_ANSWER
+    [a] = annotations
+    assert a["type"] == "url_citation" and a["url_citation"]["url"] == f"https://example.org/{QUERY}/1"
+    assert text[a["url_citation"]["start_index"]:a["url_citation"]["end_index"]] == "[1]"
+
+
 # ---- a client that leaves --------------------------------------------------------------------
 
 def metric(real_vllm, http_client, name: str) -> float:
