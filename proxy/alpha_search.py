@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from flask import Response
 
-from . import jsonio, metrics
+from . import codec, metrics
 from .cancel import Watch, watched
 from .config import Config
 from .errors import error_response
@@ -415,7 +415,7 @@ class AlphaSearch:
     def handle(self, raw: bytes, environ: dict) -> Response:
         """One request's body -> the answer; the access log's search count goes into environ."""
         try:
-            body = jsonio.loads(raw or b"null")
+            body = codec.loads(raw or b"null")
         except (ValueError, UnicodeDecodeError):
             return error_response(400, "Request body is not valid JSON.")
         try:
@@ -434,7 +434,7 @@ class AlphaSearch:
         status, payload = answer(sections, failures, ok, parsed.output_tokens * CHARS_PER_TOKEN)
         if status != 200:
             log.warning("POST %s: %d (%d commands failed)", PATH, status, len(failures))
-        return Response(jsonio.dumps(payload), status=status, mimetype="application/json")
+        return Response(codec.dumps(payload), status=status, mimetype="application/json")
 
 
 def answer(sections: list[str], failures: list[Failure], ok: int, budget_chars: int) -> tuple[int, dict]:

@@ -11,13 +11,13 @@ import logging
 
 from flask import Response
 
-from . import citations, jsonio, loop
+from . import citations, codec, loop
 from . import validate as V
+from .codec import data_of, iter_frame_batches
 from .errors import error_response, sse_error
-from .exchange import Exchange, encode_json, response_headers
+from .exchange import Exchange, response_headers
 from .fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchRequest, parse_fetch_arguments
 from .search import NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, format_result, parse_arguments
-from .sse import data_of, iter_frame_batches
 
 log = logging.getLogger("proxy.chat")
 
@@ -129,7 +129,7 @@ def add_usage(total: dict | None, turn: dict | None) -> dict | None:
     if not turn:
         return total
     if not total:
-        return jsonio.loads(jsonio.dumps(turn))
+        return codec.loads(codec.dumps(turn))
     out = dict(turn)
     for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
         out[key] = (total.get(key) or 0) + (turn.get(key) or 0)
@@ -189,7 +189,7 @@ def completion_calls(data: dict) -> list | None:
 
 def handle(ex: Exchange) -> Response:
     try:
-        body = jsonio.loads(ex.body)
+        body = codec.loads(ex.body)
     except (ValueError, UnicodeDecodeError) as e:
         return error_response(400, f"Request body is not valid JSON: {e}")
     except RecursionError:
@@ -204,7 +204,7 @@ def handle(ex: Exchange) -> Response:
     body = with_tools(body, ours)
     if body.get("stream"):
         if ex.cfg.stream_search == "client":
-            return ex.relay(encode_json(body))
+            return ex.relay(codec.dumps(body))
         return loop.run(ex, StreamedChat(ex, body, ours))
     return loop.run(ex, PlainChat(ex, body, ours))
 
@@ -271,7 +271,7 @@ class PlainChat(loop.Plain, _Chat):
         found = citations.cite_text(message.get("content") or "", self.sources, citations.chat_citation)
         if found:  # vLLM writes "annotations": null
             message["annotations"] = list(message.get("annotations") or []) + found
-        yield Response(jsonio.dumps(turn.data), status=200, mimetype="application/json")
+        yield Response(codec.dumps(turn.data), status=200, mimetype="application/json")
 
     def record(self, turn: _Completion, calls, outcomes):
         self.usage = add_usage(self.usage, turn.data.get("usage"))
@@ -293,7 +293,7 @@ class _Turn:
     def gather_calls(self) -> list[dict]:
         calls: dict[int, dict] = {}
         for frame in self.held:
-            chunk = jsonio.loads(data_of(frame))
+            chunk = codec.loads(data_of(frame))
             for choice in chunk.get("choices") or []:
                 for tc in (choice.get("delta") or {}).get("tool_calls") or []:
                     c = calls.setdefault(tc.get("index", 0), {"id": None, "type": "function",
@@ -307,7 +307,7 @@ class _Turn:
         return [calls[i] for i in sorted(calls)]
 
     def add_text(self, payload: bytes):
-        for choice in jsonio.loads(payload).get("choices") or []:
+        for choice in codec.loads(payload).get("choices") or []:
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 self.content.append(delta["content"])
@@ -323,7 +323,7 @@ class _Turn:
 def _restamp(payload: bytes, ident, created, usage=None) -> bytes | None:
     """A later turn's chunk as part of the first turn's completion: its id and created, no
     second role announcement. Touching the bytes is needed only here, after a search."""
-    chunk = jsonio.loads(payload)
+    chunk = codec.loads(payload)
     chunk["id"], chunk["created"] = ident, created
     if usage is not None:
         chunk["usage"] = usage
@@ -333,7 +333,7 @@ def _restamp(payload: bytes, ident, created, usage=None) -> bytes | None:
             delta.pop("role")
             if delta in ({}, {"content": ""}) and choice.get("finish_reason") is None:
                 return None
-    return b"data: " + jsonio.dumps(chunk) + b"\n\n"
+    return codec.data(chunk)
 
 
 class StreamedChat(loop.Stream, _Chat):
@@ -364,7 +364,7 @@ class StreamedChat(loop.Stream, _Chat):
                         out.append(frame)  # comments and anything unknown pass as they are
                     continue
                 if self.ident is None:
-                    head = jsonio.loads(payload)
+                    head = codec.loads(payload)
                     self.ident, self.created, self.model = head.get("id"), head.get("created"), head.get("model")
                 if payload.startswith(b'{"error"'):
                     out.append(frame)
@@ -415,7 +415,7 @@ class StreamedChat(loop.Stream, _Chat):
             # accumulator puts a delta's `annotations` on the message, as message.annotations in a plain answer.
             chunk = {"id": self.ident, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                      "choices": [{"index": 0, "delta": {"annotations": found}, "logprobs": None, "finish_reason": None}]}
-            yield b"data: " + jsonio.dumps(chunk) + b"\n\n"
+            yield codec.data(chunk)
         for frame in turn.held:
             yield frame if first else self.restamp(data_of(frame))
         if turn.usage_frame is not None:
@@ -423,13 +423,13 @@ class StreamedChat(loop.Stream, _Chat):
                 yield turn.usage_frame
             else:
                 payload = data_of(turn.usage_frame) or b"{}"
-                total = add_usage(self.usage, jsonio.loads(payload).get("usage"))
+                total = add_usage(self.usage, codec.loads(payload).get("usage"))
                 yield self.restamp(payload, usage=total)
-        yield b"data: [DONE]\n\n"
+        yield codec.DONE
 
     def record(self, turn: _Turn, calls, outcomes):
         if turn.usage_frame is not None:
-            self.usage = add_usage(self.usage, jsonio.loads(data_of(turn.usage_frame)).get("usage"))
+            self.usage = add_usage(self.usage, codec.loads(data_of(turn.usage_frame)).get("usage"))
         self.follow(turn.message(), turn.calls, outcomes)
         return ()
 
@@ -439,4 +439,4 @@ class StreamedChat(loop.Stream, _Chat):
     def refused(self, status, raw) -> bytes:
         if status == 200:
             return sse_error(502, "vLLM answered a streamed turn without an event stream")
-        return b"data: " + raw.strip() + b"\n\ndata: [DONE]\n\n"  # vLLM's own error, as it wrote it
+        return b"data: " + raw.strip() + b"\n\n" + codec.DONE  # vLLM's own error, as it wrote it

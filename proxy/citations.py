@@ -18,9 +18,10 @@ differ.)
 from __future__ import annotations
 
 import base64
-import json
 import re
 from dataclasses import dataclass
+
+from . import codec
 
 # [3], [3, 4], [3][4] (two markers). Three digits at most: a request never has a thousand sources, and "[2026]"
 # in a sentence is a year, not a citation.
@@ -239,7 +240,7 @@ def cited_event(data: dict, citer: Citer) -> dict:
 def encrypted_index(src: Source) -> str:
     """`encrypted_index`: NOT encrypted (as the proxy's encrypted_content is not): base64 of the source's number
     and URL, an opaque string the SDK requires."""
-    return base64.b64encode(json.dumps({"n": src.n, "url": src.url}, separators=(",", ":")).encode()).decode()
+    return base64.b64encode(codec.dumps({"n": src.n, "url": src.url})).decode()
 
 
 def sentence_before(text: str, at: int) -> str:

@@ -5,10 +5,9 @@ Used by the handlers and the search loop; not run on its own.
 """
 from __future__ import annotations
 
-import json
-
 from flask import Response
 
+from . import codec
 from .upstream import UpstreamError
 
 # The type names OpenAI's API uses; the SDK only reads message/status, humans read type.
@@ -23,7 +22,7 @@ def error_body(status: int, message: str, type_: str | None = None, param: str |
 
 
 def error_response(status: int, message: str, type_: str | None = None, param: str | None = None) -> Response:
-    return Response(json.dumps(error_body(status, message, type_, param)), status=status,
+    return Response(codec.dumps(error_body(status, message, type_, param)), status=status,
                     mimetype="application/json")
 
 
@@ -39,7 +38,7 @@ def upstream_error_status(e: UpstreamError) -> tuple[int, str]:
 
 def sse_error(status: int, message: str, type_: str | None = None) -> bytes:
     """An error inside a stream that already answered 200, framed as vLLM frames it."""
-    return b"data: " + json.dumps(error_body(status, message, type_)).encode() + b"\n\ndata: [DONE]\n\n"
+    return codec.data(error_body(status, message, type_)) + codec.DONE
 
 
 # Anthropic's error types by status, which the Anthropic SDK maps to its exception classes.
@@ -49,14 +48,14 @@ ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 40
 
 
 def anthropic_error_bytes(status: int, message: str, type_: str | None = None) -> bytes:
-    return json.dumps({"type": "error", "error": {"type": type_ or ANTHROPIC_TYPES.get(status, "api_error"),
-                                                  "message": message}}, ensure_ascii=False).encode()
+    return codec.dumps({"type": "error", "error": {"type": type_ or ANTHROPIC_TYPES.get(status, "api_error"),
+                                                   "message": message}})
 
 
 def as_anthropic_error(status: int, raw: bytes) -> bytes:
     """vLLM's error body in Anthropic's shape; one already in that shape is left as it is."""
     try:
-        data = json.loads(raw)
+        data = codec.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return anthropic_error_bytes(status, raw.decode("utf-8", "replace").strip()[:4000] or f"vLLM answered HTTP {status}")
     if isinstance(data, dict) and data.get("type") == "error" and isinstance(data.get("error"), dict):

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from flask import Response
 
-from . import jsonio, metrics
+from . import codec, metrics
 from .config import Config
 from .fetch import Fetcher
 from .search import SearchSession, SearXNG
@@ -234,12 +234,7 @@ class Exchange:
         """POST a JSON body to vLLM for one turn of the search loop."""
         headers = [(n, v) for n, v in self.headers if n.lower() != "content-type"]
         headers.append(("Content-Type", "application/json"))
-        return self.call("POST", path, encode_json(payload), headers)
-
-
-def encode_json(obj) -> bytes:
-    """JSON bytes for vLLM: compact UTF-8, lone surrogates kept as the client's escapes."""
-    return jsonio.dumps(obj)
+        return self.call("POST", path, codec.dumps(payload), headers)
 
 
 def response_headers(up: UpstreamResponse) -> list:

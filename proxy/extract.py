@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import jsonio
+from . import codec
 from .cancel import Cancel
 
 log = logging.getLogger("proxy.fetch")
@@ -160,12 +160,12 @@ def _child_main(cpu_seconds: int, memory_bytes: int) -> None:
             soft = min(soft, cpu_hard)
         resource.setrlimit(resource.RLIMIT_CPU, (soft, cpu_hard))
         try:
-            job = jsonio.loads(frame)
+            job = codec.loads(frame)
             title, text, cut = extract_page(job["html"], job["url"], job.get("max_chars"))
             answer: dict = {"title": title, "text": text, "cut": cut}
         except MemoryError:
             answer = {"error": "memory"}
-        data = jsonio.dumps(answer)
+        data = codec.dumps(answer)
         out.write(len(data).to_bytes(FRAME_HEADER, "big") + data)
         out.flush()
         if "error" in answer:
@@ -292,13 +292,13 @@ class ExtractPool:
         except OSError as e:
             raise ExtractError("unavailable", f"the extraction process cannot start ({e}).") from None
         assert proc.stdin is not None and proc.stdout is not None
-        job = jsonio.dumps({"url": url, "html": html, "max_chars": max_chars})
+        job = codec.dumps({"url": url, "html": html, "max_chars": max_chars})
         sent = _send(proc.stdin.fileno(), len(job).to_bytes(FRAME_HEADER, "big") + job, deadline)
         answer = _receive(proc.stdout.fileno(), deadline) if sent else None
         if answer is None:
             return self._failed(child, timed_out=time.monotonic() >= deadline)
         try:
-            reply = jsonio.loads(answer)
+            reply = codec.loads(answer)
         except ValueError:
             reply = {"error": "protocol"}
         if not isinstance(reply, dict) or "error" in reply or not isinstance(reply.get("text"), str):

@@ -13,7 +13,6 @@ import collections
 import hashlib
 import http.client
 import ipaddress
-import json
 import logging
 import re
 import socket
@@ -30,7 +29,7 @@ import urllib3
 import urllib3.connection
 from urllib3.util.ssl_match_hostname import CertificateError
 
-from . import netguard
+from . import codec, netguard
 from .cancel import GONE, TIMEOUT, Cancel
 from .config import Config
 from .extract import ExtractError, ExtractPool, html_to_text, tidy  # noqa: F401  (html_to_text: tests read it here)
@@ -115,7 +114,7 @@ def parse_fetch_arguments(arguments) -> FetchRequest:
     """Read the `url` out of a web_fetch call's arguments (a JSON string or an object). Pure."""
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
+            arguments = codec.loads(arguments) if arguments.strip() else {}
         except ValueError:
             return _refused(arguments[:80], 'the arguments are not valid JSON. Call web_fetch with {"url": "https://..."}.')
     if not isinstance(arguments, dict) or not isinstance(arguments.get("url"), str):

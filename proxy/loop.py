@@ -19,12 +19,12 @@ from typing import Any
 
 from flask import Response
 
-from . import jsonio, metrics
+from . import codec, metrics
 from .background import run_with_keepalive
 from .citations import Sources
+from .codec import comment
 from .errors import upstream_error_status
 from .exchange import Call, ClientWatch, Exchange, response_headers
-from .sse import comment
 from .upstream import UpstreamError, UpstreamResponse
 
 log = logging.getLogger("proxy")
@@ -116,7 +116,7 @@ class Plain(Dialect):
             yield self.vllm_reply(up, raw)  # vLLM's own error, on any turn, as vLLM wrote it
             return None
         try:
-            data = jsonio.loads(raw)
+            data = codec.loads(raw)
         except (ValueError, RecursionError):
             data = None
         if not isinstance(data, dict):

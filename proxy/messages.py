@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 import re
 import time
@@ -22,12 +21,12 @@ from dataclasses import dataclass, field, replace
 
 from flask import Response
 
-from . import citations, loop
+from . import citations, codec, loop
 from . import validate as V
+from .codec import as_dict, as_list
 from .errors import anthropic_error, as_anthropic_error, upstream_error_status
-from .exchange import Exchange, encode_json, response_headers
+from .exchange import Exchange, response_headers
 from .fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchOutcome, FetchRequest, parse_fetch_arguments
-from .jsonio import as_dict, as_list
 from .messages_stream import PING, SSE_HEADERS, ClientMessage, error_event
 from .search import (
     NOT_EXECUTED,
@@ -393,13 +392,13 @@ def encode_content(hit: Hit, outcome: SearchOutcome | None = None) -> str:
         data["answers"] = outcome.answers
     if outcome is not None and outcome.infoboxes:
         data["infoboxes"] = outcome.infoboxes
-    return base64.b64encode(encode_json(data)).decode()
+    return base64.b64encode(codec.dumps(data)).decode()
 
 
 def decode_content(text) -> dict:
     """What encode_content() stored, or {} for anything else (Anthropic's real ciphertext)."""
     try:
-        data = json.loads(base64.b64decode(str(text), validate=True))
+        data = codec.loads(base64.b64decode(str(text), validate=True))
     except (ValueError, binascii.Error, TypeError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -571,7 +570,7 @@ def served_models(ex: Exchange) -> list[str] | None:
     try:
         call = ex.call("GET", "/v1/models", None, headers)
         raw = call.read()
-        names = [str(m["id"]) for m in json.loads(raw).get("data") or [] if isinstance(m, dict) and m.get("id")]
+        names = [str(m["id"]) for m in codec.loads(raw).get("data") or [] if isinstance(m, dict) and m.get("id")]
     except (UpstreamError, ValueError, AttributeError) as e:
         log.warning("ANTHROPIC_ANY_MODEL: cannot list vLLM's models: %s", e)
         return None
@@ -583,7 +582,7 @@ def served_models(ex: Exchange) -> list[str] | None:
 
 def handle(ex: Exchange) -> Response:
     try:
-        body = json.loads(ex.body)
+        body = codec.loads(ex.body)
     except (ValueError, UnicodeDecodeError):
         return ex.relay()  # not ours to judge: vLLM says what is wrong, as it always did
     renamed = False
@@ -592,7 +591,7 @@ def handle(ex: Exchange) -> Response:
         if model:
             body["model"], renamed = model, True
     if not needs_rewrite(body):
-        return ex.relay(encode_json(body)) if renamed else ex.relay()
+        return ex.relay(codec.dumps(body)) if renamed else ex.relay()
     problem = validate(body)
     if problem:
         return anthropic_error(400, problem)
@@ -761,7 +760,7 @@ class PlainMessages(loop.Plain, _Messages):
         data = turn.data or {}  # a plain turn always has its JSON object (Plain.read)
         data["id"], data["content"] = self.ident, self.cited(self.content + turn.blocks)  # one message, as the stream says
         data["usage"] = self.usage_total()
-        yield Response(encode_json(data), status=200, mimetype="application/json")
+        yield Response(codec.dumps(data), status=200, mimetype="application/json")
 
     def record(self, turn: _Blocks, calls, outcomes):
         # The model's own words of a search turn stay; its tool calls become server blocks.

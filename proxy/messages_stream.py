@@ -6,15 +6,14 @@ Used by proxy.messages' streamed dialect; not run on its own (tests: tests/test_
 """
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from typing import Any
 
+from . import codec
 from .citations import Citer
+from .codec import event_and_data, iter_frames
 from .errors import anthropic_error_bytes, as_anthropic_error
-from .exchange import encode_json
-from .sse import event_and_data, iter_frames
 
 PING = b'event: ping\ndata: {"type": "ping"}\n\n'
 SSE_HEADERS = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")]
@@ -24,12 +23,12 @@ _INDEX_TAIL = re.compile(rb'"index":\d+}(\r?\n)')
 
 
 def event(name: str, data: dict) -> bytes:
-    return f"event: {name}\ndata: ".encode() + encode_json(data) + b"\n\n"
+    return codec.event(name, data)
 
 
 def error_event(status: int, message: str, raw: bytes | None = None) -> bytes:
     body = as_anthropic_error(status, raw) if raw is not None else anthropic_error_bytes(status, message)
-    return b"event: error\ndata: " + body.strip().replace(b"\n", b" ") + b"\n\n"
+    return codec.raw_event("error", body)
 
 
 def reindex(frame: bytes, data: dict, new: int | None) -> bytes:
@@ -55,7 +54,7 @@ def server_block_events(block: dict, index: int) -> list[bytes]:
                                               "delta": {"type": "input_json_delta", "partial_json": ""}}),
                 event("content_block_delta", {"type": "content_block_delta", "index": index,
                                               "delta": {"type": "input_json_delta",
-                                                        "partial_json": json.dumps(block["input"], ensure_ascii=False)}}),
+                                                        "partial_json": codec.arguments_text(block["input"])}}),
                 event("content_block_stop", {"type": "content_block_stop", "index": index})]
     return [event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}),
             event("content_block_stop", {"type": "content_block_stop", "index": index})]
@@ -101,7 +100,7 @@ class Turn:
             block = self.by_index[idx]
             if block.get("type") == "tool_use" and self.json.get(idx):
                 try:
-                    block = {**block, "input": json.loads(self.json[idx])}
+                    block = {**block, "input": codec.loads(self.json[idx])}
                 except ValueError:
                     block = {**block, "input": self.json[idx]}  # parse_arguments reports it
             out.append(block)
@@ -131,7 +130,7 @@ class ClientMessage:
         for frame in iter_frames(up.iter_raw()):
             name, payload = event_and_data(frame)
             try:
-                data = json.loads(payload) if payload else None
+                data = codec.loads(payload) if payload else None
             except ValueError:
                 data = None
             if not isinstance(data, dict):

@@ -11,17 +11,17 @@ streamed one numbering its events with proxy/responses_stream.py.
 from __future__ import annotations
 
 import copy
-import json
 import re
 import uuid
 from dataclasses import dataclass, replace
 
 from flask import Response
 
-from . import citations, jsonio, loop
+from . import citations, codec, loop
 from . import validate as V
+from .codec import as_dict, as_list
 from .errors import error_response
-from .exchange import Exchange, encode_json
+from .exchange import Exchange
 from .fetch import (
     FETCH_TOOL_DESCRIPTION,
     URL_SCHEMA,
@@ -30,7 +30,6 @@ from .fetch import (
     format_page_for_model,
     parse_fetch_arguments,
 )
-from .jsonio import as_dict, as_list
 from .responses_stream import ClientStream, Turn, is_client_call
 from .search import (
     NOT_EXECUTED,
@@ -357,7 +356,7 @@ def replay(items: list, name: str, fetch_name: str | None = None, find_name: str
         function, arguments, output = replayed_call(item, name, fetch_name, find_name)
         call_id = item.get("id") or f"ws_replay_{i}"
         out.append({"type": "function_call", "call_id": call_id, "name": function,
-                    "arguments": json.dumps(arguments, ensure_ascii=False)})
+                    "arguments": codec.arguments_text(arguments)})
         out.append({"type": "function_call_output", "call_id": call_id, "output": output})
     return out
 
@@ -412,7 +411,7 @@ def arguments_of(call: dict) -> dict:
     """A call's arguments as an object; {} when they are not one (the parsers say why)."""
     raw = call.get("arguments")
     try:
-        value = json.loads(raw) if isinstance(raw, str) else raw
+        value = codec.loads(raw) if isinstance(raw, str) else raw
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
@@ -659,7 +658,7 @@ def failed_response(base: dict, output: list, usage, plan: Plan, code: str, mess
 
 def handle(ex: Exchange) -> Response:
     try:
-        body = json.loads(ex.body)
+        body = codec.loads(ex.body)
     except (ValueError, UnicodeDecodeError):
         return ex.relay()  # not ours to judge: vLLM answers it in its own words
     if not isinstance(body, dict) or not needs_rewrite(body):
@@ -671,19 +670,14 @@ def handle(ex: Exchange) -> Response:
     request = first_request(body, plan)
     if not plan.hosted:
         # History only: the model has no search tool this time, so vLLM's answer is final.
-        return ex.relay(encode_json(request))
+        return ex.relay(codec.dumps(request))
     dialect = StreamedResponses if body.get("stream") else PlainResponses
     return loop.run(ex, dialect(ex, request, plan))
 
 
-def compact(obj) -> bytes:
-    """JSON as vLLM writes it: no spaces, UTF-8 (see jsonio.dumps for the corner cases)."""
-    return jsonio.dumps(obj)
-
-
 def vllm_error(status: int, raw: bytes) -> str:
     try:
-        message = json.loads(raw)["error"]["message"]
+        message = codec.loads(raw)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = raw[:300].decode("utf-8", "replace")
     return f"vLLM answered HTTP {status}: {message}"
@@ -747,7 +741,7 @@ class PlainResponses(loop.Plain, _Responses):
     def finish(self, turn: _Answer):
         output = citations.cited_items(self.output + list(turn.output), self.sources)
         result = final_response(turn.data, self.first or turn.data, output, self.usage, self.plan)
-        yield Response(compact(result), status=200, mimetype="application/json")
+        yield Response(codec.dumps(result), status=200, mimetype="application/json")
 
     def record(self, turn: _Answer, calls, outcomes):
         self.output += visible_output(turn.output, self.plan, self.follow(turn, calls, outcomes))

@@ -8,12 +8,11 @@ drives it end to end).
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
-from . import jsonio
+from . import codec
 from .citations import Citer, cited_event
-from .sse import event_and_data, iter_frames
+from .codec import event_and_data, iter_frames
 
 ENVELOPE_OPEN = ("response.created", "response.in_progress")
 ENVELOPE_END = ("response.completed", "response.incomplete", "response.failed")
@@ -21,7 +20,7 @@ ENVELOPE_END = ("response.completed", "response.incomplete", "response.failed")
 
 def frame(data: dict) -> bytes:
     """One event as vLLM frames it: `event: <type>`, compact JSON, blank line."""
-    return b"event: " + data["type"].encode() + b"\ndata: " + jsonio.dumps(data) + b"\n\n"
+    return codec.event(data["type"], data)
 
 
 def is_client_call(item) -> bool:
@@ -92,7 +91,7 @@ class ClientStream:
                 yield raw  # comments pass as they are
                 continue
             try:
-                data = json.loads(payload)
+                data = codec.loads(payload)
             except ValueError:
                 yield raw
                 continue

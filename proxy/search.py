@@ -7,7 +7,6 @@ functions that build and read SearXNG traffic are pure so they are tested withou
 from __future__ import annotations
 
 import http.client
-import json
 import logging
 import threading
 import time
@@ -16,6 +15,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
+from . import codec
 from .cancel import GONE, TIMEOUT, Cancel, watched
 from .fetch import (
     READ_CHUNK,
@@ -117,7 +117,7 @@ def parse_arguments(arguments) -> tuple[str | None, SearchOutcome | None]:
     """Read the `query` out of a tool call's arguments (a JSON string or an object)."""
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
+            arguments = codec.loads(arguments) if arguments.strip() else {}
         except ValueError:
             return None, SearchOutcome(arguments[:80], "failed", message='Search failed: the arguments are not valid JSON. Call web_search with {"query": "..."}.', error_code="invalid_tool_input")
     if not isinstance(arguments, dict) or "query" not in arguments:
@@ -151,7 +151,7 @@ def outcome_from_response(query: str, url: str, status: int, body: bytes, limit:
         return SearchOutcome(query, "failed", error_code="unavailable",
                              message=f"Search failed: {url} answered HTTP {status}.")
     try:
-        data = json.loads(body)
+        data = codec.loads(body)
     except ValueError:
         return SearchOutcome(query, "failed", error_code="unavailable",
                              message=f"Search failed: {url} did not answer with JSON (is format=json enabled?).")

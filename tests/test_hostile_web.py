@@ -160,7 +160,8 @@ def test_many_big_pages_at_once_leave_other_clients_served(proxy, backend, hosti
     took = time.monotonic() - started
     results = tool_results(backend)
     assert len(results) == 12
-    assert sum(r.startswith("Page http") for r in results) == 10
+    # Each page's text starts with its source number for citations ("[3] Page http...").
+    assert sum(r.split("] ", 1)[-1].startswith("Page http") for r in results) == 10
     assert sum("WEB_FETCH_MAX_PER_TURN" in r for r in results) == 2
     assert took < 240, f"the turn took {took:.0f} s"
     other.assert_served()

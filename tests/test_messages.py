@@ -626,9 +626,14 @@ def _open_stream(proxy, body, until: bytes):
 def test_disconnect_mid_search_stops_the_loop(proxy, backend, searxng):
     searxng.behave("slow", "slow", seconds=1.5)
     backend.script(W.stream_reply([W.tool_use("web_search", {"query": "slow"})]), W.stream_reply([W.text("never")]))
-    # The first ping comes once the search is under way.
+    # The first ping comes once the turn's tool call is read; the search may not have reached SearXNG yet (a
+    # busy machine), and a client leaving before that would end it unsent: wait until SearXNG has it.
     sock = _open_stream(proxy, {"model": "foundation", "max_tokens": 9, "messages": ASK, "tools": [SERVER_TOOL]},
                         b"event: ping")
+    deadline = time.monotonic() + 10
+    while not searxng.queries:
+        assert time.monotonic() < deadline, "the search never reached SearXNG"
+        time.sleep(0.01)
     sock.close()
     time.sleep(2.5)
     assert searxng.queries == ["slow"] and len(turns(backend)) == 1

@@ -11,6 +11,7 @@ from standins.searxng import default_results, page, result
 
 from proxy import chat
 from proxy.app import key_ok, outbound_headers, presented_key
+from proxy.codec import data_of, event_and_data, iter_frame_batches, iter_frames
 from proxy.config import Config
 from proxy.errors import upstream_error_status
 from proxy.fetch import Decoder
@@ -24,7 +25,6 @@ from proxy.search import (
     parse_arguments,
     search_url,
 )
-from proxy.sse import data_of, event_and_data, iter_frame_batches, iter_frames
 from proxy.upstream import UpstreamError, end_to_end_headers
 
 USER = [{"role": "user", "content": "hi"}]

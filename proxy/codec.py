@@ -1,0 +1,134 @@
+"""The proxy's wire codecs, in one place: JSON bodies (orjson, with the standard library for its corner cases)
+and server-sent events (read without touching them, and written as vLLM frames them).
+
+Used by every API module; not run on its own (tests: tests/run.sh tests/test_rules.py).
+
+JSON: a 250k-token prompt is about 1 MB of JSON, which the standard library takes ~8 ms to parse and
+~4 ms to write; orjson takes under 1.5 ms for both (scripts/proxy_overhead.py, case 4), so every API's
+bodies go through loads/dumps here. orjson refuses what the standard library accepts in two corners that
+clients may legally send: lone surrogate escapes ("\\ud800") and integers beyond 64 bits. Those fall back to
+the standard library, so what is accepted is unchanged.
+"""
+from __future__ import annotations
+
+import json
+
+import orjson
+
+# ---- JSON ---------------------------------------------------------------------------------------
+
+def loads(data):
+    """Parse bytes or str; raises ValueError (or UnicodeDecodeError, RecursionError) as json does."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
+def dumps(obj) -> bytes:
+    """Compact UTF-8 JSON, as vLLM writes it; a lone surrogate goes out as the escape it came in as."""
+    try:
+        return orjson.dumps(obj)
+    except (orjson.JSONEncodeError, TypeError):
+        try:
+            return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+        except UnicodeEncodeError:
+            return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def as_dict(value) -> dict:
+    """A JSON value where an object is expected: itself if it is one, else empty (clients send anything)."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value) -> list:
+    """A JSON value where an array is expected: itself if it is one, else empty."""
+    return value if isinstance(value, list) else []
+
+
+def arguments_text(obj) -> str:
+    """A tool call's arguments as the string vLLM's tool parsers write (json.dumps with its default spacing,
+    non-ASCII kept): what a client sees in `arguments` must not depend on which side made the call."""
+    return json.dumps(obj, ensure_ascii=False)
+
+
+# ---- server-sent events: reading ------------------------------------------------------------------
+
+def iter_frame_batches(chunks):
+    """For each network read, the events it completed (their bytes, blank-line terminator
+    included), as a list, possibly empty.
+
+    Network reads split and merge events freely; relaying whole events unchanged keeps the
+    client's bytes identical to vLLM's while letting the proxy look at each one, and a
+    read's events together can leave in one write. A tail without its blank line (a stream
+    cut short) comes last, alone.
+    """
+    buf = b""
+    for chunk in chunks:
+        buf = buf + chunk if buf else chunk
+        # One read can hold hundreds of events: step through it, don't re-slice what's left.
+        frames, start = [], 0
+        while True:
+            cut = buf.find(b"\n\n", start)
+            if cut < 0:
+                break
+            frames.append(buf[start:cut + 2])
+            start = cut + 2
+        buf = buf[start:]
+        yield frames
+    if buf:
+        yield [buf]
+
+
+def iter_frames(chunks):
+    """Each complete event as it completes (see iter_frame_batches)."""
+    for frames in iter_frame_batches(chunks):
+        yield from frames
+
+
+def data_of(frame: bytes) -> bytes | None:
+    """The payload of a one-line `data:` event, or None for comments and other fields."""
+    if frame.startswith(b"data: "):
+        return frame[6:].rstrip(b"\r\n")
+    if frame.startswith(b"data:"):
+        return frame[5:].rstrip(b"\r\n")
+    return None
+
+
+def event_and_data(frame: bytes) -> tuple[str | None, bytes | None]:
+    """The `event:` name and `data:` payload of a named event (Anthropic and Responses style)."""
+    event = data = None
+    for line in frame.split(b"\n"):
+        line = line.rstrip(b"\r")
+        if line.startswith(b"event:"):
+            event = line[6:].strip().decode("utf-8", "replace")
+        elif line.startswith(b"data:"):
+            part = line[5:]
+            part = part[1:] if part.startswith(b" ") else part
+            data = part if data is None else data + b"\n" + part
+    return event, data
+
+
+# ---- server-sent events: writing, as vLLM frames them (compact JSON, one data line, a blank line) --
+
+DONE = b"data: [DONE]\n\n"
+
+
+def data(obj) -> bytes:
+    """An unnamed event (chat completions' chunks and errors)."""
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+def event(name: str, obj) -> bytes:
+    """A named event (Anthropic Messages and Responses)."""
+    return b"event: " + name.encode() + b"\ndata: " + dumps(obj) + b"\n\n"
+
+
+def raw_event(name: str, payload: bytes) -> bytes:
+    """A named event around JSON someone else wrote (vLLM's own error body): one line, as SSE needs."""
+    return b"event: " + name.encode() + b"\ndata: " + payload.strip().replace(b"\n", b" ") + b"\n\n"
+
+
+def comment(text: str) -> bytes:
+    """An SSE comment line: every client ignores it, and it keeps idle timeouts at bay."""
+    return b": " + text.replace("\n", " ").encode() + b"\n\n"
