@@ -18,11 +18,11 @@ from flask import Response
 
 from . import codec, metrics
 from .cancel import Watch, watched
-from .config import Config
 from .errors import error_response
 from .exchange import ClientWatch
-from .fetch import Fetcher, FetchError, Page
-from .search import SearchOutcome, SearXNG, clean_query, filter_domains, run_together
+from .fetch import FetchError, Page
+from .search import SearchOutcome, clean_query, filter_domains, run_together
+from .services import Services
 
 log = logging.getLogger("proxy.alpha_search")
 
@@ -331,8 +331,8 @@ def gateway_status(failures: list[Failure]) -> int:
 # ---- running it ----------------------------------------------------------------------------
 
 class AlphaSearch:
-    def __init__(self, cfg: Config, searxng: SearXNG, fetcher: Fetcher):
-        self.cfg, self.searxng, self.fetcher = cfg, searxng, fetcher
+    def __init__(self, services: Services):
+        self.cfg, self.searxng, self.fetcher = services.cfg, services.searxng, services.fetcher
         self.refs = RefStore()
 
     def _search(self, query: Query, limit: int, allowed, watch: Watch | None) -> SearchOutcome:

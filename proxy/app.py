@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import socket
 import time
 import urllib.parse
 
@@ -15,11 +14,10 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from . import alpha_search, chat, messages, metrics, responses
 from .config import Config
-from .errors import error_for_path, upstream_error_status
-from .exchange import Exchange, response_headers
-from .fetch import Fetcher
-from .search import SearXNG
-from .upstream import Backend, UpstreamError, end_to_end_headers
+from .errors import error_for_path
+from .exchange import Exchange
+from .services import Services
+from .upstream import end_to_end_headers
 
 log = logging.getLogger("proxy")
 
@@ -130,10 +128,7 @@ def key_ok(key: str | None, keys: tuple[str, ...]) -> bool:
 def create_app(cfg: Config) -> Flask:
     app = Flask("proxy")
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
-    backend = Backend(cfg.backend_url, cfg.connect_timeout, cfg.read_timeout, cfg.backend_api_key)
-    searxng = SearXNG(cfg.searxng_url, cfg.searxng_results, cfg.searxng_timeout, cfg.searxng_max_bytes)
-    fetcher = Fetcher(cfg)  # one per worker: its page cache is shared by that worker's requests
-    searxng, fetcher = metrics.instrument(cfg, searxng, fetcher)  # the search cache; both metered
+    services = Services.build(cfg)  # one per worker, shared by its requests
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_e):
@@ -180,9 +175,7 @@ def create_app(cfg: Config) -> Flask:
         if not (raw and raw.startswith("/")):
             qs = request.environ.get("QUERY_STRING", "")
             raw = request.path + ("?" + qs if qs else "")
-        ex = Exchange(cfg, backend, searxng, body, outbound_headers(request.headers.items(), cfg),
-                      raw, request.environ, relay_with=relay, fetcher=fetcher)
-        return ex
+        return Exchange(services, body, outbound_headers(request.headers.items(), cfg), raw, request.environ)
 
     @app.route("/v1/chat/completions", methods=["POST"])
     def chat_completions():
@@ -199,7 +192,7 @@ def create_app(cfg: Config) -> Flask:
 
     # Codex's standalone web search (supports_standalone_web_search); answered here, never by vLLM.
     # One per worker: its ref store, and the page cache it shares with every API.
-    codex_search = alpha_search.AlphaSearch(cfg, searxng, fetcher)
+    codex_search = alpha_search.AlphaSearch(services)
 
     @app.route(alpha_search.PATH, methods=["POST"])
     def alpha_web_search():
@@ -213,67 +206,3 @@ def create_app(cfg: Config) -> Flask:
     app.wsgi_app = WholePath(AccessLog(app.wsgi_app))  # type: ignore[method-assign]  # Flask's documented way to add WSGI middleware
     metrics.install(app, cfg)  # GET /proxy/metrics, and the request metrics around everything
     return app
-
-
-def relay(ex: Exchange, body: bytes) -> Response:
-    """Send the request on unchanged and the answer back unchanged, streaming if it streams."""
-    method = ex.environ["REQUEST_METHOD"]
-    watch = ex.watch_client()
-    send_body = body if body or method in ("POST", "PUT", "PATCH") else None
-    try:
-        call = ex.call(method, ex.target, send_body, ex.headers)
-    except UpstreamError as e:
-        watch.stop()
-        if watch.gone:
-            # Not vLLM's failure: the watch cut the connection for a client that left.
-            return error_for_path(ex.target, 499, "client closed the request")
-        return gateway_error(e, method, ex.target)
-    up = call.response
-    headers = response_headers(up)
-    if up.header("content-length") and not up.is_event_stream:
-        try:
-            data = call.read()
-        except UpstreamError as e:
-            if watch.gone:
-                return error_for_path(ex.target, 499, "client closed the request")
-            return gateway_error(e, method, ex.target)
-        finally:
-            watch.stop()
-        resp = Response(data, status=up.status, headers=headers)
-        if method == "HEAD":
-            # No body follows a HEAD answer, so vLLM's Content-Length (the GET's) is the one.
-            resp.headers["Content-Length"] = str(up.content_length)
-        return _without_default_type(resp, up)
-
-    def stream():
-        # Bytes go out exactly as they came in.
-        try:
-            yield from up.iter_raw()
-        except UpstreamError as e:
-            if watch.gone:
-                return
-            # The client must see a broken body, not a clean end that looks complete: cut
-            # its connection before the final chunk (gunicorn then ignores the EPIPE quietly,
-            # where a raised error would log a traceback for vLLM's failure).
-            log.warning("%s %s: %s", method, ex.target.split("?", 1)[0], upstream_error_status(e)[1])
-            client = ex.environ.get("gunicorn.socket")
-            if client is None:
-                raise
-            client.shutdown(socket.SHUT_RDWR)
-        finally:
-            watch.stop()
-            call.end()
-    return _without_default_type(Response(stream(), status=up.status, headers=headers, direct_passthrough=True), up)
-
-
-def _without_default_type(resp: Response, up) -> Response:
-    """Flask gives every response a Content-Type; a relayed one has vLLM's or none at all."""
-    if not up.header("content-type"):
-        del resp.headers["Content-Type"]
-    return resp
-
-
-def gateway_error(e: UpstreamError, method: str, target: str) -> Response:
-    status, msg = upstream_error_status(e)
-    log.warning("%s %s: %s", method, target.split("?", 1)[0], msg)
-    return error_for_path(target, status, msg)

@@ -1,10 +1,22 @@
 """The proxy's settings as one immutable value, so tests can build an app for any backend.
 
-proxy-passthrough.py fills it from the environment; nothing else reads the environment.
+proxy-passthrough.py fills it from the environment; nothing else reads the environment. Each field is checked
+and put in its working form once, here (the networks parsed, the mode known), so no module parses a setting
+again; a bad value is a ValueError that names its variable, which proxy-passthrough.py turns into one line.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from .netguard import parse_networks
+
+STREAM_SEARCH_MODES = ("server", "client")
+# Fields that must be above zero (a count of zero or a timeout of zero would make the proxy useless, not safer);
+# caches and caps take 0 to mean off, so they only may not be negative.
+_POSITIVE = ("searxng_results", "searxng_timeout", "max_search_iter", "connect_timeout", "read_timeout",
+             "keepalive_interval", "max_body_bytes", "web_fetch_timeout", "web_fetch_max_bytes", "web_fetch_max_tokens",
+             "web_fetch_extract_processes", "web_fetch_extract_cpu_seconds", "web_fetch_extract_memory_mb",
+             "searxng_max_bytes")
 
 
 @dataclass(frozen=True)
@@ -26,8 +38,9 @@ class Config:
     proxy_api_keys: tuple[str, ...] = ()
     anthropic_any_model: bool = False
     alpha_search_max_pages: int = 10  # open + find commands run per /v1/alpha/search request; the rest are named, not run
-    # web_fetch (proxy/fetch.py). Networks (CIDR strings) exempt from the SSRF refusals; empty: public addresses only.
-    web_fetch_allowed_networks: tuple[str, ...] = ()
+    # web_fetch (proxy/fetch.py). Networks exempt from the SSRF refusals (CIDR strings or ipaddress networks, kept as
+    # networks); empty: public addresses only.
+    web_fetch_allowed_networks: tuple = ()
     # The search cache (proxy/cache.py; 0 in any of the three turns it off) and the proxy's metrics (proxy/metrics.py).
     search_cache_ttl: float = 600.0
     search_cache_entries: int = 1000
@@ -50,3 +63,21 @@ class Config:
     web_fetch_max_per_turn: int = 10
     web_fetch_max_per_request: int = 50
     searxng_max_bytes: int = 4 * 1024 * 1024  # a SearXNG answer's decoded bytes; a bigger one is a failed search
+
+    def __post_init__(self):
+        if self.stream_search not in STREAM_SEARCH_MODES:
+            raise ValueError(f"STREAM_SEARCH must be 'server' or 'client', not {self.stream_search!r}")
+        # frozen: the one place a field is replaced by its working form
+        object.__setattr__(self, "web_fetch_allowed_networks", parse_networks(self.web_fetch_allowed_networks))
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if value < 0 or (value == 0 and f.name in _POSITIVE):
+                least = "above 0" if f.name in _POSITIVE else "0 or more"
+                raise ValueError(f"{_variable(f.name)} must be {least}, not {value}")
+
+
+def _variable(field: str) -> str:
+    """The environment variable a field comes from, for messages."""
+    return {"proxy_api_keys": "PROXY_API_KEY", "metrics_dir": "PROMETHEUS_MULTIPROC_DIR"}.get(field, field.upper())

@@ -1,6 +1,6 @@
 """One client request on its way through the proxy: its calls to vLLM, each abortable by a
-watch on the client's socket until that call is over. Used by proxy.app (the relay) and
-proxy.loop (the search loop); not run on its own.
+watch on the client's socket until that call is over, and the transparent relay. Made by proxy.app
+for every route, used by each API and proxy.loop (the search loop); not run on its own.
 """
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import logging
 import select
 import socket
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -16,9 +15,11 @@ from flask import Response
 
 from . import codec, metrics
 from .config import Config
+from .errors import error_for_path, upstream_error_status
 from .fetch import Fetcher
 from .search import SearchSession, SearXNG
-from .upstream import Backend, UpstreamResponse, end_to_end_headers
+from .services import Services
+from .upstream import UpstreamError, UpstreamResponse, end_to_end_headers
 
 log = logging.getLogger("proxy")
 
@@ -191,21 +192,29 @@ def _cut(conn):
 class Exchange:
     """One client request: what it sent, as vLLM should get it, and the way to call vLLM for it."""
 
-    cfg: Config
-    backend: Backend
-    searxng: SearXNG
+    services: Services               # what the worker's requests share (proxy/services.py)
     body: bytes                      # the client's body, as sent
     headers: list                    # the client's headers as vLLM should see them
     target: str                      # path and query string, as sent
     environ: dict
-    relay_with: Callable[[Exchange, bytes], Response]  # the transparent path (proxy.app.relay)
     watch: ClientWatch | None = None
-    fetcher: Fetcher | None = None   # web_fetch's; None where no API injects it
+
+    @property
+    def cfg(self) -> Config:
+        return self.services.cfg
+
+    @property
+    def searxng(self) -> SearXNG:
+        return self.services.searxng
+
+    @property
+    def fetcher(self) -> Fetcher:
+        return self.services.fetcher
 
     def relay(self, body: bytes | None = None) -> Response:
         """Send this request on to vLLM unchanged (or with `body` instead of the client's) and
         its answer back unchanged."""
-        return self.relay_with(self, self.body if body is None else body)
+        return relay(self, self.body if body is None else body)
 
     def watch_client(self) -> ClientWatch:
         """Start watching the client for the rest of this request (stop() it at the end)."""
@@ -224,7 +233,7 @@ class Exchange:
         throughout; raises UpstreamError. The caller ends the call when it is done with it."""
         call = Call(self.watch)
         try:
-            call._response = self.backend.request(method, target, body, headers, on_open=call.opened)
+            call._response = self.services.backend.request(method, target, body, headers, on_open=call.opened)
         except BaseException:
             call.end()
             raise
@@ -241,3 +250,69 @@ def response_headers(up: UpstreamResponse) -> list:
     """vLLM's response headers as the client should get them: end to end only, and no
     Content-Length, which whoever writes the body next computes."""
     return [(n, v) for n, v in end_to_end_headers(up.headers) if n.lower() != "content-length"]
+
+
+# ---- the transparent relay ------------------------------------------------------------------------
+
+def relay(ex: Exchange, body: bytes) -> Response:
+    """Send the request on unchanged and the answer back unchanged, streaming if it streams."""
+    method = ex.environ["REQUEST_METHOD"]
+    watch = ex.watch_client()
+    send_body = body if body or method in ("POST", "PUT", "PATCH") else None
+    try:
+        call = ex.call(method, ex.target, send_body, ex.headers)
+    except UpstreamError as e:
+        watch.stop()
+        if watch.gone:
+            # Not vLLM's failure: the watch cut the connection for a client that left.
+            return error_for_path(ex.target, 499, "client closed the request")
+        return gateway_error(e, method, ex.target)
+    up = call.response
+    headers = response_headers(up)
+    if up.header("content-length") and not up.is_event_stream:
+        try:
+            data = call.read()
+        except UpstreamError as e:
+            if watch.gone:
+                return error_for_path(ex.target, 499, "client closed the request")
+            return gateway_error(e, method, ex.target)
+        finally:
+            watch.stop()
+        resp = Response(data, status=up.status, headers=headers)
+        if method == "HEAD":
+            # No body follows a HEAD answer, so vLLM's Content-Length (the GET's) is the one.
+            resp.headers["Content-Length"] = str(up.content_length)
+        return _without_default_type(resp, up)
+
+    def stream():
+        # Bytes go out exactly as they came in.
+        try:
+            yield from up.iter_raw()
+        except UpstreamError as e:
+            if watch.gone:
+                return
+            # The client must see a broken body, not a clean end that looks complete: cut
+            # its connection before the final chunk (gunicorn then ignores the EPIPE quietly,
+            # where a raised error would log a traceback for vLLM's failure).
+            log.warning("%s %s: %s", method, ex.target.split("?", 1)[0], upstream_error_status(e)[1])
+            client = ex.environ.get("gunicorn.socket")
+            if client is None:
+                raise
+            client.shutdown(socket.SHUT_RDWR)
+        finally:
+            watch.stop()
+            call.end()
+    return _without_default_type(Response(stream(), status=up.status, headers=headers, direct_passthrough=True), up)
+
+
+def _without_default_type(resp: Response, up) -> Response:
+    """Flask gives every response a Content-Type; a relayed one has vLLM's or none at all."""
+    if not up.header("content-type"):
+        del resp.headers["Content-Type"]
+    return resp
+
+
+def gateway_error(e: UpstreamError, method: str, target: str) -> Response:
+    status, msg = upstream_error_status(e)
+    log.warning("%s %s: %s", method, target.split("?", 1)[0], msg)
+    return error_for_path(target, status, msg)

@@ -414,7 +414,7 @@ class Fetcher:
     """
 
     def __init__(self, config: Config, resolver=socket.getaddrinfo, extractor: ExtractPool | None = None):
-        self.allowed = netguard.parse_networks(config.web_fetch_allowed_networks)
+        self.allowed = config.web_fetch_allowed_networks  # parsed once, by Config
         self.timeout = config.web_fetch_timeout
         self.max_bytes = config.web_fetch_max_bytes
         self.max_tokens = config.web_fetch_max_tokens

@@ -15,7 +15,6 @@ import base64
 import binascii
 import logging
 import re
-import time
 import uuid
 from dataclasses import dataclass, field, replace
 
@@ -70,7 +69,6 @@ FETCH_ERROR_TEXT = {
     "unavailable": "Fetch failed: web_fetch was unavailable.",
 }
 CUT_NOTE = "\n\n(cut short: only the beginning of the page is shown)"
-MODELS_TTL = 60.0  # seconds a /v1/models answer is trusted for ANTHROPIC_ANY_MODEL
 # Claude Code's search sub-request names its query; searching it directly saves the model
 # turn that would only copy it into a tool call (measured: see tests/test_claude_code.py).
 SUBREQUEST_SHORTCUT = True
@@ -559,27 +557,6 @@ def shortcut_turn(query: str, plan: Plan) -> list[dict]:
 
 # ---- the handler -----------------------------------------------------------------------------
 
-_served: dict = {"names": None, "at": 0.0}
-
-
-def served_models(ex: Exchange) -> list[str] | None:
-    """vLLM's model names (GET /v1/models), cached briefly; None when vLLM can't tell."""
-    if _served["names"] and time.monotonic() - _served["at"] < MODELS_TTL:
-        return _served["names"]
-    headers = [(n, v) for n, v in ex.headers if n.lower() in ("authorization", "x-api-key")]
-    try:
-        call = ex.call("GET", "/v1/models", None, headers)
-        raw = call.read()
-        names = [str(m["id"]) for m in codec.loads(raw).get("data") or [] if isinstance(m, dict) and m.get("id")]
-    except (UpstreamError, ValueError, AttributeError) as e:
-        log.warning("ANTHROPIC_ANY_MODEL: cannot list vLLM's models: %s", e)
-        return None
-    if call.response.status != 200 or not names:
-        return None
-    _served.update(names=names, at=time.monotonic())
-    return names
-
-
 def handle(ex: Exchange) -> Response:
     try:
         body = codec.loads(ex.body)
@@ -587,7 +564,7 @@ def handle(ex: Exchange) -> Response:
         return ex.relay()  # not ours to judge: vLLM says what is wrong, as it always did
     renamed = False
     if ex.cfg.anthropic_any_model and isinstance(body, dict):
-        model = served_model_for(body.get("model"), served_models(ex))
+        model = served_model_for(body.get("model"), ex.services.models.get(ex))
         if model:
             body["model"], renamed = model, True
     if not needs_rewrite(body):

@@ -202,7 +202,7 @@ def test_proxy_environment_defaults_agree_with_the_proxy(config):
     """Every variable the compose file hands the proxy is one proxy-passthrough.py (or
     gunicorn.conf.py) reads, with the same default, so the files cannot drift apart."""
     source = (REPO / "proxy-passthrough.py").read_text() + (REPO / "gunicorn.conf.py").read_text()
-    read = dict(re.findall(r'os\.environ\.get\("([A-Z_]+)", "([^"]*)"\)', source))
+    read = dict(re.findall(r'(?:os\.environ\.get|_int|_float)\("([A-Z_]+)", "([^"]*)"\)', source))
     read.update({name: default for name, default in re.findall(r'_flag\("([A-Z_]+)", (True|False)\)', source)})
     env = config["services"]["proxy"]["environment"]
     for name, value in env.items():

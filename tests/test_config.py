@@ -1,0 +1,64 @@
+"""Settings are read once and checked once: a bad value stops the proxy at start with one line naming the
+variable (as gunicorn and `docker compose logs proxy` show it), and Config holds every value in its working form.
+
+Run: tests/run.sh tests/test_config.py
+"""
+import ipaddress
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.config import Config
+
+ROOT = Path(__file__).resolve().parent.parent
+# Load the entry point as gunicorn does (it builds the app and serves nothing): a config error exits there.
+LOAD = "import runpy; runpy.run_path('proxy-passthrough.py', run_name='proxy_passthrough')"
+
+
+def load(**env) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.isupper() or k in ("PATH", "HOME", "LANG")}
+    return subprocess.run([sys.executable, "-c", LOAD], cwd=ROOT, env={**clean, "PROXY_METRICS": "false", **env},
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("SEARXNG_RESULTS", "five", "SEARXNG_RESULTS must be a whole number, not 'five'"),
+    ("READ_TIMEOUT", "soon", "READ_TIMEOUT must be a number, not 'soon'"),
+    ("STREAM_SEARCH", "sometimes", "STREAM_SEARCH must be 'server' or 'client', not 'sometimes'"),
+    ("WEB_FETCH_ALLOWED_NETWORKS", "10.0.0.0/8,nonsense", "WEB_FETCH_ALLOWED_NETWORKS: 'nonsense' is not a network"),
+    ("MAX_SEARCH_ITER", "0", "MAX_SEARCH_ITER must be above 0, not 0"),
+    ("SEARCH_CACHE_TTL", "-1", "SEARCH_CACHE_TTL must be 0 or more, not -1.0"),
+    ("WEB_FETCH_MAX_PER_TURN", "-3", "WEB_FETCH_MAX_PER_TURN must be 0 or more, not -3"),
+])
+def test_a_bad_setting_stops_the_proxy_with_one_line_naming_it(name, value, message):
+    proc = load(**{name: value})
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("proxy-passthrough.py: ") and message in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("env", [{}, {"SEARXNG_RESULTS": "", "SEARCH_CACHE_TTL": "0", "STREAM_SEARCH": "client"}],
+                         ids=["defaults", "empty-means-default"])
+def test_good_settings_load(env):
+    proc = load(**env)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_config_holds_networks_parsed_once():
+    cfg = Config(web_fetch_allowed_networks=("192.168.1.7/24", "fd00::/8"))
+    assert cfg.web_fetch_allowed_networks == (ipaddress.ip_network("192.168.1.0/24"), ipaddress.ip_network("fd00::/8"))
+    assert Config(web_fetch_allowed_networks=cfg.web_fetch_allowed_networks) == cfg  # parsed values pass through
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"stream_search": "both"}, "STREAM_SEARCH"),
+    ({"searxng_timeout": 0}, "SEARXNG_TIMEOUT must be above 0"),
+    ({"proxy_api_keys": ("k",), "search_cache_bytes": -1}, "SEARCH_CACHE_BYTES must be 0 or more"),
+    ({"metrics_dir": "/tmp", "keepalive_interval": -1.0}, "KEEPALIVE_INTERVAL must be above 0"),
+])
+def test_config_refuses_values_that_cannot_work(fields, message):
+    with pytest.raises(ValueError, match=message):
+        Config(**fields)
