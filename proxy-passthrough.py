@@ -126,7 +126,7 @@ try:
         proxy_api_keys=tuple(k.strip() for k in PROXY_API_KEY.split(",") if k.strip()),
         anthropic_any_model=ANTHROPIC_ANY_MODEL,
         alpha_search_max_pages=ALPHA_SEARCH_MAX_PAGES,
-        web_fetch_allowed_networks=WEB_FETCH_ALLOWED_NETWORKS,  # Config parses and checks it
+        web_fetch_allowed_networks=tuple(WEB_FETCH_ALLOWED_NETWORKS.split(",")),  # Config parses and checks them
         search_cache_ttl=SEARCH_CACHE_TTL,
         search_cache_entries=SEARCH_CACHE_ENTRIES,
         search_cache_bytes=SEARCH_CACHE_BYTES,

@@ -21,7 +21,8 @@ from .cancel import Watch, watched
 from .errors import error_response
 from .exchange import ClientWatch
 from .fetch import FetchError, Page
-from .search import SearchOutcome, clean_query, filter_domains, run_together
+from .runtime import run_together
+from .search import SearchOutcome, clean_query, filter_domains
 from .services import Services
 
 log = logging.getLogger("proxy.alpha_search")

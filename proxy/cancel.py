@@ -14,12 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-try:  # gunicorn's gevent worker patches the socket module before it loads the app
-    import gevent
-    from gevent import monkey
-    _GEVENT = monkey.is_module_patched("socket")
-except ImportError:
-    _GEVENT = False
+from . import runtime
 
 TIMEOUT = "timeout"
 GONE = "gone"
@@ -39,7 +34,7 @@ class Cancel:
     def arm(self, seconds: float) -> None:
         """Fire abort(TIMEOUT) after `seconds` (replacing an earlier deadline)."""
         self.disarm()
-        self._disarm = _call_later(max(0.0, seconds), lambda: self.abort(TIMEOUT))
+        self._disarm = runtime.call_later(max(0.0, seconds), lambda: self.abort(TIMEOUT))
 
     def disarm(self) -> None:
         """No deadline any more (the client's abort still works)."""
@@ -114,16 +109,3 @@ def _shut(sock) -> None:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass  # closed already: the call ended on its own
-
-
-def _call_later(seconds: float, fn: Callable[[], None]) -> Callable[[], None]:
-    """fn() after `seconds`, off the caller; returns the cancel. Under gevent a bare loop timer (no
-    greenlet per call), elsewhere a daemon timer thread."""
-    if _GEVENT:
-        timer = gevent.get_hub().loop.timer(seconds, 0, ref=False)
-        timer.start(fn)
-        return timer.close
-    t = threading.Timer(seconds, fn)
-    t.daemon = True
-    t.start()
-    return t.cancel

@@ -46,6 +46,14 @@ def as_list(value) -> list:
     return value if isinstance(value, list) else []
 
 
+def tool_arguments(raw):
+    """A tool call's arguments decoded: chat and Responses carry them as a JSON string (empty meaning none), Messages
+    as the object itself. Raises ValueError for a string that is not JSON; the caller checks the type it needs."""
+    if isinstance(raw, str):
+        return loads(raw) if raw.strip() else {}
+    return raw
+
+
 def arguments_text(obj) -> str:
     """A tool call's arguments as the string vLLM's tool parsers write (json.dumps with its default spacing,
     non-ASCII kept): what a client sees in `arguments` must not depend on which side made the call."""

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from flask import Response
 
-from . import codec, metrics
+from . import codec, metrics, runtime
 from .config import Config
 from .errors import error_for_path, upstream_error_status
 from .fetch import Fetcher
@@ -23,12 +23,6 @@ from .upstream import UpstreamError, UpstreamResponse, end_to_end_headers
 
 log = logging.getLogger("proxy")
 
-try:  # gunicorn's gevent worker patches the socket module before it loads the app
-    import gevent
-    from gevent import monkey
-    _GEVENT = monkey.is_module_patched("socket")
-except ImportError:  # the development server (python proxy-passthrough.py) has plain threads
-    _GEVENT = False
 
 
 class Abortable(Protocol):
@@ -62,12 +56,10 @@ class ClientWatch:
         # next keep-alive request, and the two waiters collide (ConcurrentObjectUseError, a
         # 500 for that next request; scripts/load_test.py found it). MSG_DONTWAIT never parks.
         self._raw = getattr(self._sock, "_sock", self._sock)
-        if _GEVENT:
-            # A read watcher of its own on the loop: no greenlet to spawn, switch to and kill
-            # per request (a spawned watcher cost every request a hub round trip).
-            self._io = gevent.get_hub().loop.io(self._raw.fileno(), 1, ref=False)
-            self._io.start(self._check)
-        else:
+        # Under gevent a read watcher of its own on the loop: no greenlet to spawn, switch to and kill
+        # per request (a spawned watcher cost every request a hub round trip).
+        self._io = runtime.on_readable(self._raw.fileno(), self._check)
+        if self._io is None:
             threading.Thread(target=self._poll, daemon=True, name="client-watch").start()
 
     def _check(self) -> bool:
@@ -113,7 +105,7 @@ class ClientWatch:
 
     def _end(self):
         if self._io is not None:
-            self._io.stop()  # may run inside the watcher's own callback: stop, don't close
+            self._io()  # may run inside the watcher's own callback: it stops, it does not close
             self._io = None
 
     def stop(self):

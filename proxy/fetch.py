@@ -29,17 +29,10 @@ import urllib3
 import urllib3.connection
 from urllib3.util.ssl_match_hostname import CertificateError
 
-from . import codec, netguard
+from . import codec, netguard, runtime
 from .cancel import GONE, TIMEOUT, Cancel
 from .config import Config
 from .extract import ExtractError, ExtractPool, html_to_text, tidy  # noqa: F401  (html_to_text: tests read it here)
-
-try:  # gunicorn's gevent worker patches the socket module before it loads the app
-    import gevent
-    from gevent import monkey
-    _GEVENT = monkey.is_module_patched("socket")
-except ImportError:
-    _GEVENT = False
 
 log = logging.getLogger("proxy.fetch")
 
@@ -112,11 +105,10 @@ class FetchRequest:
 
 def parse_fetch_arguments(arguments) -> FetchRequest:
     """Read the `url` out of a web_fetch call's arguments (a JSON string or an object). Pure."""
-    if isinstance(arguments, str):
-        try:
-            arguments = codec.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            return _refused(arguments[:80], 'the arguments are not valid JSON. Call web_fetch with {"url": "https://..."}.')
+    try:
+        arguments = codec.tool_arguments(arguments)
+    except ValueError:
+        return _refused(arguments[:80], 'the arguments are not valid JSON. Call web_fetch with {"url": "https://..."}.')
     if not isinstance(arguments, dict) or not isinstance(arguments.get("url"), str):
         return _refused(str(arguments)[:80], 'missing "url". Call web_fetch with {"url": "https://..."}.')
     return FetchRequest(arguments["url"].strip())
@@ -508,11 +500,12 @@ class Fetcher:
     def _resolve(self, target: netguard.Target, started: float, cancel: Cancel):
         """getaddrinfo within the fetch's deadline. Under gevent a timeout ends the wait (the lookup
         itself finishes in gevent's resolver); in a plain thread the resolver's own timeouts bound it."""
-        if not _GEVENT:
-            return self.resolver(target.host, target.port, 0, socket.SOCK_STREAM)
-        with gevent.Timeout(self._remaining(started, target.url, cancel), False):
-            return self.resolver(target.host, target.port, 0, socket.SOCK_STREAM)
-        raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s (name lookup).")
+        try:
+            return runtime.within(self._remaining(started, target.url, cancel),
+                                  lambda: self.resolver(target.host, target.port, 0, socket.SOCK_STREAM))
+        except TimeoutError:  # an OSError: the caller would take it for a failed lookup
+            raise FetchError("url_not_accessible",
+                             f"{target.url} did not answer within {self.timeout:g} s (name lookup).") from None
 
     def _addresses(self, target: netguard.Target, started: float, cancel: Cancel) -> list[str]:
         """The addresses to connect to: the host's, every one of which passed the SSRF policy.

@@ -20,11 +20,11 @@ from typing import Any
 from flask import Response
 
 from . import codec, metrics
-from .background import run_with_keepalive
 from .citations import Sources
 from .codec import comment
 from .errors import upstream_error_status
 from .exchange import Call, ClientWatch, Exchange, response_headers
+from .runtime import run_with_keepalive
 from .upstream import UpstreamError, UpstreamResponse
 
 log = logging.getLogger("proxy")

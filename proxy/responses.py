@@ -409,12 +409,10 @@ class Found:
 
 def arguments_of(call: dict) -> dict:
     """A call's arguments as an object; {} when they are not one (the parsers say why)."""
-    raw = call.get("arguments")
     try:
-        value = codec.loads(raw) if isinstance(raw, str) else raw
+        return as_dict(codec.tool_arguments(call.get("arguments")))
     except ValueError:
         return {}
-    return value if isinstance(value, dict) else {}
 
 
 FIND_USAGE = f'Call {FIND_IN_PAGE} with {{"url": "https://...", "pattern": "text"}}.'

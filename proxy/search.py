@@ -12,7 +12,6 @@ import threading
 import time
 import urllib.parse
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from . import codec
@@ -27,6 +26,7 @@ from .fetch import (
     domain_matches,
     format_page_for_model,
 )
+from .runtime import run_together
 
 log = logging.getLogger("proxy.search")
 
@@ -115,11 +115,10 @@ def clean_query(raw) -> tuple[str | None, SearchOutcome | None]:
 
 def parse_arguments(arguments) -> tuple[str | None, SearchOutcome | None]:
     """Read the `query` out of a tool call's arguments (a JSON string or an object)."""
-    if isinstance(arguments, str):
-        try:
-            arguments = codec.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            return None, SearchOutcome(arguments[:80], "failed", message='Search failed: the arguments are not valid JSON. Call web_search with {"query": "..."}.', error_code="invalid_tool_input")
+    try:
+        arguments = codec.tool_arguments(arguments)
+    except ValueError:
+        return None, SearchOutcome(arguments[:80], "failed", message='Search failed: the arguments are not valid JSON. Call web_search with {"query": "..."}.', error_code="invalid_tool_input")
     if not isinstance(arguments, dict) or "query" not in arguments:
         return None, SearchOutcome(str(arguments)[:80], "failed", message='Search failed: missing "query". Call web_search with {"query": "..."}.', error_code="invalid_tool_input")
     return clean_query(arguments["query"])
@@ -239,15 +238,6 @@ def format_for_model(outcome: SearchOutcome) -> str:
         text = ("You already searched for exactly this; it was not searched again. "
                 "Use these results or answer now.\n\n" + text)
     return text
-
-
-def run_together(fn, items: list, at_most: int) -> list:
-    """[fn(item) for item in items], concurrently (up to `at_most` at once) when there are several:
-    each is seconds of waiting on SearXNG or a web server. Results in the items' order."""
-    if len(items) <= 1:
-        return [fn(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(at_most, len(items))) as pool:
-        return list(pool.map(fn, items))
 
 
 def format_result(outcome) -> str:

@@ -22,11 +22,7 @@ import urllib.parse
 
 import httptools
 
-try:  # gevent's select.poll waits on its hub; a zero-timeout look needs the plain system call
-    from gevent.monkey import get_original
-    _poll = get_original("select", "poll")
-except ImportError:
-    _poll = select.poll
+from .runtime import system_poll as _poll
 
 # RFC 9110 §7.6.1: meaningful for one connection only, never relayed. Content-Length is
 # recomputed by whoever writes the next hop, and Host belongs to that hop too.
