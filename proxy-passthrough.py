@@ -77,6 +77,8 @@ WEB_FETCH_MAX_TOKENS = _int("WEB_FETCH_MAX_TOKENS", "20000")
 WEB_FETCH_CACHE_TTL = _float("WEB_FETCH_CACHE_TTL", "300")
 # The same, under the name beside SEARCH_CACHE_TTL; when set it wins over WEB_FETCH_CACHE_TTL.
 FETCH_CACHE_TTL = _float("FETCH_CACHE_TTL", "") if os.environ.get("FETCH_CACHE_TTL") else WEB_FETCH_CACHE_TTL
+# Pages the cache keeps per worker, and their bytes (32 MiB); least recently used out first.
+WEB_FETCH_CACHE_ENTRIES = _int("WEB_FETCH_CACHE_ENTRIES", "500")
 WEB_FETCH_CACHE_BYTES = _int("WEB_FETCH_CACHE_BYTES", "33554432")
 # A PEM bundle trusted instead of the system's CAs, for an allow-listed host with a private CA.
 WEB_FETCH_CA_FILE = os.environ.get("WEB_FETCH_CA_FILE", "")
@@ -136,6 +138,7 @@ try:
         web_fetch_max_bytes=WEB_FETCH_MAX_BYTES,
         web_fetch_max_tokens=WEB_FETCH_MAX_TOKENS,
         web_fetch_cache_ttl=FETCH_CACHE_TTL,
+        web_fetch_cache_entries=WEB_FETCH_CACHE_ENTRIES,
         web_fetch_cache_bytes=WEB_FETCH_CACHE_BYTES,
         web_fetch_ca_file=WEB_FETCH_CA_FILE,
         web_fetch_extract_processes=WEB_FETCH_EXTRACT_PROCESSES,

@@ -1,21 +1,18 @@
-"""A bounded cache with a time to live and one computation in flight per key (TTLCache), and the
-search cache built on it (CachedSearXNG), which create_app puts in front of SearXNG.
+"""A bounded cache with a time to live and one computation in flight per key (TTLCache): the one cache
+mechanism of the proxy, under SearXNG's answers (proxy/search.py's CachedSearXNG) and fetched pages
+(proxy/fetch.py's Fetcher).
 
 Not run on its own; tests/test_cache.py checks TTLCache with a fake clock and no network, and
-tests/test_metrics.py the search cache through a real proxy.
+tests/test_metrics.py and tests/test_fetch.py the caches built on it.
 """
 from __future__ import annotations
 
 import collections
-import copy
 import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
-
-from .cancel import GONE, Cancel
-from .search import SearchOutcome, SearXNG
 
 V = TypeVar("V")
 
@@ -66,7 +63,7 @@ class TTLCache(Generic[V]):
         self.max_bytes = max_bytes
         self._sizeof = sizeof
         self._clock = clock
-        self._on_size = on_size
+        self.on_size = on_size  # hears (entries, bytes) after each change: the metrics' gauges
         self._entries: collections.OrderedDict[Hashable, _Entry[V]] = collections.OrderedDict()
         self._flights: dict[Hashable, _Flight] = {}
         self._bytes = 0
@@ -102,8 +99,8 @@ class TTLCache(Generic[V]):
             while self._entries and (len(self._entries) > self.max_entries or self._bytes > self.max_bytes):
                 self._drop(next(iter(self._entries)))
             sizes = len(self._entries), self._bytes
-        if self._on_size:
-            self._on_size(*sizes)
+        if self.on_size:
+            self.on_size(*sizes)
         return True
 
     def get_or_compute(self, key: Hashable, compute: Callable[[], V], cacheable: Callable[[V], bool],
@@ -151,76 +148,3 @@ class TTLCache(Generic[V]):
         entry = self._entries.pop(key, None)
         if entry is not None:
             self._bytes -= entry.size
-
-
-# -- the search cache -----------------------------------------------------------------------
-
-class _Abandoned(Exception):
-    """A search its own caller's client abandoned; carries the outcome back to that caller only."""
-
-    def __init__(self, outcome: SearchOutcome):
-        super().__init__("abandoned")
-        self.outcome = outcome
-
-
-def search_key(query: str, language: str | None, limit: int, time_range: str | None) -> tuple:
-    """What changes SearXNG's answer: the query (already cleaned by search.clean_query; engines
-    ignore case and spacing), language, time range and result count. The instance and its
-    engines are one per proxy. Domain filters are not in it: they apply to the cached answer. Pure."""
-    return (" ".join(query.casefold().split()), language or "", time_range or "", limit)
-
-
-def outcome_size(o: SearchOutcome) -> int:
-    """Roughly the bytes an outcome holds: its text plus a fixed charge per object. Pure."""
-    hits = sum(len(h.title) + len(h.url) + len(h.snippet) + len(h.date or "") + 100 for h in o.hits)
-    return 300 + len(o.query) + len(o.message) + hits + sum(len(a) + 50 for a in o.answers + o.infoboxes)
-
-
-class CachedSearXNG(SearXNG):
-    """SearXNG behind a TTLCache: a repeated search within SEARCH_CACHE_TTL is answered from the
-    cache, identical searches at once go out once, and only answers with results are kept (an
-    empty or failed answer may be the engines' passing trouble). A cached answer carries its age,
-    which the model reads in the result. Every caller filters domains on what it gets, so a
-    cached answer passes the same allowed/blocked lists as a fresh one.
-
-    It takes over the state of the SearXNG that create_app built (whatever that constructor
-    takes), so it is a SearXNG wherever one is expected. on_answer(outcome, seconds) hears of
-    each search that went out, on_lookup(how, age) of each lookup (proxy/metrics.py's).
-    """
-
-    def __init__(self, built: SearXNG, cache: TTLCache[SearchOutcome],
-                 on_answer: Callable[[SearchOutcome, float], None] | None = None,
-                 on_lookup: Callable[[str, float | None], None] | None = None):
-        self.__dict__.update(built.__dict__)
-        self.cache = cache
-        self._on_answer = on_answer
-        self._on_lookup = on_lookup
-
-    def search(self, query: str, language: str | None = None, limit: int | None = None,
-               time_range: str | None = None, cancel: Cancel | None = None) -> SearchOutcome:
-        def upstream() -> SearchOutcome:
-            started = time.monotonic()
-            outcome = SearXNG.search(self, query, language=language, limit=limit, time_range=time_range,
-                                     cancel=cancel)
-            if self._on_answer:
-                self._on_answer(outcome, time.monotonic() - started)
-            if cancel is not None and cancel.reason == GONE:
-                # Cut short because this caller's client left: another client waiting on the same search must
-                # not get that as its answer, so it searches for itself (see TTLCache.get_or_compute).
-                raise _Abandoned(outcome)
-            return outcome
-
-        key = search_key(query, language, limit or self.results, time_range)
-        # A waiter gives up a little after the first search's own timeout would have ended it.
-        try:
-            found = self.cache.get_or_compute(key, upstream, lambda o: o.status == "ok", wait=self.timeout + 5)
-        except _Abandoned as e:
-            return e.outcome
-        if self._on_lookup and self.cache.enabled:
-            self._on_lookup(found.how, found.age)
-        # A copy: callers reshape what they get, and the cached one must stay as SearXNG gave it.
-        outcome = copy.deepcopy(found.value)
-        outcome.query = query  # the key ignores case: the model sees its own words
-        if found.how == "hit":
-            outcome.cached_age = found.age
-        return outcome

@@ -17,7 +17,8 @@ from .codec import data_of, iter_frame_batches
 from .errors import error_response, sse_error
 from .exchange import Exchange, response_headers
 from .fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchRequest, parse_fetch_arguments
-from .search import NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, format_result, parse_arguments
+from .search import NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, parse_arguments
+from .tools import tool_text
 
 log = logging.getLogger("proxy.chat")
 
@@ -162,7 +163,7 @@ def tool_results(calls: list[dict], outcomes: list, ours=tuple(PROXY_TOOLS),
     in `outcomes`' order, their sources numbered for citing), or the not-executed stub."""
     found = iter(outcomes)
     return [{"role": "tool", "tool_call_id": c.get("id"),
-             "content": citations.numbered(sources, o := next(found), format_result(o)) if is_search(c, ours)
+             "content": citations.numbered(sources, o := next(found), tool_text(o)) if is_search(c, ours)
              else NOT_EXECUTED}
             for c in calls]
 

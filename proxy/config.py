@@ -51,6 +51,7 @@ class Config:
     web_fetch_max_bytes: int = 5 * 1024 * 1024  # decoded body bytes read per page; the rest is never downloaded
     web_fetch_max_tokens: int = 20000  # text handed to the model, ~4 characters a token
     web_fetch_cache_ttl: float = 300.0
+    web_fetch_cache_entries: int = 500
     web_fetch_cache_bytes: int = 32 * 1024 * 1024
     web_fetch_ca_file: str = ""  # a PEM bundle trusted instead of the system's CAs (a private CA; the tests)
     # Page extraction (proxy/extract.py): child processes per worker, each page's CPU seconds and address space
@@ -59,7 +60,7 @@ class Config:
     web_fetch_extract_cpu_seconds: float = 10.0
     web_fetch_extract_memory_mb: int = 1024
     web_fetch_extract_queue: int = 16
-    # Caps on web_fetch calls (proxy/search.py's SearchSession): per model turn and per client request.
+    # Caps on web_fetch calls (proxy/tools.py's ToolSession): per model turn and per client request.
     web_fetch_max_per_turn: int = 10
     web_fetch_max_per_request: int = 50
     searxng_max_bytes: int = 4 * 1024 * 1024  # a SearXNG answer's decoded bytes; a bigger one is a failed search

@@ -17,8 +17,9 @@ from . import codec, metrics, runtime
 from .config import Config
 from .errors import error_for_path, upstream_error_status
 from .fetch import Fetcher
-from .search import SearchSession, SearXNG
+from .search import SearXNG
 from .services import Services
+from .tools import ToolSession
 from .upstream import UpstreamError, UpstreamResponse, end_to_end_headers
 
 log = logging.getLogger("proxy")
@@ -213,11 +214,11 @@ class Exchange:
         self.watch = ClientWatch(self.environ)
         return self.watch
 
-    def session(self) -> SearchSession:
+    def session(self) -> ToolSession:
         def count(n):
             self.environ["proxy.searches"] = self.environ.get("proxy.searches", 0) + n
         # The watch starts after the dialect made its session (loop.run), so the session asks for it per call.
-        return SearchSession(self.searxng, self.cfg.max_search_iter, on_search=count, fetcher=self.fetcher,
+        return ToolSession(self.searxng, self.cfg.max_search_iter, on_search=count, fetcher=self.fetcher,
                              watch=lambda: self.watch)
 
     def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:

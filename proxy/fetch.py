@@ -9,7 +9,6 @@ so tests/test_fetch.py checks them without a network, and the Fetcher against lo
 from __future__ import annotations
 
 import codecs
-import collections
 import hashlib
 import http.client
 import ipaddress
@@ -17,7 +16,6 @@ import logging
 import re
 import socket
 import ssl
-import threading
 import time
 import urllib.parse
 import zlib
@@ -30,6 +28,7 @@ import urllib3.connection
 from urllib3.util.ssl_match_hostname import CertificateError
 
 from . import codec, netguard, runtime
+from .cache import TTLCache
 from .cancel import GONE, TIMEOUT, Cancel
 from .config import Config
 from .extract import ExtractError, ExtractPool, html_to_text, tidy  # noqa: F401  (html_to_text: tests read it here)
@@ -81,7 +80,7 @@ class Page:
 class FetchOutcome:
     """What one web_fetch call produced, in a form every API renders: a page, or the error code
     (Anthropic's vocabulary) and the sentence the model reads. The fetch counterpart of
-    search.SearchOutcome; search.SearchSession runs both kinds in one round."""
+    search.SearchOutcome; tools.ToolSession runs both kinds in one round."""
     url: str
     page: Page | None = None
     error_code: str | None = None
@@ -261,11 +260,11 @@ def _idna(name: str) -> str | None:
         return None
 
 
-def domain_matches(url: str, domains, paths: bool = True) -> bool:
+def domain_matches(url: str, domains) -> bool:
     """True when the URL is under one of `domains` as Anthropic documents them: "example.com" covers
-    its subdomains, "example.com/docs" that path and below (compared after normalise_path; with
-    paths=False, search-result filters, only the host counts); a scheme, if given, is ignored. Pure.
-    The one matcher of the proxy's domain filters: web_fetch's and web_search's (search.host_matches)."""
+    its subdomains, "example.com/docs" that path and below (compared after normalise_path); a scheme,
+    if given, is ignored. Pure. The one matcher and the one rule of the proxy's domain filters: web_fetch's
+    and web_search's (search.filter_domains)."""
     try:
         parts = urllib.parse.urlsplit(url)
         host = _idna(parts.hostname or "")
@@ -282,7 +281,7 @@ def domain_matches(url: str, domains, paths: bool = True) -> bool:
         name = _idna(spelled.rsplit(":", 1)[0] if spelled.count(":") == 1 else spelled)  # a port, if given, is ignored
         if not name or not (host == name or host.endswith("." + name)):
             continue
-        prefix = netguard.normalise_path("/" + prefix).rstrip("/") if paths and prefix.strip("/") else ""
+        prefix = netguard.normalise_path("/" + prefix).rstrip("/") if prefix.strip("/") else ""
         if not prefix or path == prefix or path.startswith(prefix + "/"):
             return True
     return False
@@ -312,55 +311,18 @@ def now_iso() -> str:
 # -- the cache ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class _Entry:
-    page: Page        # text cut only by the byte cap, not by any token budget
-    hops: tuple       # every URL of the redirect chain, so domain filters apply to a hit too
-    expires: float
-    size: int
+class Fetched:
+    """A page as the cache keeps it: its text cut only by the byte cap, not by any token budget, and every URL
+    of its redirect chain, so each request's domain filters are applied to a cached page too."""
+    page: Page
+    hops: tuple
+    status: int  # the final answer's HTTP status, for the log line
 
 
-class PageCache:
-    """Fetched pages for `ttl` seconds, at most `max_bytes` of text, least recently used out first; thread-safe."""
+def fetched_size(f: Fetched) -> int:
+    """Roughly the bytes a cached page holds. Pure."""
+    return len(f.page.text.encode("utf-8", "replace")) + len(f.page.url) + 200
 
-    def __init__(self, ttl: float, max_bytes: int, clock=time.monotonic):
-        self.ttl = ttl
-        self.max_bytes = max_bytes
-        self._clock = clock
-        self._entries: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, url: str) -> _Entry | None:
-        with self._lock:
-            entry = self._entries.get(url)
-            if entry is None:
-                return None
-            if entry.expires <= self._clock():
-                self._drop(url)
-                return None
-            self._entries.move_to_end(url)
-            return entry
-
-    def put(self, urls, page: Page, hops) -> None:
-        size = len(page.text.encode("utf-8", "replace")) + len(page.url) + 200
-        if self.ttl <= 0 or size > self.max_bytes:
-            return
-        entry = _Entry(page, tuple(hops), self._clock() + self.ttl, size)
-        with self._lock:
-            for url in set(urls):
-                self._drop(url)
-                self._entries[url] = entry
-                self._bytes += size  # an entry under two keys counts twice: simple and on the safe side
-            while self._bytes > self.max_bytes and self._entries:
-                self._drop(next(iter(self._entries)))
-
-    def _drop(self, url: str) -> None:
-        entry = self._entries.pop(url, None)
-        if entry is not None:
-            self._bytes -= entry.size
-
-
-# -- the fetcher ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Body:
@@ -412,9 +374,12 @@ class Fetcher:
         self.max_tokens = config.web_fetch_max_tokens
         self.ca_file = config.web_fetch_ca_file or None
         self.resolver = resolver
-        self.cache = PageCache(config.web_fetch_cache_ttl, config.web_fetch_cache_bytes)
+        # Pages under the same cache rules as searches (proxy/cache.py): a TTL, entries and bytes bounded, one
+        # download in flight per URL, failures never kept.
+        self.cache: TTLCache[Fetched] = TTLCache(config.web_fetch_cache_ttl, config.web_fetch_cache_entries,
+                                                 config.web_fetch_cache_bytes, fetched_size)
         self.extractor = extractor or ExtractPool.from_config(config)
-        self.max_per_turn = config.web_fetch_max_per_turn  # the caps SearchSession applies to a request's calls
+        self.max_per_turn = config.web_fetch_max_per_turn  # the caps ToolSession applies to a request's calls
         self.max_per_request = config.web_fetch_max_per_request
 
     def fetch(self, url: str, *, max_tokens: int | None = None,
@@ -431,20 +396,18 @@ class Fetcher:
             budget = min(self.max_tokens, max_tokens or self.max_tokens)
             target = self._target(url)
             host = target.host
-            entry = self.cache.get(target.url)
-            if entry is not None:
-                self._check_domains(entry.hops, allowed_domains, blocked_domains)
-                status = "cached"
-                page = entry.page
-            else:
-                cancel.arm(self.timeout)
-                try:
-                    body, hops = self._download(target, started, cancel, allowed_domains, blocked_domains)
-                finally:
-                    cancel.disarm()  # extraction has limits of its own (proxy/extract.py)
-                status = str(body.status)
-                page = self._page(body, cancel)
-                self.cache.put((target.url, page.url), page, hops)
+            found = self.cache.get_or_compute(
+                target.url, lambda: self._fetched(target, started, cancel, allowed_domains, blocked_domains),
+                lambda _: True, wait=self.timeout + 2 * self.extractor.wall_seconds + 5)
+            self.looked_up(found.how, found.age)
+            page = found.value.page
+            if found.how == "miss":
+                status = str(found.value.status)
+                if page.url != target.url:
+                    self.cache.put(page.url, found.value)  # a later request for where it redirected
+            else:  # another request's download: this request's own domain filters still apply, to every hop
+                self._check_domains(found.value.hops, allowed_domains, blocked_domains)
+                status = "cached" if found.how == "hit" else "shared"
             size = len(page.text)
             text, cut = cut_to_budget(page.text, budget)
             return replace(page, text=text, truncated=page.truncated or cut)
@@ -460,6 +423,18 @@ class Fetcher:
         finally:
             # Host and sizes only: the page and the URL's path and query come from the prompt.
             log.info("fetch %s -> %s (%d chars, %.0f ms)", host, status, size, (time.monotonic() - started) * 1000)
+
+    def _fetched(self, target: netguard.Target, started: float, cancel: Cancel, allowed, blocked) -> Fetched:
+        """Download and extract one page, within the fetch's deadline (extraction has limits of its own)."""
+        cancel.arm(self.timeout)
+        try:
+            body, hops = self._download(target, started, cancel, allowed, blocked)
+        finally:
+            cancel.disarm()  # extraction has limits of its own (proxy/extract.py)
+        return Fetched(self._page(body, cancel), tuple(hops), body.status)
+
+    def looked_up(self, how: str, age: float | None) -> None:
+        """Hears of each cache lookup ("hit", "miss" or "shared"); proxy/metrics.py's MeteredFetcher counts them."""
 
     def run(self, request: FetchRequest, cancel: Cancel | None = None) -> FetchOutcome:
         """One web_fetch call of the loop; never raises: every failure is an outcome."""

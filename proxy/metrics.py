@@ -24,11 +24,11 @@ from prometheus_client import (
     multiprocess,
 )
 
-from .cache import CachedSearXNG, TTLCache, outcome_size
+from .cache import TTLCache
 from .config import Config
 from .errors import error_for_path
-from .fetch import Fetcher, FetchError, FetchOutcome, PageCache
-from .search import SearchOutcome, SearXNG
+from .fetch import Fetcher, FetchError, FetchOutcome
+from .search import CachedSearXNG, SearchOutcome, SearXNG, outcome_size
 
 PATH = "/proxy/metrics"
 ON = "proxy.metrics"         # environ key: this request is metered (PROXY_METRICS on)
@@ -73,9 +73,9 @@ CACHE_LOOKUPS = Counter("proxy_cache_lookups", "Cache lookups by cache (search, 
 CACHE_HIT_AGE = Histogram("proxy_cache_hit_age_seconds", "Age of the answers the caches gave, by cache.",
                           ["cache"], buckets=AGE_BUCKETS, registry=REGISTRY)
 # livesum: each worker has its own cache, and a worker that exits takes its entries with it.
-CACHE_ENTRIES = Gauge("proxy_cache_entries", "Entries held by the search cache, over live workers.",
+CACHE_ENTRIES = Gauge("proxy_cache_entries", "Entries held by a cache (search, page), over live workers.",
                       ["cache"], multiprocess_mode="livesum", registry=REGISTRY)
-CACHE_BYTES = Gauge("proxy_cache_bytes", "Bytes held by the search cache (as it counts them), over live workers.",
+CACHE_BYTES = Gauge("proxy_cache_bytes", "Bytes held by a cache (search, page; as it counts them), over live workers.",
                     ["cache"], multiprocess_mode="livesum", registry=REGISTRY)
 
 # Error codes (Anthropic's vocabulary, which every API's outcome carries) the proxy answers itself.
@@ -233,9 +233,9 @@ def searxng_answered(outcome: SearchOutcome, seconds: float) -> None:
                            else failure_outcome(outcome.error_code, outcome.message)).observe(seconds)
 
 
-def cache_size(entries: int, size: int) -> None:
-    CACHE_ENTRIES.labels("search").set(entries)
-    CACHE_BYTES.labels("search").set(size)
+def cache_size(cache: str, entries: int, size: int) -> None:
+    CACHE_ENTRIES.labels(cache).set(entries)
+    CACHE_BYTES.labels(cache).set(size)
 
 
 def cache_lookup(cache: str, how: str, age: float | None) -> None:
@@ -244,40 +244,23 @@ def cache_lookup(cache: str, how: str, age: float | None) -> None:
         CACHE_HIT_AGE.labels(cache).observe(age)
 
 
-class _MeteredPageCache(PageCache):
-    """The fetcher's page cache, counting its lookups; `hit` says (per greenlet or thread) whether
-    this fetch's lookup found the page, so its time is not counted as a fetch."""
-
-    def __init__(self, ttl: float, max_bytes: int):
-        super().__init__(ttl, max_bytes)
-        self._last = threading.local()
-
-    @property
-    def hit(self) -> bool:
-        return getattr(self._last, "hit", False)
-
-    def get(self, url: str):
-        entry = super().get(url)
-        self._last.hit = entry is not None
-        if self.ttl > 0:
-            cache_lookup("page", "hit" if entry else "miss",
-                         self.ttl - (entry.expires - time.monotonic()) if entry else None)
-        return entry
-
-
 class MeteredFetcher(Fetcher):
-    """The fetcher create_app built, timing each fetch and counting the bytes read. It takes over
-    that fetcher's state, so its settings and its page cache (now counting) stay as they were."""
-
-    cache: _MeteredPageCache
+    """The fetcher create_app built, timing each fetch that went out and counting the bytes read and the page
+    cache's lookups. It takes over that fetcher's state, so its settings and its page cache stay as they were."""
 
     def __init__(self, built: Fetcher):
         self.__dict__.update(built.__dict__)
-        self.cache = built.cache = _MeteredPageCache(built.cache.ttl, built.cache.max_bytes)
+        self._lookup = threading.local()  # this greenlet's (or thread's) last lookup: a fetch, or the cache's
+        self.cache.on_size = lambda entries, size: cache_size("page", entries, size)
+
+    def looked_up(self, how: str, age: float | None) -> None:
+        self._lookup.how = how
+        if self.cache.enabled:
+            cache_lookup("page", how, age)
 
     def fetch(self, url: str, **kw):  # the same keywords as Fetcher.fetch, passed on as they are
         started = time.monotonic()
-        self.cache._last.hit = False
+        self._lookup.how = "miss"
         outcome = "ok"
         try:
             return super().fetch(url, **kw)
@@ -285,7 +268,7 @@ class MeteredFetcher(Fetcher):
             outcome = failure_outcome(e.code, e.message)
             raise
         finally:
-            if not self.cache.hit:
+            if self._lookup.how == "miss":  # a page from the cache, or from another request's download, is no fetch
                 FETCH_SECONDS.labels(outcome).observe(time.monotonic() - started)
 
     def _read_body(self, *args, **kw):
@@ -299,7 +282,7 @@ def instrument(cfg: Config, searxng: SearXNG, fetcher: Fetcher) -> tuple[SearXNG
     on = cfg.proxy_metrics
     cache: TTLCache[SearchOutcome] = TTLCache(
         cfg.search_cache_ttl, cfg.search_cache_entries, cfg.search_cache_bytes, outcome_size,
-        on_size=cache_size if on else None)
+        on_size=(lambda entries, size: cache_size("search", entries, size)) if on else None)
     cached = CachedSearXNG(searxng, cache, on_answer=searxng_answered if on else None,
                            on_lookup=(lambda how, age: cache_lookup("search", how, age)) if on else None)
     return cached, (MeteredFetcher(fetcher) if on else fetcher)

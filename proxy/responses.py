@@ -36,11 +36,11 @@ from .search import (
     QUERY_SCHEMA,
     TOOL_DESCRIPTION,
     SearchOutcome,
-    SearchSession,
     filter_domains,
     format_for_model,
     parse_arguments,
 )
+from .tools import ToolSession
 
 PATH = "/v1/responses"
 HOSTED_TYPES = frozenset({"web_search", "web_search_2025_08_26", "web_search_preview",
@@ -433,7 +433,7 @@ def find_request(arguments) -> FetchRequest:
 
 
 def tool_request(call: dict, plan: Plan):
-    """A call of the proxy's as SearchSession.run takes it: a parsed query, or a fetch limited
+    """A call of the proxy's as ToolSession.run takes it: a parsed query, or a fetch limited
     to the hosted tool's allowed_domains (which OpenAI's tool applies to opened pages too)."""
     arguments = call.get("arguments")
     if call.get("name") == plan.fetch_name:
@@ -452,7 +452,7 @@ def settle(call: dict, outcome, plan: Plan):
     return outcome
 
 
-def run_searches(session: SearchSession, calls: list[dict], plan: Plan) -> list:
+def run_searches(session: ToolSession, calls: list[dict], plan: Plan) -> list:
     """One round: every internal call of a turn (searches and page reads), concurrently."""
     outcomes = session.run([tool_request(c, plan) for c in calls], limit=plan.search_limit, language=plan.language)
     return [settle(c, o, plan) for c, o in zip(calls, outcomes, strict=True)]

@@ -1,32 +1,28 @@
-"""The one search core behind every API's web_search: SearXNG calls, the text the model
-reads, failure reporting, repeated-query and iteration bookkeeping.
-
-Used by the chat-completions, Messages and Responses loops; not run on its own. The
-functions that build and read SearXNG traffic are pure so they are tested without a network.
+"""SearXNG, the web_search backend of the tools layer (proxy/tools.py): its calls, with one deadline each and a
+bounded answer, the search cache in front of them, the text the model reads for a search, and failures as
+outcomes. Used by every API through tools.ToolSession, and by Codex's /v1/alpha/search; not run on its own.
+The functions that build and read SearXNG traffic are pure so they are tested without a network.
 """
 from __future__ import annotations
 
+import copy
 import http.client
 import logging
-import threading
 import time
 import urllib.parse
 import zlib
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from . import codec
-from .cancel import GONE, TIMEOUT, Cancel, watched
+from .cache import TTLCache
+from .cancel import GONE, TIMEOUT, Cancel
 from .fetch import (
     READ_CHUNK,
     Decoder,
-    Fetcher,
     FetchError,
-    FetchOutcome,
-    FetchRequest,
     domain_matches,
-    format_page_for_model,
 )
-from .runtime import run_together
 
 log = logging.getLogger("proxy.search")
 
@@ -195,18 +191,13 @@ def _list(value) -> list:
     return value if isinstance(value, list) else []
 
 
-def host_matches(url: str, domains) -> bool:
-    """True when the URL's host is one of `domains` or a subdomain of one (a path in a domain is not
-    compared: search results are filtered by site). Pure."""
-    return domain_matches(url, domains, paths=False)
-
-
 def filter_domains(outcome: SearchOutcome, allowed=None, blocked=None) -> SearchOutcome:
-    """Keep only hits from allowed domains and none from blocked ones (a client's filters). Pure."""
+    """Keep only hits from allowed domains and none from blocked ones (a client's filters), by the rule web_fetch
+    uses too: "example.com/docs" keeps example.com's pages under /docs, as Anthropic documents its filters. Pure."""
     if outcome.status != "ok" or not (allowed or blocked):
         return outcome
     hits = [h for h in outcome.hits
-            if (not allowed or host_matches(h.url, allowed)) and not (blocked and host_matches(h.url, blocked))]
+            if (not allowed or domain_matches(h.url, allowed)) and not (blocked and domain_matches(h.url, blocked))]
     # Answers and infoboxes name no source page, so an allow-list can't vouch for them.
     answers, infoboxes = ([], []) if allowed else (outcome.answers, outcome.infoboxes)
     if hits or answers or infoboxes:
@@ -238,11 +229,6 @@ def format_for_model(outcome: SearchOutcome) -> str:
         text = ("You already searched for exactly this; it was not searched again. "
                 "Use these results or answer now.\n\n" + text)
     return text
-
-
-def format_result(outcome) -> str:
-    """What the model reads for one call of a round: a search's results or a fetched page. Pure."""
-    return format_page_for_model(outcome) if isinstance(outcome, FetchOutcome) else format_for_model(outcome)
 
 
 class SearXNG:
@@ -324,127 +310,74 @@ class _TooBig(Exception):
     """A SearXNG answer over max_bytes."""
 
 
-class SearchSession:
-    """The tool rounds of one client request: runs its searches and page fetches, remembers the
-    searches, counts both.
+# ---- the search cache: SearXNG behind a TTLCache ----------------------------------------------
 
-    Repeating an identical query is the usual loop of local models, so a repeat is answered
-    from memory with a note instead of hitting SearXNG again. A page fetched again comes from
-    the fetcher's cache.
+class _Abandoned(Exception):
+    """A search its own caller's client abandoned; carries the outcome back to that caller only."""
+
+    def __init__(self, outcome: SearchOutcome):
+        super().__init__("abandoned")
+        self.outcome = outcome
+
+
+def search_key(query: str, language: str | None, limit: int, time_range: str | None) -> tuple:
+    """What changes SearXNG's answer: the query (already cleaned by search.clean_query; engines
+    ignore case and spacing), language, time range and result count. The instance and its
+    engines are one per proxy. Domain filters are not in it: they apply to the cached answer. Pure."""
+    return (" ".join(query.casefold().split()), language or "", time_range or "", limit)
+
+
+def outcome_size(o: SearchOutcome) -> int:
+    """Roughly the bytes an outcome holds: its text plus a fixed charge per object. Pure."""
+    hits = sum(len(h.title) + len(h.url) + len(h.snippet) + len(h.date or "") + 100 for h in o.hits)
+    return 300 + len(o.query) + len(o.message) + hits + sum(len(a) + 50 for a in o.answers + o.infoboxes)
+
+
+class CachedSearXNG(SearXNG):
+    """SearXNG behind a TTLCache: a repeated search within SEARCH_CACHE_TTL is answered from the
+    cache, identical searches at once go out once, and only answers with results are kept (an
+    empty or failed answer may be the engines' passing trouble). A cached answer carries its age,
+    which the model reads in the result. Every caller filters domains on what it gets, so a
+    cached answer passes the same allowed/blocked lists as a fresh one.
+
+    It takes over the state of the SearXNG that create_app built (whatever that constructor
+    takes), so it is a SearXNG wherever one is expected. on_answer(outcome, seconds) hears of
+    each search that went out, on_lookup(how, age) of each lookup (proxy/metrics.py's).
     """
 
-    def __init__(self, searxng: SearXNG, max_rounds: int, on_search=None, fetcher: Fetcher | None = None,
-                 watch=None):
-        self.searxng = searxng
-        self.fetcher = fetcher
-        self.fetches = 0
-        self.fetched = 0    # web_fetch calls run (not refused before fetching): what the caps count
-        self.max_rounds = max_rounds
-        self.rounds = 0
-        self.searches = 0
-        self.empty = 0
-        self.failed = 0
-        self.repeated = 0   # queries answered from memory, not searched again
-        self._seen: dict[str, SearchOutcome] = {}
-        self._on_search = on_search
-        self._watch = watch  # () -> the client's ClientWatch or None: each call is on it while it runs
-        self._lock = threading.Lock()
+    def __init__(self, built: SearXNG, cache: TTLCache[SearchOutcome],
+                 on_answer: Callable[[SearchOutcome, float], None] | None = None,
+                 on_lookup: Callable[[str, float | None], None] | None = None):
+        self.__dict__.update(built.__dict__)
+        self.cache = cache
+        self._on_answer = on_answer
+        self._on_lookup = on_lookup
 
-    @property
-    def exhausted(self) -> bool:
-        return self.rounds >= self.max_rounds
+    def search(self, query: str, language: str | None = None, limit: int | None = None,
+               time_range: str | None = None, cancel: Cancel | None = None) -> SearchOutcome:
+        def upstream() -> SearchOutcome:
+            started = time.monotonic()
+            outcome = SearXNG.search(self, query, language=language, limit=limit, time_range=time_range,
+                                     cancel=cancel)
+            if self._on_answer:
+                self._on_answer(outcome, time.monotonic() - started)
+            if cancel is not None and cancel.reason == GONE:
+                # Cut short because this caller's client left: another client waiting on the same search must
+                # not get that as its answer, so it searches for itself (see TTLCache.get_or_compute).
+                raise _Abandoned(outcome)
+            return outcome
 
-    def _capped(self, items: list) -> list:
-        """The round's items with fetches past WEB_FETCH_MAX_PER_TURN or WEB_FETCH_MAX_PER_REQUEST replaced by
-        the outcome that tells the model so: a prompt-injected model must not turn one request into
-        unbounded traffic to third-party hosts."""
-        if self.fetcher is None:
-            return items
-        per_turn, per_request = self.fetcher.max_per_turn, self.fetcher.max_per_request
-        out, this_turn = [], 0
-        for item in items:
-            if isinstance(item, FetchRequest) and item.early is None:
-                if this_turn >= per_turn:
-                    item = replace(item, early=FetchOutcome(item.url, error_code="max_uses_exceeded", message=(
-                        f"Fetch failed: not fetched: one turn may fetch at most {per_turn} pages "
-                        "(WEB_FETCH_MAX_PER_TURN). Fetch the most useful pages first, fewer at a time.")))
-                elif self.fetched >= per_request:
-                    item = replace(item, early=FetchOutcome(item.url, error_code="max_uses_exceeded", message=(
-                        f"Fetch failed: not fetched: this request already fetched {per_request} pages, the most one "
-                        "request may (WEB_FETCH_MAX_PER_REQUEST). Answer from what you have read.")))
-                else:
-                    this_turn += 1
-                    self.fetched += 1
-            out.append(item)
-        return out
-
-    def run(self, queries: list, limit: int | None = None, language: str | None = None) -> list:
-        """Run one round: each item is a parse_arguments() result (a search, giving a SearchOutcome)
-        or a fetch.FetchRequest (giving a FetchOutcome); outcomes in the items' order, all run
-        concurrently. Never raises: every failure is an outcome the model reads."""
-        self.rounds += 1
-        queries = self._capped(queries)
-
-        def one(item):
-            # On the client's watch: its leaving ends the fetch or search at once.
-            with watched(self._watch() if self._watch is not None else None) as cancel:
-                try:
-                    return self._one(item, limit, language, cancel)
-                except Exception:
-                    # A bug or a library's surprise must not end the client's turn with a 500: the model reads
-                    # a failure, the log keeps the traceback.
-                    log.exception("a %s failed unexpectedly", "fetch" if isinstance(item, FetchRequest) else "search")
-                    if isinstance(item, FetchRequest):
-                        return FetchOutcome(item.url, error_code="unavailable", message=(
-                            "Fetch failed: the proxy could not read this page (an internal error)."))
-                    return SearchOutcome(str(item[0]), "failed", error_code="unavailable",
-                                         message="Search failed: the proxy could not run this search (an internal error).")
-
-        # No items: a round of calls all refused before searching still counts as a round.
-        outcomes = run_together(one, queries, at_most=8)
-        for o in outcomes:
-            if isinstance(o, FetchOutcome):
-                self.fetches += 1
-                continue
-            if o.repeated:
-                self.repeated += 1
-                continue
-            self.searches += 1
-            self.empty += o.status == "empty"
-            self.failed += o.status == "failed"
-        if self._on_search:
-            self._on_search(len([o for o in outcomes if isinstance(o, SearchOutcome) and not o.repeated]))
-        return outcomes
-
-    def _one(self, item, limit: int | None, language: str | None, cancel: Cancel):
-        if isinstance(item, FetchRequest):
-            if self.fetcher is None:
-                return FetchOutcome(item.url, error_code="unavailable", message="Fetch failed: web_fetch is off.")
-            return self.fetcher.run(item, cancel)
-        query, early = item
-        if early is not None:
-            return early
-        key = query.casefold()
-        with self._lock:
-            if key in self._seen:
-                prev = self._seen[key]
-                return SearchOutcome(**{**prev.__dict__, "repeated": True})
-        outcome = self.searxng.search(query, language=language, limit=limit, cancel=cancel)
-        with self._lock:
-            self._seen[key] = outcome
+        key = search_key(query, language, limit or self.results, time_range)
+        # A waiter gives up a little after the first search's own timeout would have ended it.
+        try:
+            found = self.cache.get_or_compute(key, upstream, lambda o: o.status == "ok", wait=self.timeout + 5)
+        except _Abandoned as e:
+            return e.outcome
+        if self._on_lookup and self.cache.enabled:
+            self._on_lookup(found.how, found.age)
+        # A copy: callers reshape what they get, and the cached one must stay as SearXNG gave it.
+        outcome = copy.deepcopy(found.value)
+        outcome.query = query  # the key ignores case: the model sees its own words
+        if found.how == "hit":
+            outcome.cached_age = found.age
         return outcome
-
-    def cap_message(self) -> str:
-        """The error the client reads when the model wants more rounds than allowed: the
-        limit (MAX_SEARCH_ITER), and what the rounds it had found."""
-        unusable = self.empty + self.failed
-        fetched = f", {_count(self.fetches, 'page', 'pages')} fetched" if self.fetches else ""
-        msg = (f"{self.rounds} of {_count(self.max_rounds, 'search round', 'search rounds')} used "
-               f"({_count(self.searches, 'search', 'searches')}, {self.repeated} repeated, {unusable} empty{fetched})")
-        if self.searches and unusable == self.searches:
-            msg += " — SearXNG returned no usable results"
-        return msg
-
-
-def _count(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"

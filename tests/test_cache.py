@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from proxy.cache import TTLCache, outcome_size, search_key
-from proxy.search import Hit, SearchOutcome
+from proxy.cache import TTLCache
+from proxy.search import Hit, SearchOutcome, outcome_size, search_key
 
 
 class Clock:

@@ -18,9 +18,20 @@ import pytest
 from standins.web_pages import WebSite
 
 from proxy import fetch as fetchmod
+from proxy.cache import TTLCache
 from proxy.config import Config
-from proxy.fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, Fetcher, FetchError, Page, PageCache, domain_matches
+from proxy.fetch import (
+    FETCH_TOOL_DESCRIPTION,
+    URL_SCHEMA,
+    Fetched,
+    Fetcher,
+    FetchError,
+    Page,
+    domain_matches,
+    fetched_size,
+)
 from proxy.netguard import address_refusal, parse_networks, parse_url
+from proxy.runtime import run_together
 
 ARTICLE = """<!doctype html><html><head><title>Ownership - The Book</title></head><body>
 <nav class="sidebar"><ul><li><a href="/a">Getting Started With Everything</a></li>
@@ -483,15 +494,17 @@ def test_domain_matches(target, domains, matches):
     assert domain_matches(target, domains) is matches
 
 
-@pytest.mark.parametrize("target, domains, matches", [
-    ("https://docs.example.com/x", ["example.com/other"], True),   # search results: the host only
+@pytest.mark.parametrize("target, domains, kept", [
+    ("https://docs.example.com/x", ["example.com/other"], False),   # a path scopes search results too
+    ("https://docs.example.com/other/page", ["example.com/other"], True),
     ("https://bücher.example/", ["xn--bcher-kva.example"], True),
-    ("https://example.com:8443/", ["https://example.com:8443/x"], True),
+    ("https://example.com:8443/x/y", ["https://example.com:8443/x"], True),
     ("https://evil.com/?q=example.com", ["example.com"], False),
 ])
-def test_search_host_matches_is_the_same_rule_without_paths(target, domains, matches):
-    from proxy.search import host_matches
-    assert host_matches(target, domains) is matches is domain_matches(target, domains, paths=False)
+def test_search_filters_use_the_fetch_rule(target, domains, kept):
+    from proxy.search import Hit, SearchOutcome, filter_domains
+    outcome = filter_domains(SearchOutcome("q", "ok", hits=[Hit("t", target)]), allowed=domains)
+    assert bool(outcome.hits) is kept is domain_matches(target, domains)
 
 
 def test_a_path_scoped_allow_list_refuses_dot_segments_out_of_it(site):
@@ -550,7 +563,7 @@ def test_cache_expiry(site):
     site.route("/p", "v1", headers={"Content-Type": "text/plain"})
     f = make(web_fetch_cache_ttl=60)
     now = [1000.0]
-    f.cache = PageCache(60, 1 << 20, clock=lambda: now[0])
+    f.cache = TTLCache(60, 500, 1 << 20, fetched_size, clock=lambda: now[0])
     assert f.fetch(url(site, "/p")).text == "v1"
     site.route("/p", "v2", headers={"Content-Type": "text/plain"})
     now[0] += 59
@@ -568,15 +581,44 @@ def test_failures_are_not_cached(site):
     assert f.fetch(url(site, "/flaky")).text == "fine"
 
 
-def test_cache_is_bounded_in_bytes():
-    cache = PageCache(60, 10_000)
+def _fetched(u: str, chars: int) -> Fetched:
+    return Fetched(Page(u, None, "x" * chars, "text/plain", "t", False), (u,), 200)
+
+
+def test_the_page_cache_is_bounded_in_bytes_and_entries():
+    cache = TTLCache(60, 500, 10_000, fetched_size)
     for i in range(20):
-        cache.put([f"u{i}"], Page(f"u{i}", None, "x" * 1000, "text/plain", "t", False), [f"u{i}"])
+        cache.put(f"u{i}", _fetched(f"u{i}", 1000))
     kept = [i for i in range(20) if cache.get(f"u{i}")]
-    assert kept == list(range(12, 20)) and cache._bytes <= 10_000  # the newest, least recently used out first
-    cache.put(["huge"], Page("huge", None, "x" * 20_000, "text/plain", "t", False), ["huge"])
+    assert kept == list(range(12, 20)) and cache.bytes <= 10_000  # the newest, least recently used out first
+    cache.put("huge", _fetched("huge", 20_000))
     assert cache.get("huge") is None  # larger than the whole cache: not stored, nothing evicted for it
     assert cache.get("u19") is not None
+    few = TTLCache(60, 3, 1 << 20, fetched_size)
+    for i in range(5):
+        few.put(f"u{i}", _fetched(f"u{i}", 10))
+    assert [i for i in range(5) if few.get(f"u{i}")] == [2, 3, 4]
+
+
+def test_identical_fetches_at_once_download_once(site):
+    """A second request for a page already being read waits for that download instead of fetching it again."""
+    site.route("/slow", "once", headers={"Content-Type": "text/plain"}, stall=0.5)
+    f = make(web_fetch_cache_ttl=60)
+    pages = run_together(lambda _: f.fetch(url(site, "/slow")).text, [1, 2, 3], at_most=3)
+    assert pages == ["once"] * 3 and len(site.requests) == 1
+
+
+def test_a_shared_download_still_applies_each_requests_domain_filters(site):
+    site.route("/slow", "once", headers={"Content-Type": "text/plain"}, stall=0.5)
+    f = make(web_fetch_cache_ttl=60)
+
+    def attempt(kw):
+        try:
+            return f.fetch(url(site, "/slow"), **kw)
+        except FetchError as e:
+            return e
+    got = run_together(attempt, [{}, {"blocked_domains": ["pages.test"]}], at_most=2)
+    assert isinstance(got[0], Page) and isinstance(got[1], FetchError) and got[1].code == "url_not_allowed"
 
 
 # -- HTTPS --------------------------------------------------------------------------------

@@ -18,13 +18,13 @@ from proxy.fetch import Decoder
 from proxy.search import (
     Hit,
     SearchOutcome,
-    SearchSession,
     filter_domains,
     format_for_model,
     outcome_from_response,
     parse_arguments,
     search_url,
 )
+from proxy.tools import ToolSession
 from proxy.upstream import UpstreamError, end_to_end_headers
 
 USER = [{"role": "user", "content": "hi"}]
@@ -198,7 +198,7 @@ class FakeSearxng:
 
 def test_session_repeats_are_not_searched_again_and_counts_add_up():
     s = FakeSearxng()
-    session = SearchSession(s, max_rounds=3)
+    session = ToolSession(s, max_rounds=3)
     first = session.run([("rust", None), ("Rust", None), parse_arguments("{bad")])
     assert s.calls.count("rust") + s.calls.count("Rust") == 1 and session.rounds == 1
     assert sum(o.repeated for o in first) == 1 and first[2].status == "failed"
@@ -217,7 +217,7 @@ def test_session_repeats_are_not_searched_again_and_counts_add_up():
     ("ok", [["a", "b"], ["A", "b", "c"], []], "3 of 3 search rounds used (3 searches, 2 repeated, 0 empty)"),
 ])
 def test_cap_message(status, rounds, expected):
-    session = SearchSession(FakeSearxng(status), max_rounds=len(rounds))
+    session = ToolSession(FakeSearxng(status), max_rounds=len(rounds))
     for queries in rounds:
         session.run([(q, None) for q in queries])
     assert session.cap_message() == expected
