@@ -20,8 +20,11 @@ from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
 from standins.searxng import result
 
-from proxy import messages as M
-from proxy.search import Hit, SearchOutcome, format_for_model
+from proxy.errors import as_anthropic_error
+from proxy.messages_blocks import add_usage, encode_content, outcome_from_block, result_block, with_searches
+from proxy.messages_history import rewrite_history
+from proxy.messages_request import Plan, internal_name, needs_rewrite, next_request, rewrite, subrequest_query, validate
+from proxy.search import QUERY_SCHEMA, TOOL_DESCRIPTION, Hit, SearchOutcome, format_for_model
 
 SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"
 SERVER_TOOL = {"type": "web_search_20250305", "name": "web_search", "max_uses": 8}
@@ -84,7 +87,7 @@ def test_error_builder_matches_vllm_capture():
 
 STU = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "q one"}}
 HIT_BLOCK = {"type": "web_search_result", "url": "https://a.example/x", "title": "A",
-             "encrypted_content": M.encode_content(Hit("A", "https://a.example/x", "snip A")), "page_age": "2026-01-02"}
+             "encrypted_content": encode_content(Hit("A", "https://a.example/x", "snip A")), "page_age": "2026-01-02"}
 WSTR = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": [HIT_BLOCK]}
 
 
@@ -100,7 +103,7 @@ WSTR = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content"
     ([1, 2], False),
 ])
 def test_which_requests_are_rewritten(body, expected):
-    assert M.needs_rewrite(body) is expected
+    assert needs_rewrite(body) is expected
 
 
 @pytest.mark.parametrize("tools,name", [
@@ -110,7 +113,7 @@ def test_which_requests_are_rewritten(body, expected):
      "web_search_server_2"),
 ])
 def test_internal_name_never_collides(tools, name):
-    assert M.internal_name(tools) == name
+    assert internal_name(tools) == name
 
 
 def test_rewrite_replaces_only_the_server_tool():
@@ -118,7 +121,7 @@ def test_rewrite_replaces_only_the_server_tool():
             "thinking": {"type": "adaptive"}, "tool_choice": {"type": "tool", "name": "web_search"},
             "tools": [{"name": "Bash", "input_schema": {"type": "object"}},
                       {**SERVER_TOOL, "allowed_domains": ["docs.example"]}]}
-    out, plan = M.rewrite(body)
+    out, plan = rewrite(body)
     assert out["tools"][0] == body["tools"][0]
     assert out["tools"][1]["name"] == "web_search" and out["tools"][1]["input_schema"]["required"] == ["query"]
     assert "type" not in out["tools"][1] and "docs.example" in out["tools"][1]["description"]
@@ -132,7 +135,7 @@ def test_rewrite_replaces_only_the_server_tool():
     ("messages", {"messages": "hi", "tools": [SERVER_TOOL]}),
 ])
 def test_validate(problem, body):
-    assert problem in M.validate(body)
+    assert problem in validate(body)
 
 
 def _tr(tid, text_has):
@@ -177,17 +180,17 @@ BASH = {"type": "tool_use", "id": "toolu_b", "name": "Bash", "input": {}}
       ("assistant", [("text", "so"), ("tool_use", "toolu_b")]), ("user", [_tr("toolu_b", None)])]),
 ])
 def test_replayed_history_becomes_tool_use_and_tool_result(history, expected):
-    assert _shape(M.rewrite_history(history, "web_search")) == expected
+    assert _shape(rewrite_history(history, "web_search")) == expected
 
 
 def test_replayed_result_gives_the_model_the_same_text():
     outcome = SearchOutcome("q one", "ok", hits=[Hit("A", "https://a.example/x", "snip A", "2026-01-02"),
                                                  Hit("B", "https://b.example/y", "snip B")],
                             answers=["42"], infoboxes=["Box: text"])
-    block = M.result_block("srvtoolu_1", outcome)
+    block = result_block("srvtoolu_1", outcome)
     assert [r["page_age"] for r in block["content"]] == ["2026-01-02", None]
     assert json.loads(base64.b64decode(block["content"][1]["encrypted_content"])) == {"snippet": "snip B"}
-    assert format_for_model(M.outcome_from_block("q one", block["content"])) == format_for_model(outcome)
+    assert format_for_model(outcome_from_block("q one", block["content"])) == format_for_model(outcome)
 
 
 @pytest.mark.parametrize("content,status,code", [
@@ -197,7 +200,7 @@ def test_replayed_result_gives_the_model_the_same_text():
     ([{"type": "web_search_result", "url": "https://x.example", "title": "X", "encrypted_content": "Eq0K@@", "page_age": None}], "ok", None),
 ])
 def test_outcome_from_replayed_block(content, status, code):
-    o = M.outcome_from_block("q", content)
+    o = outcome_from_block("q", content)
     assert (o.status, o.error_code) == (status, code)
 
 
@@ -212,7 +215,7 @@ def test_outcome_from_replayed_block(content, status, code):
     ({"tools": [SERVER_TOOL], "messages": ASK + ASK}, None),
 ])
 def test_claude_code_subrequest_detection(body, expected):
-    assert M.subrequest_query(body) == expected
+    assert subrequest_query(body) == expected
 
 
 @pytest.mark.parametrize("tool_choice,client_tools,expected", [
@@ -225,8 +228,8 @@ def test_claude_code_subrequest_detection(body, expected):
     ({"type": "auto"}, False, {"type": "auto"}),
 ])
 def test_forced_choice_applies_to_the_first_turn_only(tool_choice, client_tools, expected):
-    plan = M.Plan(name="web_search", server=True, client_tools=client_tools)
-    assert M.next_request({"tool_choice": tool_choice}, [], plan)["tool_choice"] == expected
+    plan = Plan(name="web_search", server=True, client_tools=client_tools)
+    assert next_request({"tool_choice": tool_choice}, [], plan)["tool_choice"] == expected
 
 
 @pytest.mark.parametrize("status,raw,expected", [
@@ -236,14 +239,14 @@ def test_forced_choice_applies_to_the_first_turn_only(tool_choice, client_tools,
     (429, b'{"error": "slow down"}', ("rate_limit_error", "slow down")),
 ])
 def test_vllm_errors_in_anthropic_shape(status, raw, expected):
-    data = json.loads(M.as_anthropic_error(status, raw))
+    data = json.loads(as_anthropic_error(status, raw))
     assert data["type"] == "error" and data["error"]["type"] == expected[0] and expected[1] in data["error"]["message"]
 
 
 def test_usage_adds_up():
-    total = M.add_usage(M.add_usage(None, {"input_tokens": 10, "output_tokens": 3}),
+    total = add_usage(add_usage(None, {"input_tokens": 10, "output_tokens": 3}),
                         {"input_tokens": 30, "output_tokens": 5, "cache_read_input_tokens": 4})
-    assert M.with_searches(total, 2) == {"input_tokens": 40, "output_tokens": 8, "cache_read_input_tokens": 4,
+    assert with_searches(total, 2) == {"input_tokens": 40, "output_tokens": 8, "cache_read_input_tokens": 4,
                                          "server_tool_use": {"web_search_requests": 2, "web_fetch_requests": 0}}
 
 
@@ -305,7 +308,7 @@ def test_search_yields_server_blocks_text_and_summed_usage(proxy, backend, searx
     assert searxng.queries == ["vllm 0.32 release notes"]
     first, second = [r.json() for r in turns(backend)]
     assert [r.query for r in turns(backend)] == ["beta=true", "beta=true"]
-    assert first["tools"] == [{"name": "web_search", "description": M.TOOL_DESCRIPTION, "input_schema": M.QUERY_SCHEMA}]
+    assert first["tools"] == [{"name": "web_search", "description": TOOL_DESCRIPTION, "input_schema": QUERY_SCHEMA}]
     assert second["messages"][:1] == ASK
     assistant, user = second["messages"][1:]
     assert assistant == {"role": "assistant", "content": [
@@ -516,7 +519,7 @@ def test_count_tokens_gets_the_same_rewrite(proxy, backend):
     got = backend.received[0]
     assert got.path == "/v1/messages/count_tokens"
     body = got.json()
-    assert body["tools"][0]["input_schema"] == M.QUERY_SCHEMA
+    assert body["tools"][0]["input_schema"] == QUERY_SCHEMA
     assert [b["type"] for b in body["messages"][1]["content"]] == ["tool_use"]
 
 

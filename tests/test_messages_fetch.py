@@ -20,8 +20,18 @@ from standins.scripted_backend import Reply
 from test_chat_fetch import FACT, PAGE
 from test_faults import post_raw, read_until
 
-from proxy import messages as M
 from proxy.fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchOutcome, Page
+from proxy.messages_blocks import (
+    CUT_NOTE,
+    FETCH_ERROR_TEXT,
+    fetch_content,
+    fetch_result_block,
+    fetch_text,
+    model_text,
+    with_searches,
+)
+from proxy.messages_history import rewrite_history
+from proxy.messages_request import FetchPlan, needs_rewrite, next_request, rewrite, validate
 
 SEARCH = {"type": "web_search_20250305", "name": "web_search"}
 FETCH = {"type": "web_fetch_20250910", "name": "web_fetch"}
@@ -45,22 +55,22 @@ PAGE_OUTCOME = FetchOutcome("https://docs.example/a", page=Page(
         {"type": "web_fetch_tool_result", "tool_use_id": "srvtoolu_1", "content": {}}]}]}, True),
 ])
 def test_which_requests_are_rewritten(body, expected):
-    assert M.needs_rewrite(body) is expected
+    assert needs_rewrite(body) is expected
 
 
 def test_the_tool_vllm_sees_and_the_plan():
     mine = {"name": "web_fetch", "input_schema": {"type": "object"}}
     body = {"messages": ASK, "tools": [SEARCH, mine, {**FETCH, "max_uses": 2, "max_content_tokens": 50,
                                                       "allowed_domains": ["docs.example"], "citations": {"enabled": True}}]}
-    out, plan = M.rewrite(body)
+    out, plan = rewrite(body)
     assert out["tools"][0]["name"] == "web_search" and out["tools"][1] == mine
     assert out["tools"][2] == {"name": "web_fetch_server", "input_schema": URL_SCHEMA,
                                "description": FETCH_TOOL_DESCRIPTION + " Only pages on these domains can be fetched: docs.example."}
-    assert plan.fetch == M.FetchPlan(max_uses=2, allowed=("docs.example",), max_tokens=50, citations={"enabled": True})
+    assert plan.fetch == FetchPlan(max_uses=2, allowed=("docs.example",), max_tokens=50, citations={"enabled": True})
     assert plan.ours() == {"web_search", "web_fetch_server"} and plan.client_tools
-    assert M.rewrite({"messages": ASK, "tools": [FETCH]})[0]["tools"] == [VLLM_FETCH_TOOL]
+    assert rewrite({"messages": ASK, "tools": [FETCH]})[0]["tools"] == [VLLM_FETCH_TOOL]
     later = {"type": "web_fetch_20260318", "name": "web_fetch", "use_cache": False}  # its extra options are ignored
-    assert M.rewrite({"messages": ASK, "tools": [later]})[0]["tools"] == [VLLM_FETCH_TOOL]
+    assert rewrite({"messages": ASK, "tools": [later]})[0]["tools"] == [VLLM_FETCH_TOOL]
 
 
 @pytest.mark.parametrize("tool_choice,expected", [
@@ -69,15 +79,15 @@ def test_the_tool_vllm_sees_and_the_plan():
     ({"type": "auto"}, {"type": "auto"}),
 ])
 def test_a_forced_fetch_is_forced_once(tool_choice, expected):
-    _, plan = M.rewrite({"messages": ASK, "tools": [FETCH]})
-    assert M.next_request({"tool_choice": tool_choice}, [], plan)["tool_choice"] == expected
+    _, plan = rewrite({"messages": ASK, "tools": [FETCH]})
+    assert next_request({"tool_choice": tool_choice}, [], plan)["tool_choice"] == expected
 
 
 def test_a_client_web_fetch_forced_stays_forced():
     mine = {"name": "web_fetch", "input_schema": {"type": "object"}}
-    _, plan = M.rewrite({"messages": ASK, "tools": [mine, FETCH]})
+    _, plan = rewrite({"messages": ASK, "tools": [mine, FETCH]})
     tc = {"type": "tool", "name": "web_fetch"}  # the client's own tool: its calls go back to the client
-    assert M.next_request({"tool_choice": tc}, [], plan)["tool_choice"] == tc
+    assert next_request({"tool_choice": tc}, [], plan)["tool_choice"] == tc
 
 
 @pytest.mark.parametrize("spec,problem", [
@@ -89,14 +99,14 @@ def test_a_client_web_fetch_forced_stays_forced():
     ({"max_uses": 3, "max_content_tokens": 100, "citations": {"enabled": False}}, None),
 ])
 def test_validate_the_fetch_tools_options(spec, problem):
-    got = M.validate({"messages": ASK, "tools": [{**FETCH, **spec}]})
+    got = validate({"messages": ASK, "tools": [{**FETCH, **spec}]})
     assert (got is None) if problem is None else (problem in got), got
 
 
 @pytest.mark.parametrize("citations,expected", [(None, None), ({"enabled": True}, {"enabled": True}),
                                                 ({"enabled": False}, {"enabled": False})])
 def test_page_block_is_the_sdks_web_fetch_result(citations, expected):
-    block = M.fetch_result_block("srvtoolu_1", PAGE_OUTCOME, citations)
+    block = fetch_result_block("srvtoolu_1", PAGE_OUTCOME, citations)
     assert block == {"type": "web_fetch_tool_result", "tool_use_id": "srvtoolu_1", "content": {
         "type": "web_fetch_result", "url": "https://docs.example/a", "retrieved_at": "2026-12-03T16:20:00Z",
         "content": {"type": "document", "title": "Changelog",
@@ -112,34 +122,34 @@ CODES = ["url_not_accessible", "url_not_allowed", "unsupported_content_type", "t
 
 @pytest.mark.parametrize("code", CODES)
 def test_error_block_is_the_sdks_error_and_replays_as_a_sentence(code):
-    block = M.fetch_result_block("srvtoolu_1", FetchOutcome("https://x.example", error_code=code, message="live words"))
+    block = fetch_result_block("srvtoolu_1", FetchOutcome("https://x.example", error_code=code, message="live words"))
     assert block["content"] == {"type": "web_fetch_tool_result_error", "error_code": code}
     parsed = anthropic.types.beta.BetaWebFetchToolResultBlock.model_validate(block)
     assert isinstance(parsed.content, anthropic.types.beta.BetaWebFetchToolResultErrorBlock) and parsed.content.error_code == code
-    assert M.fetch_text(block["content"], "live words") == "live words"
-    assert M.fetch_text(block["content"]) == M.FETCH_ERROR_TEXT[code]
+    assert fetch_text(block["content"], "live words") == "live words"
+    assert fetch_text(block["content"]) == FETCH_ERROR_TEXT[code]
 
 
 def test_a_replayed_page_gives_the_model_the_same_text():
-    live = M.model_text(PAGE_OUTCOME)
+    live = model_text(PAGE_OUTCOME)
     assert live == 'Page https://docs.example/a "Changelog"\nRetrieved 2026-12-03T16:20:00Z\n\nvLLM 0.32 adds things.'
-    assert M.fetch_text(M.fetch_content(PAGE_OUTCOME, {"enabled": True})) == live
+    assert fetch_text(fetch_content(PAGE_OUTCOME, {"enabled": True})) == live
     cut = FetchOutcome(PAGE_OUTCOME.url, page=Page(**{**PAGE_OUTCOME.page.__dict__, "truncated": True}))
-    assert M.model_text(cut) == live + M.CUT_NOTE  # live, the model is told; the block can't say it
+    assert model_text(cut) == live + CUT_NOTE  # live, the model is told; the block can't say it
 
 
 FSTU = {"type": "server_tool_use", "id": "srvtoolu_f", "name": "web_fetch", "input": {"url": "https://docs.example/a"}}
-FRES = M.fetch_result_block("srvtoolu_f", PAGE_OUTCOME)
+FRES = fetch_result_block("srvtoolu_f", PAGE_OUTCOME)
 
 
 def test_replayed_fetch_blocks_become_tool_use_and_tool_result():
     history = [{"role": "assistant", "content": [FSTU, FRES, {"type": "text", "text": "so"}]},
                {"role": "user", "content": "more"}]
-    assert M.rewrite_history(history, "web_search", "web_fetch_server") == [
+    assert rewrite_history(history, "web_search", "web_fetch_server") == [
         {"role": "assistant", "content": [{"type": "tool_use", "id": "srvtoolu_f", "name": "web_fetch_server",
                                            "input": {"url": "https://docs.example/a"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "srvtoolu_f",
-                                      "content": M.model_text(PAGE_OUTCOME)}]},
+                                      "content": model_text(PAGE_OUTCOME)}]},
         {"role": "assistant", "content": [{"type": "text", "text": "so"}]},
         {"role": "user", "content": "more"}]
 
@@ -149,7 +159,7 @@ def test_replayed_fetch_blocks_become_tool_use_and_tool_result():
     (1, {"web_search_requests": 2, "web_fetch_requests": 1}),
 ])
 def test_usage_counts_fetches(fetches, expected):
-    assert M.with_searches({"input_tokens": 1, "output_tokens": 2}, 2, fetches)["server_tool_use"] == expected
+    assert with_searches({"input_tokens": 1, "output_tokens": 2}, 2, fetches)["server_tool_use"] == expected
 
 
 # ---- through the proxy -----------------------------------------------------------------------
@@ -342,7 +352,7 @@ def test_max_content_tokens_cuts_the_page(fetching, backend, site):
     data = msg.content[1].content.content.source.data
     assert 30 <= len(data) <= 40 and data.startswith("word word")
     (told,) = last_results(turns(backend)[1])
-    assert told.endswith(data + M.CUT_NOTE)
+    assert told.endswith(data + CUT_NOTE)
 
 
 def test_replayed_history_shows_the_model_the_same_page(fetching, backend, site):
@@ -368,7 +378,7 @@ def test_replayed_history_shows_the_model_the_same_page(fetching, backend, site)
                                        "content": seen_first}]  # the very text it read the first time
         assert [b["type"] for b in sent[3]["content"]] == ["text", "tool_use"]
         assert sent[4]["content"] == [{"type": "tool_result", "tool_use_id": "srvtoolu_e",
-                                       "content": M.FETCH_ERROR_TEXT["url_not_accessible"]},
+                                       "content": FETCH_ERROR_TEXT["url_not_accessible"]},
                                       {"type": "text", "text": "and then?"}]
     assert [r.path for r in site.requests] == [path]  # replaying fetches nothing
 

@@ -16,7 +16,9 @@ import pytest
 from clients import anthropic
 from realvllm import FORCED_CALL, MODEL, QUERY
 
-from proxy import messages as M
+from proxy.messages_blocks import SERVER_BLOCKS
+from proxy.messages_request import rewrite
+from proxy.search import QUERY_SCHEMA, TOOL_DESCRIPTION
 
 pytestmark = pytest.mark.real_vllm
 
@@ -93,7 +95,7 @@ def test_claude_code_search_request_through_the_proxy(tapped, searxng):
     ((path, sent),) = tap.bodies(MESSAGES)
     assert path == MESSAGES + "?beta=true"
     assert sent["stream"] is True and sent["system"] == SYSTEM
-    assert sent["tools"] == [{"name": "web_search", "description": M.TOOL_DESCRIPTION, "input_schema": M.QUERY_SCHEMA}]
+    assert sent["tools"] == [{"name": "web_search", "description": TOOL_DESCRIPTION, "input_schema": QUERY_SCHEMA}]
     user, assistant, results = sent["messages"]
     assert user == ASK[0]
     (call,) = assistant["content"]
@@ -134,7 +136,7 @@ def test_replayed_server_blocks(real_vllm, tapped, searxng, http_client, with_to
     # vLLM got blocks it accepts, and the model reads the same results as the first time.
     _, replayed = tap.bodies(MESSAGES)[-1]
     blocks = [b for m in replayed["messages"] if isinstance(m["content"], list) for b in m["content"]]
-    assert not {b["type"] for b in blocks} & M.SERVER_BLOCKS
+    assert not {b["type"] for b in blocks} & SERVER_BLOCKS
     (call,) = [b for b in blocks if b["type"] == "tool_use"]
     (result,) = [b for b in blocks if b["type"] == "tool_result"]
     assert call["input"] == {"query": QUERY} and result["tool_use_id"] == call["id"]
@@ -151,7 +153,7 @@ def test_count_tokens_with_the_server_tool(real_vllm, tapped, http_client):
 
     counted = sdk(proxy).messages.count_tokens(**body)
     # The count is vLLM's own for the request the proxy really sends to the model.
-    rewritten, _ = M.rewrite(body)
+    rewritten, _ = rewrite(body)
     expected = http_client.post(real_vllm.url + MESSAGES + "/count_tokens", rewritten, headers=anthropic_headers())
     assert expected.status == 200, expected.body[:500]
     assert counted.input_tokens == expected.json()["input_tokens"] > 0
