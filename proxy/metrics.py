@@ -113,7 +113,7 @@ def failure_outcome(code: str | None, message: str) -> str:
 
 def outcome_of(o) -> str:
     """ok, empty, repeated (a query the request already ran), refused, capped, timeout or failed. Pure."""
-    o = getattr(o, "fetched", o)  # proxy.responses.Found: a find_in_page call and the fetch it made
+    o = getattr(o, "fetched", o)  # proxy.responses_calls.FindResult: a find_in_page call and the fetch it made
     if isinstance(o, SearchOutcome):
         if o.repeated:
             return "repeated"

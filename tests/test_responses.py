@@ -1,6 +1,7 @@
 """Tests for /v1/responses with the hosted web_search tool (issue 11): the pure rules of
-proxy/responses.py, the vLLM Responses stand-in against the real captures, and the real proxy
-under gunicorn driven by the official openai SDK. Run: tests/run.sh tests/test_responses.py
+proxy/responses_wire.py, responses_calls.py and responses_output.py, the vLLM Responses stand-in
+against the real captures, and the real proxy under gunicorn driven by the official openai SDK.
+Run: tests/run.sh tests/test_responses.py
 """
 from __future__ import annotations
 
@@ -16,8 +17,19 @@ from standins import responses_wire as w
 from standins.rawhttp import raw_request
 from standins.searxng import result
 
-from proxy import responses as R
-from proxy.search import Hit, SearchOutcome
+from proxy.responses_calls import apply_search_filters, next_request
+from proxy.responses_output import add_usage, web_search_item
+from proxy.responses_wire import (
+    Plan,
+    first_request,
+    internal_name,
+    make_plan,
+    needs_rewrite,
+    refusal,
+    replay,
+    rewrite_tool_choice,
+)
+from proxy.search import NOT_EXECUTED, Hit, SearchOutcome
 
 SAMPLES = Path(__file__).resolve().parent / "data" / "vllm-0.32-samples"
 HOSTED = {"type": "web_search", "external_web_access": False}
@@ -67,7 +79,7 @@ def search_then_answer(query="vllm 0.32 release", text="vLLM 0.32 shipped.") -> 
     ({"input": [{"role": "user", "content": "web_search_call"}]}, False),
 ])
 def test_which_requests_are_rewritten(body, expected):
-    assert R.needs_rewrite(body) is expected
+    assert needs_rewrite(body) is expected
 
 
 @pytest.mark.parametrize("tools,name", [
@@ -79,7 +91,7 @@ def test_which_requests_are_rewritten(body, expected):
     ([{"type": "namespace", "name": "web", "tools": [{"type": "function", "name": "search"}]}, HOSTED], "web_search"),
 ])
 def test_internal_function_name_avoids_client_tools(tools, name):
-    assert R.internal_name(tools) == name
+    assert internal_name(tools) == name
 
 
 @pytest.mark.parametrize("choice,expected", [
@@ -91,7 +103,7 @@ def test_internal_function_name_avoids_client_tools(tools, name):
      {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "web_search"}, {"type": "function", "name": "shell"}]}),
 ])
 def test_tool_choice_rewrite(choice, expected):
-    assert R.rewrite_tool_choice(choice, "web_search") == expected
+    assert rewrite_tool_choice(choice, "web_search") == expected
 
 
 @pytest.mark.parametrize("choice,after", [
@@ -101,7 +113,7 @@ def test_tool_choice_rewrite(choice, expected):
 ])
 def test_forced_search_is_forced_once(choice, after):
     call = w.output_item(w.call("web_search", {"query": "x"}))
-    nxt = R.next_request({"input": "hi", "tool_choice": choice}, [call], plan(), {call["call_id"]: ok("x")})
+    nxt = next_request({"input": "hi", "tool_choice": choice}, [call], plan(), {call["call_id"]: ok("x")})
     assert nxt["tool_choice"] == after
 
 
@@ -116,7 +128,7 @@ def test_forced_search_is_forced_once(choice, after):
     ({"type": "web_search", "user_location": {"type": "approximate", "city": "Paris"}}, 5, None),
 ])
 def test_user_location_and_context_size(tool, results, language):
-    p = R.make_plan({"input": "hi", "tools": [tool]}, 5)
+    p = make_plan({"input": "hi", "tools": [tool]}, 5)
     assert (p.results, p.language) == (results, language)
 
 
@@ -134,7 +146,7 @@ def test_user_location_and_context_size(tool, results, language):
 ])
 def test_replayed_web_search_call_becomes_call_and_output(item, call_args, output_has):
     before = {"role": "user", "content": "hi"}
-    out = R.replay([before, item, {"role": "user", "content": "more"}], "web_search")
+    out = replay([before, item, {"role": "user", "content": "more"}], "web_search")
     assert out[0] == before and out[3] == {"role": "user", "content": "more"}
     call, result_ = out[1], out[2]
     assert call["type"] == "function_call" and call["name"] == "web_search" and json.loads(call["arguments"]) == call_args
@@ -149,15 +161,15 @@ def test_replayed_web_search_call_becomes_call_and_output(item, call_args, outpu
     ({"input": [{"type": "web_search_call", "action": {"type": "search", "query": "q"}}], "previous_response_id": "resp_1"}, None),
 ])
 def test_refused_requests(body, param):
-    got = R.refusal(body)
+    got = refusal(body)
     assert (got[1] if got else None) == param
 
 
 def test_first_request_rewrites_only_what_it_must():
     body = codex_body(include=["reasoning.encrypted_content", "web_search_call.action.sources"], tool_choice={"type": "web_search"},
                       store=True, top_k=20, structured_outputs=None)
-    p = R.make_plan(body, 5)
-    out = R.first_request(body, p)
+    p = make_plan(body, 5)
+    out = first_request(body, p)
     assert out["tools"][0] == SHELL and out["tools"][1]["type"] == "function" and out["tools"][1]["name"] == "web_search"
     assert out["tools"][1]["parameters"]["required"] == ["query"]
     assert out["tool_choice"] == {"type": "function", "name": "web_search"}
@@ -168,17 +180,17 @@ def test_first_request_rewrites_only_what_it_must():
 
 
 def test_usage_sums_every_turn():
-    total = R.add_usage(R.add_usage(None, w.usage(100, 10, 4, cached=50)), w.usage(130, 20, 6))
+    total = add_usage(add_usage(None, w.usage(100, 10, 4, cached=50)), w.usage(130, 20, 6))
     assert total == {"input_tokens": 230, "input_tokens_details": {"cached_tokens": 50, "cache_write_tokens": 0,
                      "input_tokens_per_turn": [], "cached_tokens_per_turn": []}, "output_tokens": 30,
                      "output_tokens_details": {"reasoning_tokens": 10, "tool_output_tokens": 0, "output_tokens_per_turn": [],
                                                "tool_output_tokens_per_turn": []}, "total_tokens": 260}
 
 
-def plan(**kw) -> R.Plan:
+def plan(**kw) -> Plan:
     base = dict(name="web_search", hosted=True, results=5, language=None, allowed=(), sources=False,
                 client_tools=[HOSTED], client_tool_choice=None)
-    return R.Plan(**{**base, **kw})
+    return Plan(**{**base, **kw})
 
 
 def ok(query, urls=("https://a.example/1",)) -> SearchOutcome:
@@ -192,7 +204,7 @@ def ok(query, urls=("https://a.example/1",)) -> SearchOutcome:
     (SearchOutcome("q", "failed", message="Search failed: x", error_code="unavailable"), False, "failed", {"type": "search", "query": "q"}),
 ])
 def test_web_search_call_item(outcome, sources, status, action):
-    item = R.web_search_item({"id": "fc_00ab", "call_id": "c"}, outcome, plan(sources=sources))
+    item = web_search_item({"id": "fc_00ab", "call_id": "c"}, outcome, plan(sources=sources))
     assert item == {"id": "ws_00ab", "type": "web_search_call", "status": status, "action": action}
 
 
@@ -203,7 +215,7 @@ def test_web_search_call_item(outcome, sources, status, action):
     (("c.example",), 5, []),
 ])
 def test_domain_filter_and_count(allowed, results, kept):
-    o = R.shape(ok("q", ("https://a.example/1", "https://b.example/2", "https://docs.a.example/3")),
+    o = apply_search_filters(ok("q", ("https://a.example/1", "https://b.example/2", "https://docs.a.example/3")),
                 plan(allowed=allowed, results=results))
     assert [h.url for h in o.hits] == kept
     assert o.status == ("ok" if kept else "empty")
@@ -493,7 +505,7 @@ def test_mixed_turn_runs_searches_and_stubs_client_calls(proxy, backend, searxng
     assert not any(getattr(getattr(e, "item", None), "type", None) == "function_call" for e in events)
     follow = vllm_requests(backend)[1]["input"]
     outputs = {i["call_id"]: i["output"] for i in follow if i.get("type") == "function_call_output"}
-    assert outputs[shell.call_id] == R.NOT_EXECUTED
+    assert outputs[shell.call_id] == NOT_EXECUTED
     assert [o.type for o in events[-1].response.output] == ["web_search_call", "message"]
 
 

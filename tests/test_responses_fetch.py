@@ -1,4 +1,4 @@
-"""Reading pages through the hosted web_search tool on /v1/responses: the pure rules of proxy/responses.py
+"""Reading pages through the hosted web_search tool on /v1/responses: the pure rules of proxy/responses_*.py
 for open_page and find_in_page, then the real proxy driven by the openai SDK, seen from the client, the vLLM
 stand-in, SearXNG's stand-in and the loopback web site. Run: tests/run.sh tests/test_responses_fetch.py
 """
@@ -15,8 +15,10 @@ from test_chat_fetch import FACT, PAGE
 from test_client_leaving import logged
 from test_faults import access_lines, post_raw, read_until
 
-from proxy import responses as R
 from proxy.fetch import FetchOutcome, FetchRequest, Page
+from proxy.responses_calls import FIND_MATCHES, FIND_USAGE, FindResult, find_in_text, tool_output, tool_request
+from proxy.responses_output import call_action, pending_item, web_search_item
+from proxy.responses_wire import Plan, first_request, make_plan, page_tools, replay, rewrite_tool_choice
 from proxy.search import SearchOutcome
 
 HOSTED = {"type": "web_search"}
@@ -34,10 +36,10 @@ def fresh_path() -> str:
     return f"/page-{next(_paths)}"
 
 
-def plan(**kw) -> R.Plan:
+def plan(**kw) -> Plan:
     base = dict(name="web_search", hosted=True, results=5, language=None, allowed=(), sources=False,
                 client_tools=[HOSTED], client_tool_choice=None, fetch_name="web_fetch", find_name="find_in_page")
-    return R.Plan(**{**base, **kw})
+    return Plan(**{**base, **kw})
 
 
 def page(text="alpha beta", url="https://a.example/p", truncated=False) -> FetchOutcome:
@@ -60,16 +62,16 @@ def fn(name, args, ident="fc_00ab") -> dict:
      ("web_fetch", "find_in_page")),                                          # web__fetch is not web_fetch
 ])
 def test_page_functions_are_offered_unless_the_client_has_them(tools, enabled, names):
-    assert R.page_tools(tools, enabled) == names
-    p = R.make_plan({"input": "x", "tools": tools}, 5, fetch=enabled)
-    sent = R.first_request({"input": "x", "tools": tools}, p)["tools"]
+    assert page_tools(tools, enabled) == names
+    p = make_plan({"input": "x", "tools": tools}, 5, fetch=enabled)
+    sent = first_request({"input": "x", "tools": tools}, p)["tools"]
     ours = [t["name"] for t in sent if t not in tools]
     assert ours == ["web_search", *[n for n in names if n]]
     assert all(t["type"] == "function" for t in sent if t["name"] in ours)
 
 
 def test_replay_only_requests_offer_no_page_functions():
-    p = R.make_plan({"input": [{"type": "web_search_call", "action": {"type": "open_page", "url": "https://a/"}}]}, 5)
+    p = make_plan({"input": [{"type": "web_search_call", "action": {"type": "open_page", "url": "https://a/"}}]}, 5)
     assert (p.hosted, p.fetch_name, p.find_name) == (False, None, None)
 
 
@@ -80,7 +82,7 @@ def test_replay_only_requests_offer_no_page_functions():
                                                               for n in ("web_search", "web_fetch", "find_in_page")]}),
 ])
 def test_tool_choice_allows_the_page_functions(choice, expected):
-    assert R.rewrite_tool_choice(choice, "web_search", ("web_fetch", "find_in_page")) == expected
+    assert rewrite_tool_choice(choice, "web_search", ("web_fetch", "find_in_page")) == expected
 
 
 @pytest.mark.parametrize("call,expected", [
@@ -90,7 +92,7 @@ def test_tool_choice_allows_the_page_functions(choice, expected):
     (fn("web_search", {"query": "q"}), ("q", None)),
 ])
 def test_calls_become_what_the_session_runs(call, expected):
-    assert R.tool_request(call, plan(allowed=("a.example",))) == expected
+    assert tool_request(call, plan(allowed=("a.example",))) == expected
 
 
 @pytest.mark.parametrize("args,phrase", [
@@ -100,9 +102,9 @@ def test_calls_become_what_the_session_runs(call, expected):
     ("{not json", "not valid JSON"),
 ])
 def test_a_bad_find_call_is_refused_before_fetching(args, phrase):
-    request = R.tool_request(fn("find_in_page", args), plan())
+    request = tool_request(fn("find_in_page", args), plan())
     assert request.early is not None and request.early.error_code == "invalid_tool_input"
-    assert phrase in request.early.message and R.FIND_USAGE in request.early.message, request.early.message
+    assert phrase in request.early.message and FIND_USAGE in request.early.message, request.early.message
 
 
 @pytest.mark.parametrize("call,outcome,status,action", [
@@ -111,19 +113,19 @@ def test_a_bad_find_call_is_refused_before_fetching(args, phrase):
                                                                    message="Fetch failed: 404"),
      "failed", {"type": "open_page", "url": "https://a.example/p"}),
     (fn("web_fetch", "{not json"), FetchOutcome("{not json", error_code="invalid_tool_input"), "failed", {"type": "open_page"}),
-    (fn("find_in_page", {"url": "https://a.example/p", "pattern": "beta"}), R.Found("beta", page()), "completed",
+    (fn("find_in_page", {"url": "https://a.example/p", "pattern": "beta"}), FindResult("beta", page()), "completed",
      {"type": "find_in_page", "url": "https://a.example/p", "pattern": "beta"}),
     (fn("find_in_page", {"url": "https://a.example/p", "pattern": "beta"}),
-     R.Found("beta", FetchOutcome("https://a.example/p", error_code="url_not_allowed")), "failed",
+     FindResult("beta", FetchOutcome("https://a.example/p", error_code="url_not_allowed")), "failed",
      {"type": "find_in_page", "url": "https://a.example/p", "pattern": "beta"}),
     (fn("web_search", {"query": "q"}), SearchOutcome("q", "empty"), "completed", {"type": "search", "query": "q"}),
 ])
 def test_web_search_call_items_for_page_reads(call, outcome, status, action):
     ws = openai.types.responses.response_function_web_search  # the SDK's own types
     p = plan(sources=False)
-    assert R.pending_item(call, p) == {"id": "ws_00ab", "type": "web_search_call", "status": "in_progress",
-                                       "action": R.call_action(call, p)}
-    item = R.web_search_item(call, outcome, p)
+    assert pending_item(call, p) == {"id": "ws_00ab", "type": "web_search_call", "status": "in_progress",
+                                       "action": call_action(call, p)}
+    item = web_search_item(call, outcome, p)
     assert item == {"id": "ws_00ab", "type": "web_search_call", "status": status, "action": action}
     parsed = ws.ResponseFunctionWebSearch.model_validate(item)  # the SDK's own type takes it
     assert isinstance(parsed.action, {"search": ws.ActionSearch, "open_page": ws.ActionOpenPage, "find_in_page": ws.ActionFind}[action["type"]])
@@ -138,24 +140,24 @@ def test_web_search_call_items_for_page_reads(call, outcome, status, action):
     ("nothing here", "needle", [], 0),
 ])
 def test_find_in_text(text, pattern, excerpts, count):
-    got, n = R.find_in_text(text, pattern)
+    got, n = find_in_text(text, pattern)
     assert n == count
     if excerpts is None:
-        assert len(got) == R.FIND_MATCHES and all(e.startswith(("needle", "…needle")) for e in got)
+        assert len(got) == FIND_MATCHES and all(e.startswith(("needle", "…needle")) for e in got)
     else:
         assert got == excerpts
 
 
 @pytest.mark.parametrize("found,expected", [
-    (R.Found("beta", page()), '"beta" occurs 1 time in https://a.example/p "T":\n[1] alpha beta'),
-    (R.Found("zeta", page()), '"zeta" does not occur in https://a.example/p (10 characters searched).'),
-    (R.Found("zeta", page(truncated=True)), '"zeta" does not occur in https://a.example/p (10 characters searched) '
+    (FindResult("beta", page()), '"beta" occurs 1 time in https://a.example/p "T":\n[1] alpha beta'),
+    (FindResult("zeta", page()), '"zeta" does not occur in https://a.example/p (10 characters searched).'),
+    (FindResult("zeta", page(truncated=True)), '"zeta" does not occur in https://a.example/p (10 characters searched) '
                                             "(only the beginning of the page was searched: the rest is past the proxy's limit)."),
-    (R.Found("beta", FetchOutcome("u", error_code="url_not_accessible", message="Fetch failed: u answered HTTP 404.")),
+    (FindResult("beta", FetchOutcome("u", error_code="url_not_accessible", message="Fetch failed: u answered HTTP 404.")),
      "Fetch failed: u answered HTTP 404."),
 ])
 def test_what_the_model_reads_for_find_in_page(found, expected):
-    assert R.tool_output(found) == expected
+    assert tool_output(found) == expected
 
 
 OPENED = {"type": "web_search_call", "status": "completed", "action": {"type": "open_page", "url": "https://b.example/"}}
@@ -174,7 +176,7 @@ FOUND = {"type": "web_search_call", "status": "completed",
      "web_search", {"query": ""}, "not kept"),
 ])
 def test_replayed_page_actions(item, names, function, arguments, output_has):
-    call, result = R.replay([item], "web_search", *names)
+    call, result = replay([item], "web_search", *names)
     assert call["name"] == function and json.loads(call["arguments"]) == arguments
     assert result["call_id"] == call["call_id"] and output_has in result["output"]
 
