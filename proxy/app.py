@@ -126,9 +126,54 @@ def key_ok(key: str | None, keys: tuple[str, ...]) -> bool:
 
 
 def create_app(cfg: Config) -> Flask:
+    """The proxy as a Flask app for `cfg`: its own routes, each API's, and the relay for everything else."""
     app = Flask("proxy")
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
     services = Services.build(cfg)  # one per worker, shared by its requests
+    _install_guards(app, cfg)
+
+    @app.route("/proxy/health")
+    def proxy_health():
+        # The proxy's own liveness, independent of vLLM's four-minute boot.
+        return Response('{"status":"ok"}', mimetype="application/json")
+
+    def exchange() -> Exchange:
+        return Exchange(services, request_body(cfg), outbound_headers(request.headers.items(), cfg), raw_target(),
+                        request.environ)
+
+    @app.route("/v1/chat/completions", methods=["POST"])
+    def chat_completions():
+        return chat.handle(exchange())
+
+    @app.route("/v1/messages", methods=["POST"])
+    @app.route("/v1/messages/count_tokens", methods=["POST"])
+    def anthropic_messages():
+        return messages.handle(exchange())
+
+    @app.route("/v1/responses", methods=["POST"])
+    def openai_responses():
+        return responses.handle(exchange())
+
+    # Codex's standalone web search (supports_standalone_web_search); answered here, never by vLLM.
+    # One per worker: its ref store, and the page cache it shares with every API.
+    codex_search = alpha_search.AlphaSearch(services)
+
+    @app.route(alpha_search.PATH, methods=["POST"])
+    def alpha_web_search():
+        return codex_search.handle(request_body(cfg), request.environ)
+
+    @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
+    @app.route("/<path:path>", methods=ALL_METHODS)
+    def passthrough(path):
+        return exchange().relay()
+
+    app.wsgi_app = WholePath(AccessLog(app.wsgi_app))  # type: ignore[method-assign]  # Flask's documented way to add WSGI middleware
+    metrics.install(app, cfg)  # GET /proxy/metrics, and the request metrics around everything
+    return app
+
+
+def _install_guards(app: Flask, cfg: Config) -> None:
+    """The key check before every route, and the proxy's own errors in each path's API shape."""
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_e):
@@ -152,57 +197,24 @@ def create_app(cfg: Config) -> Flask:
                                       "(or `x-api-key: <key>`) with a key from PROXY_API_KEY.", "authentication_error")
         return None
 
-    @app.route("/proxy/health")
-    def proxy_health():
-        # The proxy's own liveness, independent of vLLM's four-minute boot.
-        return Response('{"status":"ok"}', mimetype="application/json")
 
-    def request_body() -> bytes:
-        """The whole body, or RequestEntityTooLarge (413, too_large above): every route reads it here."""
-        # get_data reads at most MAX_CONTENT_LENGTH bytes; a Content-Length over it raises 413.
-        body = request.get_data(cache=False)
-        if len(body) >= cfg.max_body_bytes and request.content_length is None:
-            # A chunked body is cut at the limit without an error (Werkzeug 3.1's LimitedStream),
-            # and the cut body went to vLLM as if whole: one byte more means it was too large.
-            if request.environ["wsgi.input"].read(1):
-                raise RequestEntityTooLarge()
-        return body
+def request_body(cfg: Config) -> bytes:
+    """The whole body of the current request, or RequestEntityTooLarge (a 413): every route reads it here."""
+    # get_data reads at most MAX_CONTENT_LENGTH bytes; a Content-Length over it raises 413.
+    body = request.get_data(cache=False)
+    if len(body) >= cfg.max_body_bytes and request.content_length is None:
+        # A chunked body is cut at the limit without an error (Werkzeug 3.1's LimitedStream),
+        # and the cut body went to vLLM as if whole: one byte more means it was too large.
+        if request.environ["wsgi.input"].read(1):
+            raise RequestEntityTooLarge()
+    return body
 
-    def exchange() -> Exchange:
-        body = request_body()
-        # RAW_URI keeps the client's exact path and query encoding (gunicorn sets it).
-        raw = request.environ.get("RAW_URI")
-        if not (raw and raw.startswith("/")):
-            qs = request.environ.get("QUERY_STRING", "")
-            raw = request.path + ("?" + qs if qs else "")
-        return Exchange(services, body, outbound_headers(request.headers.items(), cfg), raw, request.environ)
 
-    @app.route("/v1/chat/completions", methods=["POST"])
-    def chat_completions():
-        return chat.handle(exchange())
-
-    @app.route("/v1/messages", methods=["POST"])
-    @app.route("/v1/messages/count_tokens", methods=["POST"])
-    def anthropic_messages():
-        return messages.handle(exchange())
-
-    @app.route("/v1/responses", methods=["POST"])
-    def openai_responses():
-        return responses.handle(exchange())
-
-    # Codex's standalone web search (supports_standalone_web_search); answered here, never by vLLM.
-    # One per worker: its ref store, and the page cache it shares with every API.
-    codex_search = alpha_search.AlphaSearch(services)
-
-    @app.route(alpha_search.PATH, methods=["POST"])
-    def alpha_web_search():
-        return codex_search.handle(request_body(), request.environ)
-
-    @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
-    @app.route("/<path:path>", methods=ALL_METHODS)
-    def passthrough(path):
-        return exchange().relay()
-
-    app.wsgi_app = WholePath(AccessLog(app.wsgi_app))  # type: ignore[method-assign]  # Flask's documented way to add WSGI middleware
-    metrics.install(app, cfg)  # GET /proxy/metrics, and the request metrics around everything
-    return app
+def raw_target() -> str:
+    """The current request's path and query as the client wrote them (gunicorn's RAW_URI keeps the exact
+    encoding), so the relay sends vLLM what the client sent."""
+    raw = request.environ.get("RAW_URI")
+    if raw and raw.startswith("/"):
+        return raw
+    qs = request.environ.get("QUERY_STRING", "")
+    return request.path + ("?" + qs if qs else "")

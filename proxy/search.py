@@ -131,20 +131,9 @@ def search_url(base_url: str, query: str, language: str | None = None, time_rang
 
 def outcome_from_response(query: str, url: str, status: int, body: bytes, limit: int) -> SearchOutcome:
     """Read SearXNG's answer (status and decoded body) into an outcome. Pure."""
-    if status == 403:
-        return SearchOutcome(query, "failed", error_code="unavailable", message=(
-            f"Search failed: {url} answered 403 Forbidden. The SearXNG instance does not allow "
-            "JSON output (add `json` to search.formats in its settings.yml)."))
-    if status == 429:
-        return SearchOutcome(query, "failed", error_code="too_many_requests", message=(
-            f"Search failed: {url} answered 429 Too Many Requests (rate-limited by SearXNG's "
-            "limiter). Do not retry right away; answer from what you know."))
-    if 300 <= status < 400:
-        return SearchOutcome(query, "failed", error_code="unavailable",
-                             message=f"Search failed: {url} answered with a redirect ({status}), which the proxy does not follow.")
-    if status != 200:
-        return SearchOutcome(query, "failed", error_code="unavailable",
-                             message=f"Search failed: {url} answered HTTP {status}.")
+    failed = _status_failure(url, status)
+    if failed is not None:
+        return SearchOutcome(query, "failed", error_code=failed[0], message=failed[1])
     try:
         data = codec.loads(body)
     except ValueError:
@@ -153,6 +142,35 @@ def outcome_from_response(query: str, url: str, status: int, body: bytes, limit:
     if not isinstance(data, dict):
         return SearchOutcome(query, "failed", error_code="unavailable",
                              message=f"Search failed: {url} answered JSON that is not an object.")
+    hits, answers, infoboxes = _hits(data, limit), _answers(data), _infoboxes(data)
+    if hits or answers or infoboxes:
+        return SearchOutcome(query, "ok", hits=hits, answers=answers, infoboxes=infoboxes)
+    dead = [e for e in _list(data.get("unresponsive_engines")) if isinstance(e, (list, tuple)) and e]
+    if dead:
+        names = ", ".join(f"{e[0]} ({e[1]})" if len(e) > 1 else str(e[0]) for e in dead)
+        return SearchOutcome(query, "failed", error_code="unavailable", message=(
+            f"Search failed: every search engine behind {url} failed: {names}. This says nothing "
+            "about whether information exists; try again later or answer from what you know."))
+    return SearchOutcome(query, "empty", message=f'No results for "{query}". Try different keywords.')
+
+
+def _status_failure(url: str, status: int) -> tuple[str, str] | None:
+    """(error code, message) for an answer that is not a 200, else None."""
+    if status == 403:
+        return "unavailable", (f"Search failed: {url} answered 403 Forbidden. The SearXNG instance does not allow "
+                               "JSON output (add `json` to search.formats in its settings.yml).")
+    if status == 429:
+        return "too_many_requests", (f"Search failed: {url} answered 429 Too Many Requests (rate-limited by SearXNG's "
+                                     "limiter). Do not retry right away; answer from what you know.")
+    if 300 <= status < 400:
+        return "unavailable", f"Search failed: {url} answered with a redirect ({status}), which the proxy does not follow."
+    if status != 200:
+        return "unavailable", f"Search failed: {url} answered HTTP {status}."
+    return None
+
+
+def _hits(data: dict, limit: int) -> list[Hit]:
+    """The first `limit` results that name a URL; every other field may be missing or of any type."""
     hits = []
     for r in _list(data.get("results")):
         if not isinstance(r, dict) or not isinstance(r.get("url"), str) or not r["url"]:
@@ -165,9 +183,16 @@ def outcome_from_response(query: str, url: str, status: int, body: bytes, limit:
                         snippet=snippet, date=str(date)[:10] if date else None))
         if len(hits) >= limit:
             break
+    return hits
+
+
+def _answers(data: dict) -> list[str]:
     answers = [a if isinstance(a, str) else str(a.get("answer") or "") for a in _list(data.get("answers"))
                if isinstance(a, (str, dict))]
-    answers = [a for a in answers if a]
+    return [a for a in answers if a]
+
+
+def _infoboxes(data: dict) -> list[str]:
     infoboxes = []
     for box in _list(data.get("infoboxes")):
         if isinstance(box, dict):
@@ -175,15 +200,7 @@ def outcome_from_response(query: str, url: str, status: int, body: bytes, limit:
             name = str(box.get("infobox") or box.get("id") or "")
             if text or name:
                 infoboxes.append(f"{name}: {text[:SNIPPET_CHARS]}" if name else text[:SNIPPET_CHARS])
-    if hits or answers or infoboxes:
-        return SearchOutcome(query, "ok", hits=hits, answers=answers, infoboxes=infoboxes)
-    dead = [e for e in _list(data.get("unresponsive_engines")) if isinstance(e, (list, tuple)) and e]
-    if dead:
-        names = ", ".join(f"{e[0]} ({e[1]})" if len(e) > 1 else str(e[0]) for e in dead)
-        return SearchOutcome(query, "failed", error_code="unavailable", message=(
-            f"Search failed: every search engine behind {url} failed: {names}. This says nothing "
-            "about whether information exists; try again later or answer from what you know."))
-    return SearchOutcome(query, "empty", message=f'No results for "{query}". Try different keywords.')
+    return infoboxes
 
 
 def _list(value) -> list:
