@@ -234,8 +234,11 @@ class Exchange:
 
     def post(self, path: str, payload: dict) -> Call:
         """POST a JSON body to vLLM for one turn of the search loop."""
-        headers = [(n, v) for n, v in self.headers if n.lower() != "content-type"]
-        headers.append(("Content-Type", "application/json"))
+        headers = [(n, v) for n, v in self.headers if n.lower() not in ("content-type", "accept-encoding")]
+        # The loop reads every turn itself (JSON, or SSE frames it relays whole), so it asks for the body as it
+        # is: the client's Accept-Encoding would let a compressing gateway in front of vLLM send gzip the loop
+        # cannot parse. What the client gets is written by the proxy, uncompressed, as vLLM's own answers are.
+        headers += [("Content-Type", "application/json"), ("Accept-Encoding", "identity")]
         return self.call("POST", path, codec.dumps(payload), headers)
 
 

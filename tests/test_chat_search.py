@@ -10,7 +10,7 @@ import urllib.parse
 
 import pytest
 from clients import openai
-from standins.vllm_wire import completion, error_reply, json_reply, tool_call
+from standins.vllm_wire import completion, error_reply, json_reply, sse_reply, stream_frames, tool_call
 
 from proxy.chat import NOT_EXECUTED, WEB_FETCH_TOOL, WEB_SEARCH_TOOL
 
@@ -23,6 +23,25 @@ def client(proxy):
 
 def search_turn(*queries, **kw):
     return json_reply(completion(tool_calls=[tool_call("web_search", {"query": q}) for q in queries], **kw))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_loop_turns_ask_vllm_for_bodies_it_can_read(proxy, backend, searxng, stream):
+    """The client's Accept-Encoding (the SDK sends gzip) is for its own answer; every turn the loop reads
+    asks for an uncompressed body, so a compressing gateway in front of vLLM cannot hand it gzip."""
+    call = [tool_call("web_search", {"query": "q"})]
+    if stream:
+        backend.script(sse_reply(stream_frames(tool_calls=call, finish_reason="tool_calls")),
+                       sse_reply(stream_frames(content=["ok"], finish_reason="stop")))
+    else:
+        backend.script(search_turn("q"), json_reply(completion(content="ok", finish_reason="stop")))
+    c = client(proxy)
+    if stream:
+        assert "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+            model="foundation", messages=USER, stream=True) if ch.choices) == "ok"
+    else:
+        assert c.chat.completions.create(model="foundation", messages=USER).choices[0].message.content == "ok"
+    assert [r.headers["accept-encoding"] for r in backend.received] == ["identity", "identity"]
 
 
 def test_two_searches_then_the_answer(proxy, backend, searxng):
