@@ -20,7 +20,7 @@ from . import codec, metrics
 from .cancel import Watch, watched
 from .errors import error_response
 from .exchange import ClientWatch
-from .fetch import FetchError, Page
+from .fetch_wire import FetchError, Page
 from .runtime import run_together
 from .search import SearchOutcome, clean_query, filter_domains
 from .services import Services

@@ -16,7 +16,7 @@ from . import validate as V
 from .codec import data_of, iter_frame_batches
 from .errors import error_response, sse_error
 from .exchange import Exchange, response_headers
-from .fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchRequest, parse_fetch_arguments
+from .fetch_wire import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchRequest, parse_fetch_arguments
 from .search import NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, parse_arguments
 from .tools import tool_text
 

@@ -17,7 +17,7 @@ from . import citations, codec, loop
 from .codec import as_dict
 from .errors import anthropic_error, as_anthropic_error, upstream_error_status
 from .exchange import Exchange, response_headers
-from .fetch import FetchOutcome
+from .fetch_wire import FetchOutcome
 from .messages_blocks import (
     FETCH_NAME,
     SERVER_NAME,

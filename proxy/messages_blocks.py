@@ -11,7 +11,7 @@ import uuid
 
 from . import citations, codec
 from .codec import as_dict, as_list
-from .fetch import FetchOutcome
+from .fetch_wire import FetchOutcome
 from .search import NOT_EXECUTED, Hit, SearchOutcome, format_for_model
 
 SERVER_NAME = "web_search"          # the name Anthropic gives the server tool's blocks

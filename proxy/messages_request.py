@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from . import citations
 from . import validate as V
-from .fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchRequest, parse_fetch_arguments
+from .fetch_wire import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchRequest, parse_fetch_arguments
 from .messages_blocks import FETCH_NAME, SERVER_BLOCKS, SERVER_NAME
 from .messages_history import rewrite_history
 from .search import QUERY_SCHEMA, TOOL_DESCRIPTION

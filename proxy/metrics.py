@@ -27,7 +27,8 @@ from prometheus_client import (
 from .cache import TTLCache
 from .config import Config
 from .errors import error_for_path
-from .fetch import Fetcher, FetchError, FetchOutcome
+from .fetch import Fetcher
+from .fetch_wire import FetchError, FetchOutcome
 from .search import CachedSearXNG, SearchOutcome, SearXNG, outcome_size
 
 PATH = "/proxy/metrics"

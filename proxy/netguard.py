@@ -1,8 +1,8 @@
-"""The web_fetch SSRF policy, pure: which URLs may be fetched and which IP addresses may be connected to.
+"""Where a fetch may go, pure: the SSRF policy (which URLs may be fetched, which IP addresses may be connected
+to) and the client's domain filters (allowed_domains/blocked_domains, also web_search's).
 
-Used by proxy/fetch.py before every connection (the first URL and each redirect); tested in
-tests/test_fetch.py. Nothing here touches the network: the caller resolves names and passes
-the addresses in.
+Used by proxy/fetch.py before every connection (the first URL and each redirect) and by proxy/search.py; tested
+in tests/test_fetch.py. Nothing here touches the network: the caller resolves names and passes the addresses in.
 """
 from __future__ import annotations
 
@@ -208,3 +208,50 @@ def parse_url(url, max_chars: int = MAX_URL_CHARS) -> tuple[Target | None, tuple
     request_target = path + (f"?{parts.query}" if parts.query else "")
     normalised = urllib.parse.urlunsplit((scheme, netloc, path, parts.query, ""))
     return Target(normalised, scheme, host, port, request_target, netloc), None
+
+
+# -- the client's domain filters: Anthropic's allowed_domains/blocked_domains, on every hop and every cached page
+
+def _idna(name: str) -> str | None:
+    """A host name in lower-case ASCII (IDNA), without a trailing dot; None when it is not a valid name."""
+    name = name.strip().lower().rstrip(".")
+    try:
+        return name.encode("idna").decode("ascii") if name else None
+    except UnicodeError:
+        return None
+
+
+def domain_matches(url: str, domains) -> bool:
+    """True when the URL is under one of `domains` as Anthropic documents them: "example.com" covers
+    its subdomains, "example.com/docs" that path and below (compared after normalise_path); a scheme,
+    if given, is ignored. Pure. The one matcher and the one rule of the proxy's domain filters: web_fetch's
+    and web_search's (search.filter_domains)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = _idna(parts.hostname or "")
+    except ValueError:
+        return False
+    if host is None:
+        return False
+    path = normalise_path(parts.path)
+    for d in domains or ():
+        d = str(d).strip().lower()
+        if "//" in d:
+            d = d.split("//", 1)[1]
+        spelled, _, prefix = d.partition("/")
+        name = _idna(spelled.rsplit(":", 1)[0] if spelled.count(":") == 1 else spelled)  # a port, if given, is ignored
+        if not name or not (host == name or host.endswith("." + name)):
+            continue
+        prefix = normalise_path("/" + prefix).rstrip("/") if prefix.strip("/") else ""
+        if not prefix or path == prefix or path.startswith(prefix + "/"):
+            return True
+    return False
+
+
+def domain_refusal(url: str, allowed, blocked) -> str | None:
+    """Why a client's allowed_domains/blocked_domains refuse `url`, or None."""
+    if allowed and not domain_matches(url, allowed):
+        return f"{urllib.parse.urlsplit(url).hostname} is not in the allowed domains of this request"
+    if blocked and domain_matches(url, blocked):
+        return f"{urllib.parse.urlsplit(url).hostname} is in the blocked domains of this request"
+    return None

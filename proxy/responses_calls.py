@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from . import citations, codec
 from .codec import as_dict
-from .fetch import FetchOutcome, FetchRequest, format_page_for_model, parse_fetch_arguments
+from .fetch_wire import FetchOutcome, FetchRequest, format_page_for_model, parse_fetch_arguments
 from .responses_wire import FIND_IN_PAGE, Plan
 from .search import NOT_EXECUTED, SearchOutcome, filter_domains, format_for_model, parse_arguments
 

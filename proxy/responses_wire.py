@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from . import citations, codec
 from . import validate as V
 from .codec import as_dict, as_list
-from .fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA
+from .fetch_wire import FETCH_TOOL_DESCRIPTION, URL_SCHEMA
 from .search import QUERY_SCHEMA, TOOL_DESCRIPTION
 
 HOSTED_TYPES = frozenset({"web_search", "web_search_2025_08_26", "web_search_preview",

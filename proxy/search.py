@@ -17,12 +17,9 @@ from dataclasses import dataclass, field
 from . import codec
 from .cache import TTLCache
 from .cancel import GONE, TIMEOUT, Cancel
-from .fetch import (
-    READ_CHUNK,
-    Decoder,
-    FetchError,
-    domain_matches,
-)
+from .fetch_wire import FetchError
+from .netguard import domain_matches
+from .pagetext import READ_CHUNK, Decoder
 
 log = logging.getLogger("proxy.search")
 

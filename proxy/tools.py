@@ -13,7 +13,8 @@ import threading
 from dataclasses import replace
 
 from .cancel import Cancel, watched
-from .fetch import Fetcher, FetchOutcome, FetchRequest, format_page_for_model
+from .fetch import Fetcher
+from .fetch_wire import FetchOutcome, FetchRequest, format_page_for_model
 from .runtime import run_together
 from .search import SearchOutcome, SearXNG, format_for_model
 

@@ -19,7 +19,8 @@ from standins.searxng import result
 
 from proxy import alpha_search as A
 from proxy.config import Config
-from proxy.fetch import Fetcher, FetchError, Page
+from proxy.fetch import Fetcher
+from proxy.fetch_wire import FetchError, Page
 from proxy.search import Hit, SearchOutcome, SearXNG
 
 # Pages on loopback may be fetched; no page cache, so each test sees its own downloads.

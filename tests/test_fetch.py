@@ -17,20 +17,12 @@ import zlib
 import pytest
 from standins.web_pages import WebSite
 
-from proxy import fetch as fetchmod
 from proxy.cache import TTLCache
 from proxy.config import Config
-from proxy.fetch import (
-    FETCH_TOOL_DESCRIPTION,
-    URL_SCHEMA,
-    Fetched,
-    Fetcher,
-    FetchError,
-    Page,
-    domain_matches,
-    fetched_size,
-)
-from proxy.netguard import address_refusal, parse_networks, parse_url
+from proxy.extract import html_to_text
+from proxy.fetch import Fetched, Fetcher, fetched_size
+from proxy.fetch_wire import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchError, Page
+from proxy.netguard import address_refusal, domain_matches, parse_networks, parse_url
 from proxy.runtime import run_together
 
 ARTICLE = """<!doctype html><html><head><title>Ownership - The Book</title></head><body>
@@ -687,9 +679,9 @@ def test_proxy_environment_variables_are_ignored(site, monkeypatch):
 
 
 def test_readability_failure_falls_back_to_all_text():
-    title, text = fetchmod.html_to_text("<html><head><title> T </title></head><body>just text</body></html>", "http://x/")
+    title, text = html_to_text("<html><head><title> T </title></head><body>just text</body></html>", "http://x/")
     assert title == "T" and "just text" in text
-    assert fetchmod.html_to_text("   ", "http://x/") == (None, "")
+    assert html_to_text("   ", "http://x/") == (None, "")
 
 
 @pytest.mark.parametrize("size", [200 * 1024, 2 * 1024 * 1024])  # readability's path, and the fast rule past 512 KiB

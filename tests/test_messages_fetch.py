@@ -20,7 +20,7 @@ from standins.scripted_backend import Reply
 from test_chat_fetch import FACT, PAGE
 from test_faults import post_raw, read_until
 
-from proxy.fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchOutcome, Page
+from proxy.fetch_wire import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchOutcome, Page
 from proxy.messages_blocks import (
     CUT_NOTE,
     FETCH_ERROR_TEXT,

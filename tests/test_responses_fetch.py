@@ -15,7 +15,7 @@ from test_chat_fetch import FACT, PAGE
 from test_client_leaving import logged
 from test_faults import access_lines, post_raw, read_until
 
-from proxy.fetch import FetchOutcome, FetchRequest, Page
+from proxy.fetch_wire import FetchOutcome, FetchRequest, Page
 from proxy.responses_calls import FIND_MATCHES, FIND_USAGE, FindResult, find_in_text, tool_output, tool_request
 from proxy.responses_output import call_action, pending_item, web_search_item
 from proxy.responses_wire import Plan, first_request, make_plan, page_tools, replay, rewrite_tool_choice

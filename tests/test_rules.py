@@ -14,7 +14,7 @@ from proxy.app import key_ok, outbound_headers, presented_key
 from proxy.codec import data_of, event_and_data, iter_frame_batches, iter_frames
 from proxy.config import Config
 from proxy.errors import upstream_error_status
-from proxy.fetch import Decoder
+from proxy.pagetext import Decoder
 from proxy.search import (
     Hit,
     SearchOutcome,
