@@ -1,4 +1,4 @@
-# Run: /tmp/ht/bin/python scripts/bench_http_parse.py [--against GIT_REV], with /tmp/ht made by: python3 -m venv /tmp/ht && /tmp/ht/bin/pip install httptools
+# Run from the repository root: /tmp/ht/bin/python -m scripts.bench_http_parse [--against GIT_REV], with /tmp/ht made by: python3 -m venv /tmp/ht && /tmp/ht/bin/pip install httptools
 """Microbenchmark: proxy/upstream.py as checked out (httptools, llhttp) against the hand-written
 response parser it replaced, read from git at --against, both driven end to end alike.
 
@@ -19,10 +19,9 @@ import timeit
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from proxy import upstream
 
-from proxy import upstream  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SAMPLES = ROOT / "tests" / "data" / "vllm-0.32-samples"
 # The last commit whose proxy/upstream.py parsed responses by hand (issue 18's fixes included).

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 from clients import anthropic
+
+from proxy import messages as M
+from proxy.search import Hit, SearchOutcome, format_for_model
 from standins import anthropic_wire as W
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
 from standins.searxng import result
-
-from proxy import messages as M
-from proxy.search import Hit, SearchOutcome, format_for_model
 
 SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"
 SERVER_TOOL = {"type": "web_search_20250305", "name": "web_search", "max_uses": 8}

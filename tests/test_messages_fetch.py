@@ -15,13 +15,13 @@ import uuid
 
 import pytest
 from clients import anthropic
-from standins import anthropic_wire as W
-from standins.scripted_backend import Reply
 from test_chat_fetch import FACT, PAGE
 from test_faults import post_raw, read_until
 
 from proxy import messages as M
 from proxy.fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchOutcome, Page
+from standins import anthropic_wire as W
+from standins.scripted_backend import Reply
 
 SEARCH = {"type": "web_search_20250305", "name": "web_search"}
 FETCH = {"type": "web_fetch_20250910", "name": "web_fetch"}

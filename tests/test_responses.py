@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 from clients import openai
-from standins import responses_wire as w
-from standins.rawhttp import raw_request
-from standins.searxng import result
 
 from proxy import responses as R
 from proxy.search import Hit, SearchOutcome
+from standins import responses_wire as w
+from standins.rawhttp import raw_request
+from standins.searxng import result
 
 SAMPLES = Path(__file__).resolve().parent / "data" / "vllm-0.32-samples"
 HOSTED = {"type": "web_search", "external_web_access": False}

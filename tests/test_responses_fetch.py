@@ -10,7 +10,6 @@ import time
 
 import pytest
 from clients import openai
-from standins import responses_wire as w
 from test_chat_fetch import FACT, PAGE
 from test_client_leaving import logged
 from test_faults import access_lines, post_raw, read_until
@@ -18,6 +17,7 @@ from test_faults import access_lines, post_raw, read_until
 from proxy import responses as R
 from proxy.fetch import FetchOutcome, FetchRequest, Page
 from proxy.search import SearchOutcome
+from standins import responses_wire as w
 
 HOSTED = {"type": "web_search"}
 SHELL = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}

@@ -12,7 +12,9 @@ import json
 import threading
 import urllib.parse
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from .server import StandInServer
 
 # Headers that describe one hop, not the request; the relay sets its own.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
@@ -54,23 +56,16 @@ class Recorded:
         return out
 
 
-class Recorder:
+class Recorder(StandInServer):
     def __init__(self, upstream: str | None = None, responder=None):
         """upstream: base URL to forward to; responder(recorded) -> (status, headers, body) otherwise."""
         self.upstream = urllib.parse.urlsplit(upstream) if upstream else None
         self.responder = responder
         self.received: list[Recorded] = []
         self._lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__()
 
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-    def _handler(self):
+    def handler(self):
         outer = self
 
         class Handler(BaseHTTPRequestHandler):

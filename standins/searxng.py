@@ -12,7 +12,9 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from .server import StandInServer
 
 
 @dataclass
@@ -47,15 +49,12 @@ def page(query: str, results: list, unresponsive=(), answers=(), infoboxes=()) -
             "infoboxes": list(infoboxes), "suggestions": [], "unresponsive_engines": [list(u) for u in unresponsive]}
 
 
-class SearxngStandIn:
+class SearxngStandIn(StandInServer):
     def __init__(self):
         self.requests: list[SearchRequest] = []
         self._modes: dict = {}
         self._lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__()
 
     def reset(self):
         with self._lock:
@@ -72,11 +71,7 @@ class SearxngStandIn:
     def queries(self) -> list[str]:
         return [r.query for r in self.requests]
 
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-    def _handler(self):
+    def handler(self):
         outer = self
 
         class Handler(BaseHTTPRequestHandler):

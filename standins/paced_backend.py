@@ -1,4 +1,4 @@
-"""Stand-in for vLLM's OpenAI server that streams chat completions at a known pace (TTFT, gap, prefill rate) in vLLM 0.32's exact SSE framing; run `python3 tests/standins/paced_backend.py --port 0 [--ttft 0.05 --gap 0.01 ...]`, which prints its base URL as the first line on stdout."""
+"""Stand-in for vLLM's OpenAI server that streams chat completions at a known pace (TTFT, gap, prefill rate) in vLLM 0.32's exact SSE framing; run `python3 standins/paced_backend.py --port 0 [--ttft 0.05 --gap 0.01 ...]`, which prints its base URL as the first line on stdout."""
 
 import argparse
 import json
