@@ -113,7 +113,9 @@ def capture(agents_bin: str, out: Path, names: list[str]):
 
 def shape(record: dict) -> str:
     """A name for a request that stays the same across versions: path plus what kind of call it is."""
-    body = record.get("body") if isinstance(record.get("body"), dict) else {}
+    body = record.get("body")
+    if not isinstance(body, dict):
+        body = {}
     tools = [t.get("name") or t.get("type") for t in body.get("tools") or []]
     kind = "search-subrequest" if tools == ["web_search"] else f"{len(tools)} tools"
     return f"{record['method']} {record['target'].split('?')[0]} ({kind})"
@@ -123,7 +125,9 @@ def describe(records: list[dict]) -> dict:
     """Per request shape: header names, top-level body keys, tool names/types, betas, query string."""
     out: dict[str, dict] = {}
     for r in records:
-        body = r.get("body") if isinstance(r.get("body"), dict) else {}
+        body = r.get("body")
+        if not isinstance(body, dict):
+            body = {}
         d = out.setdefault(shape(r), {"count": 0, "headers": set(), "keys": set(), "tools": set(), "betas": set(),
                                       "targets": set(), "values": {}})
         d["count"] += 1

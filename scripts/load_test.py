@@ -41,8 +41,9 @@ def make_responder(pad: int, piece: int = 1024):
 
     def respond(received):
         body = json.loads(received.body)
-        rid, kind = TAG.match(body["messages"][0]["content"]).groups()
-        rid = int(rid)
+        tag = TAG.match(body["messages"][0]["content"])
+        assert tag, "every load-test prompt starts with its tag"
+        rid, kind = int(tag[1]), tag[2]
         stream = body.get("stream") is True
         tools = [m for m in body["messages"] if m.get("role") == "tool"]
         if kind.startswith("search") and not tools:
@@ -58,7 +59,7 @@ def make_responder(pad: int, piece: int = 1024):
             pieces = [text[i:i + piece] for i in range(0, len(text), piece)]
             frames = stream_frames(content=pieces, ident=ident)
             # A pause now and then lets the streams of different requests interleave.
-            chunks = []
+            chunks: list[bytes | float] = []
             for i, f in enumerate(frames):
                 chunks.append(f)
                 if i % 16 == 15:

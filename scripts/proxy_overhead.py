@@ -33,6 +33,7 @@ import threading
 import time
 import urllib.parse
 from pathlib import Path
+from typing import cast
 
 from standins.proxy_process import ROOT, ProxyProcess
 
@@ -68,7 +69,8 @@ class ResponseParser:
         self.headers: dict[str, str] = {}
         self.keep_body = keep_body
         self.body: list[bytes] = []
-        self.first = None       # perf_counter() when the first body chunk was complete
+        self.first: float | None = None  # perf_counter() when the first body chunk was complete
+        self.t0 = 0.0           # perf_counter() when the request was sent (set by Client.request)
         self.events = 0         # SSE events in the body: a proxy may send several in one HTTP chunk
         self.done = False
         self._left = 0
@@ -148,24 +150,24 @@ class Client:
         parts = urllib.parse.urlsplit(url)
         self.addr = (parts.hostname, parts.port)
         self.host = parts.netloc
-        self.sock = None
+        self.sock: socket.socket | None = None
 
-    def _connect(self):
+    def _connect(self) -> socket.socket:
         self.sock = socket.create_connection(self.addr, timeout=60)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return self.sock
 
     def request(self, method: str, path: str, body: bytes = b"", headers=(), keep_body: bool = False):
         """-> (parser, seconds from send to the last byte); a stale keep-alive is retried once."""
         req = request_bytes(self.host, method, path, body, headers)
         for attempt in (0, 1):
-            if self.sock is None:
-                self._connect()
+            sock = self.sock if self.sock is not None else self._connect()
             p = ResponseParser(keep_body)
             t0 = time.perf_counter()
             try:
-                self.sock.sendall(req)
+                sock.sendall(req)
                 while not p.done:
-                    data = self.sock.recv(262144)
+                    data = sock.recv(262144)
                     if not data:
                         raise ConnectionResetError("server closed the connection")
                     p.feed(data, time.perf_counter())
@@ -222,7 +224,7 @@ def stream_batch(url: str, n: int, req_headers, body: bytes, timeout: float) -> 
     deadline = start + timeout
     while state and time.perf_counter() < deadline:
         for key, _ in sel.select(1.0):
-            s = key.fileobj
+            s = cast(socket.socket, key.fileobj)  # only sockets were registered
             data = s.recv(262144)  # readable, so this returns at once
             now = time.perf_counter()
             p, sent = state[s]
@@ -235,6 +237,7 @@ def stream_batch(url: str, n: int, req_headers, body: bytes, timeout: float) -> 
                     FAILURES.append(f"{url}: a concurrent stream broke (status {p.status})")
                     continue
                 ends.append(now)
+                assert p.first is not None  # a whole 200 stream had its first body chunk
                 ttfts.append(p.first - sent)
                 chunks += p.events
     for s in socks:
@@ -327,7 +330,7 @@ def pct(values, p: float) -> float:
 
 def interleaved(n: int, pairs):
     """Run each (name, fn) n times, rotating the order so neither side always goes first."""
-    out = {name: [] for name, _ in pairs}
+    out: dict[str, list] = {name: [] for name, _ in pairs}
     for i in range(n):
         k = i % len(pairs)
         for name, fn in pairs[k:] + pairs[:k]:
@@ -419,7 +422,7 @@ def phase_concurrent(backend, proxy, streams: int, rounds: int, chunks: int, sec
 
     idle_rss = proxy.rss()
     proxy.reset_peak()
-    res = {"direct": [], "proxy": []}
+    res: dict[str, list] = {"direct": [], "proxy": []}
     cpu = 0.0
     for i in range(rounds):
         for side in (("direct", "proxy") if i % 2 == 0 else ("proxy", "direct")):
@@ -469,7 +472,8 @@ def record_search_loop(backend, searxng_url: str, searches: int):
     body = chat.with_web_search(SMALL)
     messages = list(body["messages"])
     hdr = [("X-Bench-Mode", "search"), ("X-Bench-Searches", str(searches))]
-    c, steps, request = Client(backend.url), [], body
+    c, request = Client(backend.url), body
+    steps: list[tuple[str, bytes | str]] = []
     while True:
         raw = json.dumps(request, ensure_ascii=False).encode()
         steps.append(("backend", raw))
@@ -480,6 +484,7 @@ def record_search_loop(backend, searxng_url: str, searches: int):
         outcomes = []
         for call in msg["tool_calls"]:
             q, _ = search.parse_arguments(call["function"]["arguments"])
+            assert q, "the stand-in's searches always carry a query"
             url = search.search_url(searxng_url, q)
             target = url[len(searxng_url):]
             steps.append(("searxng", target))
@@ -677,7 +682,7 @@ def main():
     workdir = Path(tempfile.mkdtemp(prefix="proxy-overhead-"))
     started = time.monotonic()
     backend = Backend(workdir)
-    procs = [backend]
+    procs: list[Backend | Proxy] = [backend]
     try:
         # Metrics on in a multiprocess folder, as the image runs them; the search cache off (case 8 measures it),
         # so case 5's proxied loops search SearXNG as often as its direct replay does.
@@ -742,7 +747,7 @@ def _variant_app():
     from proxy import upstream  # noqa: PLC0415
     if "noreuse" in variants:
         # Every backend request on a fresh connection: what a pool-less client would cost.
-        upstream.Backend._release = lambda self, conn: conn.close()
+        upstream.Backend._release = lambda self, conn: conn.close()  # type: ignore[method-assign]  # the patch
     unknown = variants - {"noreuse"}
     if unknown:
         raise SystemExit(f"proxy_overhead.py: unknown variant(s) {sorted(unknown)}")

@@ -31,6 +31,7 @@ def count_prompt_tokens(messages):
 
 
 class Handler(BaseHTTPRequestHandler):
+    server: "Server"
     protocol_version = "HTTP/1.1"
     server_version = "uvicorn"
     sys_version = ""
@@ -216,7 +217,7 @@ def main(argv=None):
     opts = p.parse_args(argv)
     server = Server(opts)
     host, port = server.server_address[:2]
-    print("http://%s:%d" % (host, port), flush=True)
+    print("http://%s:%d" % (str(host), port), flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

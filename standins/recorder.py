@@ -76,7 +76,7 @@ class Recorder(StandInServer):
 
             def _read_body(self) -> bytes:
                 if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                    parts = []
+                    parts: list[bytes] = []
                     while True:
                         size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                         if size == 0:
@@ -101,11 +101,10 @@ class Recorder(StandInServer):
                     self.end_headers()
                     self.wfile.write(body)
                     return
-                self._forward(rec)
+                self._forward(rec, outer.upstream)
 
-            def _forward(self, rec: Recorded):
-                up = outer.upstream
-                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=120)
+            def _forward(self, rec: Recorded, up: urllib.parse.SplitResult):
+                conn = http.client.HTTPConnection(up.hostname or "127.0.0.1", up.port, timeout=120)
                 try:
                     headers = {n: v for n, v in rec.headers if n.lower() not in HOP_BY_HOP}
                     conn.request(rec.method, up.path.rstrip("/") + rec.target, body=rec.body or None, headers=headers)
@@ -117,7 +116,7 @@ class Recorder(StandInServer):
                             self.send_header(n, v)
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
-                    kept = [] if "json" in (resp.getheader("Content-Type") or "") else None
+                    kept: list[bytes] | None = [] if "json" in (resp.getheader("Content-Type") or "") else None
                     while True:
                         piece = resp.read1(65536)
                         if not piece:

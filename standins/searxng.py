@@ -13,6 +13,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
+from typing import Any
 
 from .server import StandInServer
 
@@ -52,7 +53,7 @@ def page(query: str, results: list, unresponsive=(), answers=(), infoboxes=()) -
 class SearxngStandIn(StandInServer):
     def __init__(self):
         self.requests: list[SearchRequest] = []
-        self._modes: dict = {}
+        self._modes: dict[str | None, tuple[str, dict[str, Any]]] = {}
         self._lock = threading.Lock()
         super().__init__()
 
@@ -95,7 +96,8 @@ class SearxngStandIn(StandInServer):
                 with outer._lock:
                     outer.requests.append(SearchRequest(path, params, {k.lower(): v for k, v in self.headers.items()}))
                     q = params.get("q", "")
-                    mode, kw = outer._modes.get(q) or outer._modes.get(None) or ("results", {})
+                    no_mode: tuple[str, dict[str, Any]] = ("results", {})
+                    mode, kw = outer._modes.get(q) or outer._modes.get(None) or no_mode
                 if path != "/search":
                     return self.send(404, b"Not Found", "text/plain")
                 if not q:
@@ -108,8 +110,8 @@ class SearxngStandIn(StandInServer):
                                 infoboxes=kw.get("infoboxes", ()))
                     return self.send(200, json.dumps(body).encode())
                 if mode == "gzip":
-                    body = gzip.compress(json.dumps(page(q, default_results(q))).encode())
-                    return self.send(200, body, extra=[("Content-Encoding", "gzip")])
+                    packed = gzip.compress(json.dumps(page(q, default_results(q))).encode())
+                    return self.send(200, packed, extra=[("Content-Encoding", "gzip")])
                 if mode == "empty":
                     return self.send(200, json.dumps(page(q, [])).encode())
                 if mode == "dead":
