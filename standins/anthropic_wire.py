@@ -10,7 +10,7 @@ import itertools
 import json
 
 from .scripted_backend import Reply
-from .vllm_wire import SSE_HEADERS, compact
+from .vllm_wire import compact, sse_reply
 
 _ids = itertools.count(1)
 
@@ -99,12 +99,7 @@ def stream_frames(blocks, stop_reason=None, input_tokens=17, output_tokens=8, id
 
 
 def stream_reply(blocks, gap: float = 0.0, **kw) -> Reply:
-    chunks: list[bytes | float] = []
-    for f in stream_frames(blocks, **kw):
-        chunks.append(f)
-        if gap:
-            chunks.append(gap)
-    return Reply(status=200, headers=list(SSE_HEADERS), chunks=chunks)
+    return sse_reply(stream_frames(blocks, **kw), gap)
 
 
 def error_reply(status: int, message: str, param=None) -> Reply:
