@@ -100,7 +100,7 @@ def main():
     print(f"{len(pages)} pages, {sum(len(p[2]) for p in pages) / len(pages) / 1024:.0f} KiB on average, "
           f"from {', '.join(sorted({p[0] for p in pages}))}")
     print(f"{'extractor':26} {'median ms':>9} {'p90 ms':>7} {'paras kept':>10} {'code kept':>9} {'nav leaked':>10} {'empty':>5}")
-    per_corpus = {}
+    per_corpus: dict[tuple[str, str], list[int]] = {}
     for label, fn in extractors().items():
         fn(pages[0][2])  # warm-up: imports, lazy tables
         times, kept, total, ckept, ctotal, leaked, ntotal, empty = [], 0, 0, 0, 0, 0, 0, 0

@@ -1,4 +1,4 @@
-# Run: /tmp/ht/bin/python scripts/bench_http_parse.py [--against GIT_REV], with /tmp/ht made by: python3 -m venv /tmp/ht && /tmp/ht/bin/pip install httptools
+# Run from the repository root: /tmp/ht/bin/python -m scripts.bench_http_parse [--against GIT_REV], with /tmp/ht made by: python3 -m venv /tmp/ht && /tmp/ht/bin/pip install httptools
 """Microbenchmark: proxy/upstream.py as checked out (httptools, llhttp) against the hand-written
 response parser it replaced, read from git at --against, both driven end to end alike.
 
@@ -19,10 +19,9 @@ import timeit
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from proxy import upstream
 
-from proxy import upstream  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SAMPLES = ROOT / "tests" / "data" / "vllm-0.32-samples"
 # The last commit whose proxy/upstream.py parsed responses by hand (issue 18's fixes included).
@@ -69,16 +68,15 @@ def load_revision(rev: str) -> types.ModuleType:
 def runner(module, pieces, streamed: bool):
     """One round's function: a Backend of `module` with a pooled replay of `pieces`."""
     backend = module.Backend("http://127.0.0.1:9", 1, 5)
-    quiet, _peer = socket.socketpair()
+    pair = socket.socketpair()  # its idle end stands for a quiet connection; one_round keeps both alive
 
     def one_round() -> bytes:
         conn = module.Connection()
-        conn.sock = ReplaySocket(list(pieces), quiet)
+        conn.sock = ReplaySocket(list(pieces), pair[0])
         backend._idle[:] = []
         backend._release(conn)
         up = backend.request("POST", "/v1/chat/completions", b"{}", [])
         return b"".join(up.iter_raw()) if streamed else up.read()
-    one_round.keep = (quiet, _peer)  # the idle socket pair lives as long as the runner
     return one_round
 
 
@@ -125,7 +123,7 @@ CASES = [("JSON chat completion, Content-Length", json_case),
 def best_pair(a, b, number: int) -> tuple[float, float]:
     """Microseconds per round of each, best of REPEAT runs taken in turn, so the machine's
     drift weighs on both alike."""
-    times = ([], [])
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(REPEAT):
         for fn, out in zip((a, b), times, strict=True):
             out.append(timeit.timeit(fn, number=number) / number * 1e6)

@@ -335,7 +335,7 @@ def run_benchmark(args, endpoints):
     prefill_words = calibrate_words(args, endpoints[0]) if "prefill" in args.cases else 0
     results = []
     for case in build_cases(args, prefill_words):
-        runs = {ep.label: [] for ep in endpoints}
+        runs: dict[str, list] = {ep.label: [] for ep in endpoints}
         warned = set()
         schedule = [("warm-up %d/%d" % (i + 1, args.warmup), False) for i in range(args.warmup)]
         schedule += [("run %d/%d" % (i + 1, args.runs), True) for i in range(args.runs)]

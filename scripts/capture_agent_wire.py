@@ -1,10 +1,10 @@
 """Captures what the real Claude Code and Codex send, for tests/data; run
-`~/.cache/coding-stack-tests/venv-*/bin/python scripts/capture_agent_wire.py --agents-bin DIR --out DIR [scenario ...]`
-after tests/run.sh has installed the agents (DIR is an agents-*/node_modules/.bin folder).
+`~/.cache/coding-stack-tests/venv-*/bin/python -m scripts.capture_agent_wire --agents-bin DIR --out DIR [scenario ...]`
+from the repository root after tests/run.sh has installed the agents (DIR is an agents-*/node_modules/.bin folder).
 
 Each scenario runs one agent the way its end-to-end test does (tests/test_claude_code.py,
 tests/test_codex.py): the stand-in model and SearXNG, the real proxy under gunicorn, and in
-front of the proxy a recording relay (tests/standins/recorder.py) that keeps every request
+front of the proxy a recording relay (standins/recorder.py) that keeps every request
 exactly as the agent sent it. Scenarios: claude-websearch, claude-webfetch (a loopback HTTPS page,
 skipWebFetchPreflight), codex-websearch (the hosted tool), codex-alpha-search (standalone search:
 Codex's own POST /v1/alpha/search). One JSON file per scenario: a list of
@@ -21,13 +21,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from standins.proxy_process import ProxyProcess
+from standins.recorder import Recorder
+from standins.scripted_backend import ScriptedBackend
+from standins.searxng import SearxngStandIn
 
-import conftest  # noqa: E402  (ProxyProcess; also puts the repository root on sys.path)
-from standins.recorder import Recorder  # noqa: E402
-from standins.scripted_backend import ScriptedBackend  # noqa: E402
-from standins.searxng import SearxngStandIn  # noqa: E402
+# The scenarios drive the agents with their end-to-end tests' own code, imported on use from the tests namespace
+# package (the root is on the path): test_claude_code.py and test_codex.py import only the stdlib, pytest and standins.
 
 
 class Shim:
@@ -38,14 +38,14 @@ class Shim:
 
 
 def claude_websearch(rec, backend, proxy, tmp):
-    import test_claude_code as t
+    from tests import test_claude_code as t
     backend.responder = t.StandInModel()
     t.run_claude(rec.url, "Search the web: what is new in vLLM 0.32?",
                  {"ANTHROPIC_MODEL": "foundation", "ANTHROPIC_SMALL_FAST_MODEL": "foundation"})
 
 
 def claude_webfetch(rec, backend, proxy, tmp):
-    import test_claude_code as t
+    from tests import test_claude_code as t
     pages = t.tls_site(Path(tmp))
     try:
         url = pages.url + "/notes"
@@ -59,7 +59,7 @@ def claude_webfetch(rec, backend, proxy, tmp):
 
 
 def codex_websearch(rec, backend, proxy, tmp):
-    import test_codex as t
+    from tests import test_codex as t
     backend.responder = t.stand_in_model
     proc, _, diagnostics = t.run_codex(Shim(rec.url, proxy), Path(tmp), "--ephemeral",
                                        "What changed in vLLM 0.32? Search the web.")
@@ -68,8 +68,8 @@ def codex_websearch(rec, backend, proxy, tmp):
 
 def codex_alpha_search(rec, backend, proxy, tmp):
     """Codex with supports_standalone_web_search: its web.run call becomes POST /v1/alpha/search."""
-    import test_codex as t
     from standins.web_pages import WebSite
+    from tests import test_codex as t
     site = WebSite()
     site.route("/notes", t.DOC)
     try:
@@ -91,8 +91,8 @@ def capture(agents_bin: str, out: Path, names: list[str]):
     out.mkdir(parents=True, exist_ok=True)
     backend, searxng = ScriptedBackend(), SearxngStandIn()
     work = Path(tempfile.mkdtemp(prefix="capture-"))
-    proxy = conftest.ProxyProcess({"BACKEND_URL": backend.url, "SEARXNG_URL": searxng.url, "KEEPALIVE_INTERVAL": "0.2",
-                                   "WEB_FETCH_ALLOWED_NETWORKS": "127.0.0.0/8"}, work / "proxy.log")
+    proxy = ProxyProcess({"BACKEND_URL": backend.url, "SEARXNG_URL": searxng.url, "KEEPALIVE_INTERVAL": "0.2",
+                          "WEB_FETCH_ALLOWED_NETWORKS": "127.0.0.0/8"}, work / "proxy.log")
     try:
         for name in names:
             backend.reset()
@@ -113,7 +113,9 @@ def capture(agents_bin: str, out: Path, names: list[str]):
 
 def shape(record: dict) -> str:
     """A name for a request that stays the same across versions: path plus what kind of call it is."""
-    body = record.get("body") if isinstance(record.get("body"), dict) else {}
+    body = record.get("body")
+    if not isinstance(body, dict):
+        body = {}
     tools = [t.get("name") or t.get("type") for t in body.get("tools") or []]
     kind = "search-subrequest" if tools == ["web_search"] else f"{len(tools)} tools"
     return f"{record['method']} {record['target'].split('?')[0]} ({kind})"
@@ -123,7 +125,9 @@ def describe(records: list[dict]) -> dict:
     """Per request shape: header names, top-level body keys, tool names/types, betas, query string."""
     out: dict[str, dict] = {}
     for r in records:
-        body = r.get("body") if isinstance(r.get("body"), dict) else {}
+        body = r.get("body")
+        if not isinstance(body, dict):
+            body = {}
         d = out.setdefault(shape(r), {"count": 0, "headers": set(), "keys": set(), "tools": set(), "betas": set(),
                                       "targets": set(), "values": {}})
         d["count"] += 1

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Bounded loopback load test of the proxy: N concurrent clients send a mix of plain,
 streaming and searching chat requests through real gunicorn to the test stand-ins, and every
-answer must be exactly its own. Run with the test venv's python (tests/run.sh builds it):
-`python scripts/load_test.py --clients 64 --requests 2000`; tests/test_load.py runs it small.
+answer must be exactly its own. Run with the test venv's python (tests/run.sh builds it), from the repository root:
+`python -m scripts.load_test --clients 64 --requests 2000`; tests/test_load.py runs it small.
 
 Each request carries its id; the stand-in vLLM answers with that id (and, for a search, asks
 for a query carrying it and checks the tool result it gets back carries it too), so a stream
@@ -14,10 +14,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -25,13 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from standins.procfs import backend_connections, children, open_fds, rss_mb  # noqa: E402
-from standins.scripted_backend import Reply, ScriptedBackend  # noqa: E402
-from standins.searxng import SearxngStandIn  # noqa: E402
-from standins.vllm_wire import compact, completion, sse_reply, stream_frames, tool_call  # noqa: E402
+from standins.procfs import backend_connections, children, open_fds, rss_mb
+from standins.proxy_process import ProxyProcess
+from standins.scripted_backend import Reply, ScriptedBackend
+from standins.searxng import SearxngStandIn
+from standins.vllm_wire import compact, completion, sse_reply, stream_frames, tool_call
 
 KINDS = ("plain", "stream", "search", "search-stream")
 TAG = re.compile(r"req-(\d+) (\S+)")
@@ -46,8 +41,9 @@ def make_responder(pad: int, piece: int = 1024):
 
     def respond(received):
         body = json.loads(received.body)
-        rid, kind = TAG.match(body["messages"][0]["content"]).groups()
-        rid = int(rid)
+        tag = TAG.match(body["messages"][0]["content"])
+        assert tag, "every load-test prompt starts with its tag"
+        rid, kind = int(tag[1]), tag[2]
         stream = body.get("stream") is True
         tools = [m for m in body["messages"] if m.get("role") == "tool"]
         if kind.startswith("search") and not tools:
@@ -63,7 +59,7 @@ def make_responder(pad: int, piece: int = 1024):
             pieces = [text[i:i + piece] for i in range(0, len(text), piece)]
             frames = stream_frames(content=pieces, ident=ident)
             # A pause now and then lets the streams of different requests interleave.
-            chunks = []
+            chunks: list[bytes | float] = []
             for i, f in enumerate(frames):
                 chunks.append(f)
                 if i % 16 == 15:
@@ -210,30 +206,6 @@ def pool_is_idle(backend: ScriptedBackend, proxy_url: str, pid: int, timeout: fl
 
 # ---- the stand-alone run ----------------------------------------------------------------------
 
-def start_proxy(backend_url: str, searxng_url: str, log_path: Path) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "PROXY_BIND": "127.0.0.1:0", "BACKEND_URL": backend_url, "SEARXNG_URL": searxng_url,
-           "LOG_LEVEL": "info"}
-    log = open(log_path, "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "--config", "gunicorn.conf.py", "proxy-passthrough:app"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        m = re.search(r"Listening at: (http://127\.0\.0\.1:\d+)", log_path.read_text(errors="replace"))
-        if m and children(proc.pid):
-            try:
-                conn = http.client.HTTPConnection(*m.group(1)[7:].split(":"), timeout=2)
-                conn.request("GET", "/proxy/health")
-                if conn.getresponse().status == 200:
-                    return proc, m.group(1)
-            except OSError:
-                pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise SystemExit(f"load_test.py: the proxy did not start; see {log_path}")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=64, help="concurrent client connections (default 64)")
@@ -246,7 +218,13 @@ def main() -> int:
     backend, searxng = ScriptedBackend(), SearxngStandIn()
     like_real_servers(backend, searxng)
     backend.responder = make_responder(args.pad)
-    proc, url = start_proxy(backend.url, searxng.url, Path(args.log))
+    try:
+        proxy = ProxyProcess({"BACKEND_URL": backend.url, "SEARXNG_URL": searxng.url}, Path(args.log))
+    except BaseException:
+        backend.close()
+        searxng.close()
+        raise
+    proc, url = proxy.proc, proxy.url
     try:
         worker = children(proc.pid)[0]
         warm = run_load(url, min(args.clients, 16), 4 * len(KINDS), args.pad, first_id=10**6)
@@ -264,11 +242,7 @@ def main() -> int:
         good = (summary.ok == summary.requests == args.requests and idle_ok and children(proc.pid) == [worker])
         return 0 if good else 1
     finally:
-        os.killpg(proc.pid, signal.SIGQUIT)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        proxy.stop()
         backend.close()
         searxng.close()
 

@@ -1,6 +1,6 @@
-"""Benchmark of the proxy's own overhead, direct vs through the proxy side by side in one run (issue 7); run `~/.cache/coding-stack-tests/venv-*/bin/python scripts/proxy_overhead.py [--json out.json]` after `tests/run.sh --co -q` has built that venv (`--help` lists the counts and worker options).
+"""Benchmark of the proxy's own overhead, direct vs through the proxy side by side in one run (issue 7); run `~/.cache/coding-stack-tests/venv-*/bin/python -m scripts.proxy_overhead [--json out.json]` from the repository root after `tests/run.sh --co -q` has built that venv (`--help` lists the counts and worker options).
 
-It starts tests/standins/fast_backend.py (a gevent vLLM + SearXNG stand-in on loopback), the
+It starts standins/fast_backend.py (a gevent vLLM + SearXNG stand-in on loopback), the
 proxy under the shipped gunicorn.conf.py (and a second one with INJECT_WEB_SEARCH=false and
 INJECT_WEB_FETCH=false: a plain relay),
 then measures each case interleaved, direct and proxied, from one client process:
@@ -14,7 +14,7 @@ This is a benchmark, not a test: it never fails on a missed target, it reports i
 
 `--variant noreuse` runs the proxy with a patch applied in the worker (no backend connection
 reuse) to compare designs without editing proxy/; gunicorn then loads this file as its app
-module (see __getattr__ below).
+module, as scripts.proxy_overhead (see __getattr__ below).
 """
 from __future__ import annotations
 
@@ -33,8 +33,10 @@ import threading
 import time
 import urllib.parse
 from pathlib import Path
+from typing import cast
 
-ROOT = Path(__file__).resolve().parent.parent
+from standins.proxy_process import ROOT, ProxyProcess
+
 TICK = os.sysconf("SC_CLK_TCK")
 FAILURES: list[str] = []  # answers that were not a clean 200, reported with the figures
 
@@ -67,7 +69,8 @@ class ResponseParser:
         self.headers: dict[str, str] = {}
         self.keep_body = keep_body
         self.body: list[bytes] = []
-        self.first = None       # perf_counter() when the first body chunk was complete
+        self.first: float | None = None  # perf_counter() when the first body chunk was complete
+        self.t0 = 0.0           # perf_counter() when the request was sent (set by Client.request)
         self.events = 0         # SSE events in the body: a proxy may send several in one HTTP chunk
         self.done = False
         self._left = 0
@@ -147,24 +150,24 @@ class Client:
         parts = urllib.parse.urlsplit(url)
         self.addr = (parts.hostname, parts.port)
         self.host = parts.netloc
-        self.sock = None
+        self.sock: socket.socket | None = None
 
-    def _connect(self):
+    def _connect(self) -> socket.socket:
         self.sock = socket.create_connection(self.addr, timeout=60)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return self.sock
 
     def request(self, method: str, path: str, body: bytes = b"", headers=(), keep_body: bool = False):
         """-> (parser, seconds from send to the last byte); a stale keep-alive is retried once."""
         req = request_bytes(self.host, method, path, body, headers)
         for attempt in (0, 1):
-            if self.sock is None:
-                self._connect()
+            sock = self.sock if self.sock is not None else self._connect()
             p = ResponseParser(keep_body)
             t0 = time.perf_counter()
             try:
-                self.sock.sendall(req)
+                sock.sendall(req)
                 while not p.done:
-                    data = self.sock.recv(262144)
+                    data = sock.recv(262144)
                     if not data:
                         raise ConnectionResetError("server closed the connection")
                     p.feed(data, time.perf_counter())
@@ -221,7 +224,7 @@ def stream_batch(url: str, n: int, req_headers, body: bytes, timeout: float) -> 
     deadline = start + timeout
     while state and time.perf_counter() < deadline:
         for key, _ in sel.select(1.0):
-            s = key.fileobj
+            s = cast(socket.socket, key.fileobj)  # only sockets were registered
             data = s.recv(262144)  # readable, so this returns at once
             now = time.perf_counter()
             p, sent = state[s]
@@ -234,6 +237,7 @@ def stream_batch(url: str, n: int, req_headers, body: bytes, timeout: float) -> 
                     FAILURES.append(f"{url}: a concurrent stream broke (status {p.status})")
                     continue
                 ends.append(now)
+                assert p.first is not None  # a whole 200 stream had its first body chunk
                 ttfts.append(p.first - sent)
                 chunks += p.events
     for s in socks:
@@ -246,77 +250,42 @@ def stream_batch(url: str, n: int, req_headers, body: bytes, timeout: float) -> 
 
 # ---- the processes under test
 
-def metrics_dir(workdir: Path, name: str) -> Path:
-    """An empty folder for one proxy's metric files (the image's tmpfs)."""
-    folder = workdir / f"metrics-{name}"
-    folder.mkdir()
-    return folder
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, deadline: float, proc: subprocess.Popen, log: Path):
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited:\n{log.read_text(errors='replace')[-3000:]}")
-        try:
-            c = Client(url)
-            c.request("GET", "/proxy/health")
-            c.close()
-            return
-        except (OSError, RuntimeError):
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} did not come up:\n{log.read_text(errors='replace')[-3000:]}")
-
-
 class Backend:
     def __init__(self, workdir: Path):
         self.log = workdir / "fast_backend.log"
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests/standins/fast_backend.py")],
+        self.proc = subprocess.Popen([sys.executable, "-m", "standins.fast_backend"], cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=open(self.log, "wb"), text=True,
                                      start_new_session=True)
-        line = self.proc.stdout.readline()
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line.startswith("backend="):
             raise RuntimeError(f"fast_backend.py did not start:\n{self.log.read_text(errors='replace')}")
         fields = dict(f.split("=", 1) for f in line.split())
         self.url, self.searxng_url = fields["backend"], fields["searxng"]
 
     def stop(self):
-        _stop(self.proc)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
 
 
-class Proxy:
-    """gunicorn with the shipped gunicorn.conf.py; `args` override settings as on a command line."""
+class Proxy(ProxyProcess):
+    """The harness's proxy (standins/proxy_process.py) with a name, and the workers' CPU and memory read from /proc;
+    `args` override gunicorn.conf.py's settings as on a command line."""
 
     def __init__(self, name: str, env: dict, args: list[str], variant: str, workdir: Path):
         self.name = name
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.log = workdir / f"proxy-{name}.log"
         app = "proxy-passthrough:app"
-        full_env = {**os.environ, **env, "PROXY_BIND": self.url[7:]}
         if variant:
-            full_env["PROXY_OVERHEAD_VARIANT"] = variant
-            args = [*args, "--pythonpath", str(Path(__file__).resolve().parent)]
-            app = "proxy_overhead:app"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "--config", "gunicorn.conf.py", *args, app],
-            cwd=ROOT, env=full_env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
-            start_new_session=True)
-        wait_http(self.url, time.monotonic() + 30, self.proc, self.log)
+            env = {**env, "PROXY_OVERHEAD_VARIANT": variant}
+            app = "scripts.proxy_overhead:app"  # gunicorn's chdir (the root) is on its path
+        super().__init__(env, workdir / f"proxy-{name}.log", args=args, app=app)
         # On stderr, so a profiler (py-spy record -p PID) can be pointed at this run's worker.
-        print(f"proxy {name}: {self.url}, gunicorn master {self.proc.pid}, workers {self.workers()}",
+        print(f"proxy {name}: {self.url}, gunicorn master {self.pid}, workers {self.workers()}",
               file=sys.stderr, flush=True)
-
-    def workers(self) -> list[int]:
-        try:
-            kids = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-            return [int(k) for k in kids]
-        except OSError:
-            return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == self.proc.pid]
 
     def cpu(self) -> float:
         """CPU seconds of the workers: schedstat's nanoseconds (stat's 10 ms ticks are too coarse)."""
@@ -345,30 +314,10 @@ class Proxy:
             except OSError:
                 pass
 
-    def stop(self):
-        _stop(self.proc, signal.SIGQUIT)  # gunicorn's quick shutdown; TERM waits out keep-alives
-
-
-def _ppid(p: Path) -> int:
-    try:
-        return int(p.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return -1
-
 
 def _stat_cpu(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
-
-
-def _stop(proc: subprocess.Popen, sig=signal.SIGTERM):
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 # ---- the measurements
@@ -381,7 +330,7 @@ def pct(values, p: float) -> float:
 
 def interleaved(n: int, pairs):
     """Run each (name, fn) n times, rotating the order so neither side always goes first."""
-    out = {name: [] for name, _ in pairs}
+    out: dict[str, list] = {name: [] for name, _ in pairs}
     for i in range(n):
         k = i % len(pairs)
         for name, fn in pairs[k:] + pairs[:k]:
@@ -473,7 +422,7 @@ def phase_concurrent(backend, proxy, streams: int, rounds: int, chunks: int, sec
 
     idle_rss = proxy.rss()
     proxy.reset_peak()
-    res = {"direct": [], "proxy": []}
+    res: dict[str, list] = {"direct": [], "proxy": []}
     cpu = 0.0
     for i in range(rounds):
         for side in (("direct", "proxy") if i % 2 == 0 else ("proxy", "direct")):
@@ -519,12 +468,12 @@ def phase_big(backend, proxy, proxy_noinject, n: int, size: int) -> dict:
 def record_search_loop(backend, searxng_url: str, searches: int):
     """The exact wire exchanges the proxy makes for one search loop, built once with the proxy's
     own pure functions, so the direct replay times wire + stand-ins and nothing else."""
-    sys.path.insert(0, str(ROOT))
     from proxy import chat, search  # noqa: PLC0415 (only the benchmark's client needs it)
     body = chat.with_web_search(SMALL)
     messages = list(body["messages"])
     hdr = [("X-Bench-Mode", "search"), ("X-Bench-Searches", str(searches))]
-    c, steps, request = Client(backend.url), [], body
+    c, request = Client(backend.url), body
+    steps: list[tuple[str, bytes | str]] = []
     while True:
         raw = json.dumps(request, ensure_ascii=False).encode()
         steps.append(("backend", raw))
@@ -535,6 +484,7 @@ def record_search_loop(backend, searxng_url: str, searches: int):
         outcomes = []
         for call in msg["tool_calls"]:
             q, _ = search.parse_arguments(call["function"]["arguments"])
+            assert q, "the stand-in's searches always carry a query"
             url = search.search_url(searxng_url, q)
             target = url[len(searxng_url):]
             steps.append(("searxng", target))
@@ -732,12 +682,12 @@ def main():
     workdir = Path(tempfile.mkdtemp(prefix="proxy-overhead-"))
     started = time.monotonic()
     backend = Backend(workdir)
-    procs = [backend]
+    procs: list[Backend | Proxy] = [backend]
     try:
         # Metrics on in a multiprocess folder, as the image runs them; the search cache off (case 8 measures it),
         # so case 5's proxied loops search SearXNG as often as its direct replay does.
         env = {"BACKEND_URL": backend.url, "SEARXNG_URL": backend.searxng_url, "LOG_LEVEL": args.log_level,
-               "SEARCH_CACHE_TTL": "0", "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir(workdir, "inject"))}
+               "SEARCH_CACHE_TTL": "0"}
         proxy = Proxy("inject", env, gargs, args.variant, workdir)
         procs.append(proxy)
         results = {}
@@ -759,9 +709,7 @@ def main():
             procs.append(off)
             results["metrics"] = phase_metrics(backend, proxy, off, args.metric_requests)
         if "8" in only:
-            cached = Proxy("cache", {**env, "SEARCH_CACHE_TTL": "600",
-                                     "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir(workdir, "cache"))},
-                           gargs, args.variant, workdir)
+            cached = Proxy("cache", {**env, "SEARCH_CACHE_TTL": "600"}, gargs, args.variant, workdir)
             procs.append(cached)
             results["search_cache"] = phase_cache(backend, cached, proxy, args.cache_loops, 2)
     except BaseException:
@@ -775,7 +723,7 @@ def main():
             "worker_class": args.worker_class or "gevent (gunicorn.conf.py)", "threads": args.threads,
             "workers": args.workers, "variant": args.variant, "log_level": args.log_level,
             "seconds": round(time.monotonic() - started, 1),
-            "note": "loopback stand-ins (tests/standins/fast_backend.py) on this machine; not a GPU server"}
+            "note": "loopback stand-ins (standins/fast_backend.py) on this machine; not a GPU server"}
     print(f"proxy overhead: worker {meta['worker_class']}"
           + (f", threads {args.threads}" if args.threads else "") + (f", workers {args.workers}" if args.workers else "")
           + (f", variant {args.variant}" if args.variant else "") + f"; {meta['cpus']} CPUs, Python {meta['python']},"
@@ -796,11 +744,10 @@ def main():
 def _variant_app():
     import importlib  # noqa: PLC0415
     variants = set(filter(None, os.environ.get("PROXY_OVERHEAD_VARIANT", "").split(",")))
-    sys.path.insert(0, str(ROOT))
     from proxy import upstream  # noqa: PLC0415
     if "noreuse" in variants:
         # Every backend request on a fresh connection: what a pool-less client would cost.
-        upstream.Backend._release = lambda self, conn: conn.close()
+        upstream.Backend._release = lambda self, conn: conn.close()  # type: ignore[method-assign]  # the patch
     unknown = variants - {"noreuse"}
     if unknown:
         raise SystemExit(f"proxy_overhead.py: unknown variant(s) {sorted(unknown)}")

@@ -150,7 +150,8 @@ def main():
     if device not in ("gpu", "cpu"):
         print(f"{PROG}: PREFLIGHT_DEVICE must be gpu or cpu, not {device!r}", file=sys.stderr)
         return 1
-    problems, notes = [], []
+    problems: list[str] = []
+    notes: list[str] = []
     (gpu_checks if device == "gpu" else cpu_checks)(problems, notes)
     min_shm = number("PREFLIGHT_MIN_SHM_MIB", "1024")
     stat = os.statvfs("/dev/shm")

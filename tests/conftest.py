@@ -1,5 +1,5 @@
 """Shared fixtures: the stand-in vLLM and SearXNG on loopback, and the real proxy under real
-gunicorn with the shipped gunicorn.conf.py. Run the suite with tests/run.sh.
+gunicorn with the shipped gunicorn.conf.py (standins/proxy_process.py). Run the suite with tests/run.sh.
 
 `start_proxy(**env)` gives a proxy whose BACKEND_URL and SEARXNG_URL point at the stand-ins
 (override either through env); proxies are reused across tests with the same settings.
@@ -7,24 +7,15 @@ gunicorn with the shipped gunicorn.conf.py. Run the suite with tests/run.sh.
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from standins.scripted_backend import ScriptedBackend  # noqa: E402
-from standins.searxng import SearxngStandIn  # noqa: E402
-from standins.web_pages import WebSite  # noqa: E402
+from standins.proxy_process import ProxyProcess
+from standins.scripted_backend import ScriptedBackend
+from standins.searxng import SearxngStandIn
+from standins.web_pages import WebSite
 
 # The tiers that need more than the test venv (pyproject.toml's markers). tests/run.sh collects a
 # narrowed selection first with CODING_STACK_TIERS_OUT set, and installs only the tiers that file
@@ -58,61 +49,6 @@ def pytest_collection_finish(session):
 # Each run (each -n worker) logs its proxies into a folder of its own, so two runs on one checkout never share
 # a log file; the folder is removed when its run passed, and kept to read when a test failed.
 WORK = Path(__file__).resolve().parent / ".work" / f"run-{os.getpid()}"
-
-
-class ProxyProcess:
-    """gunicorn serving proxy-passthrough:app on an ephemeral loopback port."""
-
-    def __init__(self, env: dict, log_path: Path):
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        # Its own metrics folder, as the image's tmpfs: the workers sum their metrics through it (proxy/metrics.py).
-        self.metrics_dir = log_path.with_suffix(".metrics")
-        shutil.rmtree(self.metrics_dir, ignore_errors=True)
-        self.metrics_dir.mkdir(parents=True)
-        full_env = {**os.environ, "PROXY_BIND": "127.0.0.1:0", "LOG_LEVEL": "info",
-                    "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir), **env}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "--config", "gunicorn.conf.py", "proxy-passthrough:app"],
-            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.url = self._wait_listening()
-
-    def _wait_listening(self) -> str:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            text = self.log()
-            m = re.search(r"Listening at: (http://127\.0\.0\.1:\d+)", text)
-            if m and "Booting worker" in text:
-                url = m.group(1)
-                try:
-                    urllib.request.urlopen(url + "/proxy/health", timeout=2).read()
-                    return url
-                except OSError:
-                    pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gunicorn exited:\n{text}")
-            time.sleep(0.05)
-        raise RuntimeError(f"gunicorn did not start:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self):
-        self.ask_to_stop()
-        self.wait_stopped()
-
-    def ask_to_stop(self):
-        if self.proc.poll() is None:
-            # QUIT: gunicorn's quick shutdown; TERM would wait out idle keep-alive clients.
-            os.killpg(self.proc.pid, signal.SIGQUIT)
-
-    def wait_stopped(self):
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self._log.close()
 
 
 @pytest.fixture(scope="session")
@@ -191,7 +127,7 @@ def _site():
 
 @pytest.fixture
 def site(_site):
-    """A web site on loopback for web_fetch (tests/standins/web_pages.py), emptied for each test.
+    """A web site on loopback for web_fetch (standins/web_pages.py), emptied for each test.
     Proxies reach it only with WEB_FETCH_ALLOWED_NETWORKS=127.0.0.0/8 (loopback is refused by default)."""
     _site.reset()
     yield _site

@@ -15,13 +15,13 @@ import urllib.request
 import uuid
 
 import pytest
-from standins.searxng import result
 
 from proxy import alpha_search as A
 from proxy.config import Config
 from proxy.fetch import Fetcher
 from proxy.fetch_wire import FetchError, Page
 from proxy.search import Hit, SearchOutcome, SearXNG
+from standins.searxng import result
 
 # Pages on loopback may be fetched; no page cache, so each test sees its own downloads.
 LOOPBACK = {"WEB_FETCH_ALLOWED_NETWORKS": "127.0.0.0/8", "WEB_FETCH_CACHE_TTL": "0", "KEEPALIVE_INTERVAL": "0.2"}
@@ -263,7 +263,6 @@ def test_both_cores_say_timeouts_in_the_words_504_depends_on():
 def pages(site):  # the web site stand-in of tests/conftest.py
     site.route("/doc", DOC)
     site.route("/plain", "line zero\nline one mentions Annie Case\nline two", headers={"Content-Type": "text/plain"})
-    site.url = f"http://127.0.0.1:{site.port}"
     return site
 
 

@@ -1,4 +1,4 @@
-"""Tests of benchmark.sh against the paced stand-in backend (tests/standins/paced_backend.py); run `tests/run.sh tests/test_benchmark.py`."""
+"""Tests of benchmark.sh against the paced stand-in backend (standins/paced_backend.py); run `tests/run.sh tests/test_benchmark.py`."""
 
 import json
 import shutil
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow  # runs benchmark.sh against paced backends: it wa
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmark.sh"
-STANDIN = ROOT / "tests" / "standins" / "paced_backend.py"
+STANDIN = ROOT / "standins" / "paced_backend.py"
 
 # Paces slow enough that a busy 2-core machine's scheduling noise stays well inside ±40%.
 TTFT = 0.05

@@ -10,9 +10,9 @@ import re
 
 import pytest
 from clients import openai
-from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames, tool_call
 
 from proxy.citations import CITE_NOTE
+from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames, tool_call
 
 USER = [{"role": "user", "content": "What does the vLLM changelog say?"}]
 NAV = "".join(f'<li><a href="/{w.lower()}">{w}</a></li>' for w in ("Home", "Docs", "Blog", "Community", "Sponsors"))

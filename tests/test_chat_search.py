@@ -10,9 +10,9 @@ import urllib.parse
 
 import pytest
 from clients import openai
-from standins.vllm_wire import completion, error_reply, json_reply, sse_reply, stream_frames, tool_call
 
 from proxy.chat import NOT_EXECUTED, WEB_FETCH_TOOL, WEB_SEARCH_TOOL
+from standins.vllm_wire import completion, error_reply, json_reply, sse_reply, stream_frames, tool_call
 
 USER = [{"role": "user", "content": "What is new in vLLM?"}]
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from clients import openai
-from standins.vllm_wire import error_reply, sse_reply, stream_frames, tool_call
 
 from proxy.chat import NOT_EXECUTED
+from standins.vllm_wire import error_reply, sse_reply, stream_frames, tool_call
 
 SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"
 USER = [{"role": "user", "content": "What is new in vLLM?"}]

@@ -11,14 +11,14 @@ import json
 
 import pytest
 from clients import anthropic, openai
-from standins import anthropic_wire as W
-from standins import responses_wire as w
-from standins.searxng import default_results
-from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames, tool_call
 from test_sdk_types import post, sse_data, strict, strict_event
 
 from proxy import citations as C
 from proxy.search import Hit, SearchOutcome, format_for_model
+from standins import anthropic_wire as W
+from standins import responses_wire as w
+from standins.searxng import default_results
+from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames, tool_call
 
 SEARCH = {"type": "web_search_20250305", "name": "web_search"}
 HOSTED = {"type": "web_search"}

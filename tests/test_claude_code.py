@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from standins import anthropic_wire as W
 from standins.scripted_backend import Reply
 from standins.web_pages import WebSite
@@ -201,7 +202,7 @@ def tls_site(folder: Path) -> WebSite:
                    check=True, capture_output=True)
     site = WebSite(str(cert), str(key))
     site.route("/notes", PAGE)
-    site.url, site.ca_file = f"https://127.0.0.1:{site.port}", cert
+    site.ca_file = cert
     return site
 
 

@@ -15,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+from test_faults import access_lines, post_raw, read_until, wait_for_log
+
 from standins import anthropic_wire as A
 from standins import responses_wire as R
 from standins.scripted_backend import Reply
 from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames, tool_call
-from test_faults import access_lines, post_raw, read_until, wait_for_log
 
 SLOW = 30      # seconds a stalled vLLM turn would take: only an abort ends it sooner
 SEARCH = 0.5   # seconds the slow SearXNG takes to answer

@@ -10,12 +10,12 @@ import base64
 import json
 
 import pytest
+
+from proxy import validate as V
 from standins import anthropic_wire as aw
 from standins import responses_wire as rw
 from standins.rawhttp import raw_request
 from standins.vllm_wire import completion, json_reply
-
-from proxy import validate as V
 
 CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"

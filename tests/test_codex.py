@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from standins import responses_wire as w
 
 pytestmark = pytest.mark.agents

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from standins.hf_hub import REPO_ID, HubStandin, tiny_repo  # noqa: E402
+from standins.hf_hub import REPO_ID, HubStandin, tiny_repo
 
 pytestmark = pytest.mark.slow  # runs download-model.sh end to end: a venv with pip, downloads from the Hub stand-in
 

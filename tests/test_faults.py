@@ -13,6 +13,7 @@ import time
 import urllib.parse
 
 import pytest
+
 from standins.procfs import children, rss_mb
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply

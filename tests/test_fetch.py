@@ -15,7 +15,6 @@ import time
 import zlib
 
 import pytest
-from standins.web_pages import WebSite
 
 from proxy.cache import TTLCache
 from proxy.config import Config
@@ -24,6 +23,7 @@ from proxy.fetch import Fetched, Fetcher, fetched_size
 from proxy.fetch_wire import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchError, Page
 from proxy.netguard import address_refusal, domain_matches, parse_networks, parse_url
 from proxy.runtime import run_together
+from standins.web_pages import WebSite
 
 ARTICLE = """<!doctype html><html><head><title>Ownership - The Book</title></head><body>
 <nav class="sidebar"><ul><li><a href="/a">Getting Started With Everything</a></li>
@@ -686,9 +686,8 @@ def test_readability_failure_falls_back_to_all_text():
 
 @pytest.mark.parametrize("size", [200 * 1024, 2 * 1024 * 1024])  # readability's path, and the fast rule past 512 KiB
 def test_extraction_keeps_code_and_drops_navigation_on_small_and_big_pages(size):
-    from standins.hostile_web import big_page
-
     from proxy.extract import extract_page
+    from standins.hostile_web import big_page
     title, text, cut = extract_page(big_page(size).decode(), "http://x/", max_chars=80_000)
     assert title == "Scheduler notes" and "def admit(request):" in text and "the key-value cache has room" in text
     assert "Section 3" not in text and "var x" not in text and "Copyright" not in text

@@ -15,12 +15,13 @@ import re
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_faults import worker_pid
+
 from standins import anthropic_wire as aw
 from standins import responses_wire as rw
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
 from standins.vllm_wire import compact, completion, sse_reply, stream_frames, tool_call
-from test_faults import worker_pid
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 

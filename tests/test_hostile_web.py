@@ -4,7 +4,7 @@ crash or starve it. Run: tests/run.sh tests/test_hostile_web.py -q
 Each case asserts what the client got (the turn completed), what the model read in the tool result,
 a generous bound on the time (proof that nothing hung, not a speed goal: scripts/bench_hostile.py
 measures), and that another client's plain request was served meanwhile. The page server is
-tests/standins/hostile_web.py; vLLM is the scripted stand-in, answering by what each request holds.
+standins/hostile_web.py; vLLM is the scripted stand-in, answering by what each request holds.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import time
 
 import pytest
 from clients import openai
+
 from standins.hostile_web import HostileWeb
 from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames, tool_call
 

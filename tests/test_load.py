@@ -7,17 +7,14 @@ Run: tests/run.sh tests/test_load.py
 """
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import pytest
+from test_faults import worker_pid
 
-import load_test  # noqa: E402
-import pytest  # noqa: E402
-from standins.procfs import open_fds, rss_mb  # noqa: E402
-from test_faults import worker_pid  # noqa: E402
+from scripts import load_test
+from standins.procfs import open_fds, rss_mb
 
 pytestmark = pytest.mark.slow  # a mixed load of concurrent clients for seconds
 

@@ -15,8 +15,6 @@ import uuid
 
 import pytest
 from clients import anthropic
-from standins import anthropic_wire as W
-from standins.scripted_backend import Reply
 from test_chat_fetch import FACT, PAGE
 from test_faults import post_raw, read_until
 
@@ -32,6 +30,8 @@ from proxy.messages_blocks import (
 )
 from proxy.messages_history import rewrite_history
 from proxy.messages_request import FetchPlan, needs_rewrite, next_request, rewrite, validate
+from standins import anthropic_wire as W
+from standins.scripted_backend import Reply
 
 SEARCH = {"type": "web_search_20250305", "name": "web_search"}
 FETCH = {"type": "web_fetch_20250910", "name": "web_fetch"}

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
 from standins import anthropic_wire as W
 from standins import responses_wire as R
 from standins.rawhttp import raw_request

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from scripts import download_model as dm
+from standins.hf_hub import HubStandin
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "scripts"))
-import download_model as dm  # noqa: E402
-from standins.hf_hub import HubStandin  # noqa: E402
 
 pytestmark = pytest.mark.slow  # runs the model service's script against the Hub stand-in: downloads, progress intervals
 

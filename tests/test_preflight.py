@@ -1,5 +1,5 @@
 """scripts/vllm_preflight.py's decisions, run as the preflight service runs it, with a stand-in nvidia-smi on PATH
-(tests/standins/nvidia_smi.py, the real tool's query output format); run: tests/run.sh tests/test_preflight.py.
+(standins/nvidia_smi.py, the real tool's query output format); run: tests/run.sh tests/test_preflight.py.
 """
 import os
 import shutil
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from scripts import vllm_preflight as pf
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-import vllm_preflight as pf  # noqa: E402
 
 A6000 = "NVIDIA RTX A6000"
 IDLE = f"{A6000}|580.95.05|49140|573"          # what an idle A6000 with a desktop reports
@@ -23,7 +23,7 @@ def run(tmp_path, gpus=IDLE, smi=True, **env):
     bin_dir.mkdir(exist_ok=True)
     if smi:
         (bin_dir / "nvidia-smi").unlink(missing_ok=True)
-        (bin_dir / "nvidia-smi").symlink_to(REPO / "tests/standins/nvidia_smi.py")
+        (bin_dir / "nvidia-smi").symlink_to(REPO / "standins/nvidia_smi.py")
     (bin_dir / "python3").unlink(missing_ok=True)
     (bin_dir / "python3").symlink_to(sys.executable)
     full = {"PATH": str(bin_dir), "FAKE_NVIDIA_SMI_GPUS": gpus, "PREFLIGHT_MIN_SHM_MIB": "1",
@@ -40,7 +40,7 @@ def problems(result):
 
 
 def test_the_stand_in_speaks_the_real_format():
-    out = subprocess.run([str(REPO / "tests/standins/nvidia_smi.py"), "--query-gpu=index,name,memory.total",
+    out = subprocess.run([str(REPO / "standins/nvidia_smi.py"), "--query-gpu=index,name,memory.total",
                           "--format=csv"], env={"FAKE_NVIDIA_SMI_GPUS": IDLE}, capture_output=True, text=True).stdout
     assert out == "index, name, memory.total [MiB]\n0, NVIDIA RTX A6000, 49140 MiB\n"
 
@@ -168,4 +168,4 @@ def test_shutil_which_finds_the_stand_in(tmp_path):
     # Guards the tests above: the stand-in is what the script runs, not something else on the machine.
     run(tmp_path)
     assert shutil.which("nvidia-smi", path=str(tmp_path / "bin")) == str(tmp_path / "bin" / "nvidia-smi")
-    assert os.access(REPO / "tests/standins/nvidia_smi.py", os.X_OK)
+    assert os.access(REPO / "standins/nvidia_smi.py", os.X_OK)

@@ -21,8 +21,8 @@ TINY = ["--requests", "20", "--streams", "3", "--chunks", "20", "--concurrent", 
 
 def test_a_tiny_run_measures_every_case(tmp_path):
     out = tmp_path / "overhead.json"
-    run = subprocess.run([sys.executable, str(ROOT / "scripts/proxy_overhead.py"), *TINY, "--json", str(out)],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-m", "scripts.proxy_overhead", *TINY, "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "FAILED ANSWERS" not in run.stdout
     for row in ["(1) non-streaming p50", "(1) floor: GET /proxy/health", "(2) 20-event stream TTFT", "(2) 4-event stream TTFT",

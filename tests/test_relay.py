@@ -15,6 +15,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
 from standins.vllm_wire import SSE_HEADERS, completion, error_reply, json_reply, sse_reply, stream_frames, tool_call

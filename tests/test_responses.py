@@ -13,9 +13,6 @@ from pathlib import Path
 
 import pytest
 from clients import openai
-from standins import responses_wire as w
-from standins.rawhttp import raw_request
-from standins.searxng import result
 
 from proxy.responses_calls import apply_search_filters, next_request
 from proxy.responses_output import add_usage, web_search_item
@@ -30,6 +27,9 @@ from proxy.responses_wire import (
     rewrite_tool_choice,
 )
 from proxy.search import NOT_EXECUTED, Hit, SearchOutcome
+from standins import responses_wire as w
+from standins.rawhttp import raw_request
+from standins.searxng import result
 
 SAMPLES = Path(__file__).resolve().parent / "data" / "vllm-0.32-samples"
 HOSTED = {"type": "web_search", "external_web_access": False}

@@ -10,7 +10,6 @@ import time
 
 import pytest
 from clients import openai
-from standins import responses_wire as w
 from test_chat_fetch import FACT, PAGE
 from test_client_leaving import logged
 from test_faults import access_lines, post_raw, read_until
@@ -20,6 +19,7 @@ from proxy.responses_calls import FIND_MATCHES, FIND_USAGE, FindResult, find_in_
 from proxy.responses_output import call_action, pending_item, web_search_item
 from proxy.responses_wire import Plan, first_request, make_plan, page_tools, replay, rewrite_tool_choice
 from proxy.search import SearchOutcome
+from standins import responses_wire as w
 
 HOSTED = {"type": "web_search"}
 SHELL = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}

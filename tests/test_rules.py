@@ -7,7 +7,6 @@ import gzip
 import json
 
 import pytest
-from standins.searxng import default_results, page, result
 
 from proxy import chat
 from proxy.app import key_ok, outbound_headers, presented_key
@@ -26,6 +25,7 @@ from proxy.search import (
 )
 from proxy.tools import ToolSession
 from proxy.upstream import UpstreamError, end_to_end_headers
+from standins.searxng import default_results, page, result
 
 USER = [{"role": "user", "content": "hi"}]
 CLIENT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}

@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 from clients import anthropic, openai
+
 from standins import anthropic_wire as W
 from standins import responses_wire as w
 from standins.vllm_wire import completion, sse_reply, stream_frames, tool_call

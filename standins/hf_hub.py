@@ -11,8 +11,10 @@ import json
 import random
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
+
+from .server import StandInServer
 
 REPO_ID = "shawnw3i/Huihui-Qwen3.8-27B-abliterated-AWQ-MTP"
 
@@ -32,12 +34,11 @@ def tiny_repo(seed=7, shard_size=48 * 1024):
     return files
 
 
-class HubStandin:
+class HubStandin(StandInServer):
     """Serves `files` as REPO_ID at branch `main`; knobs below let a test shape the hub's behaviour."""
 
     def __init__(self, files=None, repo_id=REPO_ID, host="127.0.0.1"):
         self.repo_id = repo_id
-        self.host = host  # the container tier binds the Docker bridge's gateway, which containers can reach
         self.files = dict(files if files is not None else tiny_repo())
         self.commit = hashlib.sha1(b"".join(k.encode() + v for k, v in sorted(self.files.items()))).hexdigest()
         self.advertised_sizes = {}  # path -> size the listing claims (e.g. a huge one to test the disk check)
@@ -47,36 +48,13 @@ class HubStandin:
         # the Hub answers 401 or 403 with X-Error-Code GatedRepo, and 401 for a token it doesn't know.
         self.deny = None
         self._lock = threading.Lock()
-        self._server = None
-        self._port = 0  # the first start picks one; a restart after stop() takes the same, as a hub back up would
-
-    # -- lifecycle
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-
-    def start(self):
-        self._server = ThreadingHTTPServer((self.host, self._port), self._handler())
-        self._port = self._server.server_address[1]
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        # Started by `with` or start(); the container tier binds the Docker bridge's gateway, which containers can
+        # reach. A restart after stop() takes the same port, as a hub back up would.
+        super().__init__(host, start=False)
 
     def stop(self):
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    @property
-    def url(self):
-        return f"http://{self.host}:{self._port}"
-
-    @property
-    def port(self):
-        return self._port
+        """The hub goes down (a test then start()s it again)."""
+        self.close()
 
     def downloads(self):
         """Paths fetched with GET .../resolve/... (HEAD requests are metadata, not downloads)."""
@@ -97,7 +75,7 @@ class HubStandin:
             entry["lfs"] = {"oid": self.etag(path), "size": self.size(path), "pointerSize": 134}
         return entry
 
-    def _handler(self):
+    def handler(self):
         hub = self
 
         class Handler(BaseHTTPRequestHandler):

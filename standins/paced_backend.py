@@ -1,4 +1,4 @@
-"""Stand-in for vLLM's OpenAI server that streams chat completions at a known pace (TTFT, gap, prefill rate) in vLLM 0.32's exact SSE framing; run `python3 tests/standins/paced_backend.py --port 0 [--ttft 0.05 --gap 0.01 ...]`, which prints its base URL as the first line on stdout."""
+"""Stand-in for vLLM's OpenAI server that streams chat completions at a known pace (TTFT, gap, prefill rate) in vLLM 0.32's exact SSE framing; run `python3 standins/paced_backend.py --port 0 [--ttft 0.05 --gap 0.01 ...]`, which prints its base URL as the first line on stdout."""
 
 import argparse
 import json
@@ -31,6 +31,7 @@ def count_prompt_tokens(messages):
 
 
 class Handler(BaseHTTPRequestHandler):
+    server: "Server"
     protocol_version = "HTTP/1.1"
     server_version = "uvicorn"
     sys_version = ""
@@ -216,7 +217,7 @@ def main(argv=None):
     opts = p.parse_args(argv)
     server = Server(opts)
     host, port = server.server_address[:2]
-    print("http://%s:%d" % (host, port), flush=True)
+    print("http://%s:%d" % (str(host), port), flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

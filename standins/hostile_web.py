@@ -15,6 +15,8 @@ import threading
 import time
 import zlib
 
+from .server import SocketStandIn
+
 # A paragraph of ordinary article text: big pages repeat it between navigation, scripts and code blocks.
 PARAGRAPH = ("<p>The scheduler keeps a queue of waiting requests and admits them while the key-value cache has room; "
              "each step it picks the sequences to run, and a sequence that cannot grow is preempted.</p>")
@@ -180,33 +182,23 @@ BEHAVIOURS = {
 }
 
 
-class HostileWeb:
+class HostileWeb(SocketStandIn):
     def __init__(self, host: str = "127.0.0.1"):
         self.requests: list[str] = []
         self.open_now = 0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._sock = socket.create_server((host, 0))
-        self.port = self._sock.getsockname()[1]
+        self._stop = threading.Event()  # ends the behaviours that would write for ever
         _bomb("gzip"), _bomb("deflate")
-        threading.Thread(target=self._accept, daemon=True, name="hostile-web").start()
+        super().__init__(host)
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
     def close(self) -> None:
         self._stop.set()
-        self._sock.close()
+        super().close()
 
-    def _accept(self):
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket):
+    def serve(self, conn: socket.socket, index: int) -> None:
         with self._lock:
             self.open_now += 1
         try:

@@ -1,4 +1,4 @@
-"""A fast gevent stand-in for vLLM and SearXNG on loopback, for scripts/proxy_overhead.py (not for tests): run `python tests/standins/fast_backend.py`; it prints `backend=URL searxng=URL` on its first line and serves until killed.
+"""A fast gevent stand-in for vLLM and SearXNG on loopback, for scripts/proxy_overhead.py (not for tests): run `python -m standins.fast_backend` from the repository root; it prints `backend=URL searxng=URL` on its first line and serves until killed.
 
 Why not ScriptedBackend: a ThreadingHTTPServer spends more per request than the proxy under
 test, and a thread per stream would itself be the bottleneck at 64 paced streams. Here every
@@ -16,15 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import socket
-import sys
-from pathlib import Path
 
 import gevent
 from gevent.server import StreamServer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from standins.searxng import page, result  # noqa: E402
-from standins.vllm_wire import compact, completion, stream_frames, tool_call  # noqa: E402
+from .searxng import page, result
+from .vllm_wire import compact, completion, stream_frames, tool_call
 
 # Headers uvicorn (vLLM's server) sends, so the proxy copies as many as it would in production.
 JSON_HEAD = (b"HTTP/1.1 200 OK\r\ndate: Thu, 03 Dec 2026 05:00:00 GMT\r\nserver: uvicorn\r\n"

@@ -31,7 +31,7 @@ def tool_call(name: str, arguments, call_id: str | None = None) -> dict:
 
 
 def usage(prompt: int, completion: int, reasoning: int = 0, stream: bool = False) -> dict:
-    u = {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
+    u: dict[str, object] = {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
     if not stream:
         u["prompt_tokens_details"] = None
     u["completion_tokens_details"] = {"reasoning_tokens": reasoning}

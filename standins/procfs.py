@@ -1,5 +1,5 @@
 """Facts about a process, read from /proc: its children, memory, open files and TCP
-connections. Used by the fault, fuzz and load tests and by scripts/load_test.py.
+connections. Used by the fault, fuzz and load tests, by proxy_process.py and by scripts/load_test.py.
 """
 import os
 
@@ -29,11 +29,7 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def backend_connections(pid: int, port: int) -> int:
-    """Established TCP connections that process `pid` holds to 127.0.0.1:`port`.
-
-    Counted on the proxy's side: the stand-in vLLM is shared by every proxy of a test
-    session, so its own count includes other proxies' pooled connections."""
+def _socket_inodes(pid: int) -> set[str]:
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -42,6 +38,23 @@ def backend_connections(pid: int, port: int) -> int:
             continue
         if link.startswith("socket:["):
             inodes.add(link[8:-1])
+    return inodes
+
+
+def listening_ports(pid: int) -> list[int]:
+    """The TCP ports process `pid` listens on (IPv4): how a launcher learns the port a server bound to port 0 got,
+    whatever its log says."""
+    inodes = _socket_inodes(pid)
+    return [int(f[1].split(":")[1], 16) for f in (line.split() for line in open(f"/proc/{pid}/net/tcp").read().splitlines()[1:])
+            if f[3] == "0A" and f[9] in inodes]  # 0A: LISTEN
+
+
+def backend_connections(pid: int, port: int) -> int:
+    """Established TCP connections that process `pid` holds to 127.0.0.1:`port`.
+
+    Counted on the proxy's side: the stand-in vLLM is shared by every proxy of a test
+    session, so its own count includes other proxies' pooled connections."""
+    inodes = _socket_inodes(pid)
     n = 0
     for line in open(f"/proc/{pid}/net/tcp").read().splitlines()[1:]:
         f = line.split()

@@ -11,6 +11,8 @@ import socket
 import threading
 from dataclasses import dataclass
 
+from .server import SocketStandIn
+
 DROP = object()  # an answer that reads the request, then closes without a byte in reply
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
@@ -24,7 +26,7 @@ class Seen:
     late: bool         # arrived after the server had closed its side of an idle connection
 
 
-class KeepAliveServer:
+class KeepAliveServer(SocketStandIn):
     """Answers the n-th request with answers[n] (raw bytes or DROP), then `default`.
 
     An idle connection is closed after `keep_alive` seconds, as uvicorn's timeout_keep_alive
@@ -37,26 +39,11 @@ class KeepAliveServer:
         self.default = default
         self.keep_alive = keep_alive
         self.seen: list[Seen] = []
-        self.accepted = 0
         self._lock = threading.Lock()
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
+        self.url = f"http://127.0.0.1:{self.port}"
 
-    def close(self):
-        self._sock.close()
-
-    def _accept(self):
-        while True:
-            try:
-                sock, _ = self._sock.accept()
-            except OSError:
-                return  # closed at the end of the test
-            with self._lock:
-                index, self.accepted = self.accepted, self.accepted + 1
-            threading.Thread(target=self._serve, args=(sock, index), daemon=True).start()
-
-    def _serve(self, sock, index):
+    def serve(self, sock, index):
         buf, closed = b"", False
         with sock:
             while True:

@@ -10,7 +10,7 @@ import itertools
 import json
 
 from .scripted_backend import Reply
-from .vllm_wire import SSE_HEADERS, compact
+from .vllm_wire import compact, sse_reply
 
 _ids = itertools.count(1)
 
@@ -74,6 +74,7 @@ def stream_frames(blocks, stop_reason=None, input_tokens=17, output_tokens=8, id
         frames.append(event("content_block_delta", {"type": "content_block_delta", "delta": d, "index": i}))
 
     for i, b in enumerate(blocks):
+        start: dict[str, object]
         if b["type"] == "text":
             start = {"type": "text", "text": ""}
         elif b["type"] == "thinking":
@@ -98,12 +99,7 @@ def stream_frames(blocks, stop_reason=None, input_tokens=17, output_tokens=8, id
 
 
 def stream_reply(blocks, gap: float = 0.0, **kw) -> Reply:
-    chunks = []
-    for f in stream_frames(blocks, **kw):
-        chunks.append(f)
-        if gap:
-            chunks.append(gap)
-    return Reply(status=200, headers=list(SSE_HEADERS), chunks=chunks)
+    return sse_reply(stream_frames(blocks, **kw), gap)
 
 
 def error_reply(status: int, message: str, param=None) -> Reply:
@@ -112,7 +108,7 @@ def error_reply(status: int, message: str, param=None) -> Reply:
                                                         "param": param, "code": status}}))
 
 
-def parse_stream(raw: bytes) -> list[tuple[str, dict]]:
+def parse_stream(raw: bytes) -> list[tuple[str | None, dict | None]]:
     """(event name, data) for every event of an Anthropic stream, in order."""
     out = []
     for frame in raw.replace(b"\r\n", b"\n").split(b"\n\n"):

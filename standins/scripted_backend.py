@@ -14,7 +14,9 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from .server import StandInServer
 
 
 @dataclass
@@ -42,7 +44,7 @@ class Received:
         return json.loads(self.body)
 
 
-class ScriptedBackend:
+class ScriptedBackend(StandInServer):
     def __init__(self):
         self.replies: list[Reply] = []
         self.received: list[Received] = []
@@ -54,10 +56,7 @@ class ScriptedBackend:
         self.responder = None
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__()
 
     def reset(self):
         with self._lock:
@@ -81,10 +80,6 @@ class ScriptedBackend:
                 self._changed.wait(left)
         return True
 
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
     def _take(self, path: str) -> Reply | None:
         with self._lock:
             for i, r in enumerate(self.replies):
@@ -92,7 +87,7 @@ class ScriptedBackend:
                     return self.replies.pop(i)
         return None
 
-    def _handler(self):
+    def handler(self):
         outer = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 
 from .scripted_backend import Reply
-from .vllm_wire import sse_reply  # noqa: F401 (the same SSE framing; tests call w.sse_reply)
+from .vllm_wire import compact, sse_reply  # noqa: F401 (the same JSON and SSE framing; tests call w.compact, w.sse_reply)
 
 CREATED_AT = 1796248628
 _ids = itertools.count(1)
@@ -21,10 +21,6 @@ _ids = itertools.count(1)
 
 def _hex() -> str:
     return f"{0x5eed0000 + next(_ids):016x}"
-
-
-def compact(obj) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 # ---- items ------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from .server import StandInServer
 
 
 @dataclass
@@ -27,20 +29,17 @@ class Seen:
     headers: dict
 
 
-class WebSite:
+class WebSite(StandInServer):
     def __init__(self, certfile: str | None = None, keyfile: str | None = None, host: str = "127.0.0.1"):
         # host "0.0.0.0" for the container tier: the proxy's container reaches it over Docker's bridge.
         self.routes: dict[str, Route] = {}
         self.requests: list[Seen] = []
         self._lock = threading.Lock()
-        self.server = ThreadingHTTPServer((host, 0), self._handler())
-        self.server.daemon_threads = True
+        ctx = None
         if certfile:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(certfile, keyfile)
-            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__(host, ssl_context=ctx)
 
     def route(self, path: str, body: bytes | str = b"", status: int = 200, headers: dict | None = None, **kw) -> None:
         body = body.encode() if isinstance(body, str) else body
@@ -52,11 +51,7 @@ class WebSite:
             self.routes.clear()
             self.requests.clear()
 
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def _handler(self):
+    def handler(self):
         site = self
 
         class Handler(BaseHTTPRequestHandler):

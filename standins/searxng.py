@@ -12,7 +12,10 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from .server import StandInServer
 
 
 @dataclass
@@ -47,15 +50,12 @@ def page(query: str, results: list, unresponsive=(), answers=(), infoboxes=()) -
             "infoboxes": list(infoboxes), "suggestions": [], "unresponsive_engines": [list(u) for u in unresponsive]}
 
 
-class SearxngStandIn:
+class SearxngStandIn(StandInServer):
     def __init__(self):
         self.requests: list[SearchRequest] = []
-        self._modes: dict = {}
+        self._modes: dict[str | None, tuple[str, dict[str, Any]]] = {}
         self._lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__()
 
     def reset(self):
         with self._lock:
@@ -72,11 +72,7 @@ class SearxngStandIn:
     def queries(self) -> list[str]:
         return [r.query for r in self.requests]
 
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-    def _handler(self):
+    def handler(self):
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -100,7 +96,8 @@ class SearxngStandIn:
                 with outer._lock:
                     outer.requests.append(SearchRequest(path, params, {k.lower(): v for k, v in self.headers.items()}))
                     q = params.get("q", "")
-                    mode, kw = outer._modes.get(q) or outer._modes.get(None) or ("results", {})
+                    no_mode: tuple[str, dict[str, Any]] = ("results", {})
+                    mode, kw = outer._modes.get(q) or outer._modes.get(None) or no_mode
                 if path != "/search":
                     return self.send(404, b"Not Found", "text/plain")
                 if not q:
@@ -113,8 +110,8 @@ class SearxngStandIn:
                                 infoboxes=kw.get("infoboxes", ()))
                     return self.send(200, json.dumps(body).encode())
                 if mode == "gzip":
-                    body = gzip.compress(json.dumps(page(q, default_results(q))).encode())
-                    return self.send(200, body, extra=[("Content-Encoding", "gzip")])
+                    packed = gzip.compress(json.dumps(page(q, default_results(q))).encode())
+                    return self.send(200, packed, extra=[("Content-Encoding", "gzip")])
                 if mode == "empty":
                     return self.send(200, json.dumps(page(q, [])).encode())
                 if mode == "dead":

@@ -1,0 +1,100 @@
+"""The one launcher of the real proxy for tests and scripts: gunicorn with the repository's gunicorn.conf.py on a
+loopback port the kernel picks; `ProxyProcess(env, log_path)` returns once /proxy/health answers, `.stop()` ends it.
+
+tests/conftest.py's `start_proxy` fixture, scripts/load_test.py, scripts/bench_hostile.py, scripts/proxy_overhead.py
+and scripts/capture_agent_wire.py all start their proxies here, so each runs the way the image runs it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from .procfs import children, listening_ports
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ProxyProcess:
+    """gunicorn serving proxy-passthrough:app (or `app`) from `cwd` (default this checkout; bench_hostile.py's
+    --proxy-dir runs another's), with `env` over os.environ; its output goes to `log_path`.
+
+    `args` are gunicorn command-line options, which override gunicorn.conf.py's settings.
+    """
+
+    def __init__(self, env: dict[str, str], log_path: Path, *, args: Sequence[str] = (),
+                 app: str = "proxy-passthrough:app", cwd: Path = ROOT, timeout: float = 30.0):
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        # Its own metrics folder, as the image's tmpfs: the workers sum their metrics through it (proxy/metrics.py).
+        self.metrics_dir = log_path.with_suffix(".metrics")
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        self.metrics_dir.mkdir(parents=True)
+        full_env = {**os.environ, "PROXY_BIND": "127.0.0.1:0", "LOG_LEVEL": "info",
+                    "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir), **env}
+        # Its own session: the master's pid is then its process group's id, and stop() signals that group (the master
+        # and its workers) by that pid, never anything found by name.
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "--config", "gunicorn.conf.py", *args, app],
+            cwd=cwd, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self.url = self._wait_healthy(timeout)
+        except BaseException:
+            self.stop()  # a proxy that did not come up must not outlive the run that started it
+            raise
+
+    @property
+    def pid(self) -> int:
+        """The gunicorn master's pid."""
+        return self.proc.pid
+
+    def workers(self) -> list[int]:
+        return children(self.proc.pid)
+
+    def _wait_healthy(self, timeout: float) -> str:
+        # The port comes from the master's listening socket, not its log: the log says "Listening at" only at
+        # LOG_LEVEL info, and a benchmark may run the proxy quieter. The health answer means a worker is up.
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gunicorn exited:\n{self.log()}")
+            try:
+                ports = listening_ports(self.proc.pid)
+            except OSError:
+                ports = []
+            if ports:
+                url = f"http://127.0.0.1:{ports[0]}"
+                try:
+                    urllib.request.urlopen(url + "/proxy/health", timeout=2).read()
+                    return url
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        raise RuntimeError(f"gunicorn did not start within {timeout:g} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.ask_to_stop()
+        self.wait_stopped()
+
+    def ask_to_stop(self) -> None:
+        """Without waiting, so that many proxies can be stopped at once (each takes a second or two)."""
+        if self.proc.poll() is None:
+            # QUIT: gunicorn's quick shutdown; TERM would wait out idle keep-alive clients.
+            os.killpg(self.proc.pid, signal.SIGQUIT)
+
+    def wait_stopped(self, timeout: float = 10.0) -> None:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._log.close()
