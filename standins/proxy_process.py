@@ -81,6 +81,16 @@ class ProxyProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def log_once(self, text: str, seconds: float = 10.0) -> str:
+        """The log once `text` is in it (or as it is after `seconds`). An access line is written when the body has
+        been sent, so a client that has its answer can be a moment ahead of it."""
+        deadline = time.monotonic() + seconds
+        log = self.log()
+        while text not in log and time.monotonic() < deadline:
+            time.sleep(0.02)
+            log = self.log()
+        return log
+
     def stop(self) -> None:
         self.ask_to_stop()
         self.wait_stopped()

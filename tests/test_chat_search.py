@@ -74,7 +74,7 @@ def test_two_searches_then_the_answer(proxy, backend, searxng):
     assert 'Search results for "vllm release"' in second["messages"][2]["content"]
     assert "https://example.org/vllm-release/1" in second["messages"][2]["content"]
     assert len(third["messages"]) == 5 and third["messages"][4]["tool_call_id"] == third["messages"][3]["tool_calls"][0]["id"]
-    assert "searches=2" in proxy.log()
+    assert "searches=2" in proxy.log_once("searches=2")
 
 
 def test_several_calls_in_one_turn_run_concurrently(proxy, backend, searxng):

@@ -188,4 +188,4 @@ def test_codex_standalone_search_is_served_by_the_proxy(start_proxy, backend, se
     assert f'## search_query "{QUERY}"' in text and "[turn0search0]" in text
     assert "https://example.org/vllm-0.32-release-notes/1" in text
     assert "## open [turn0view0] vLLM 0.32 notes" in text and "PELICAN-7731" in text
-    assert "POST /v1/alpha/search 200" in proxy.log()
+    assert "POST /v1/alpha/search 200" in proxy.log_once("POST /v1/alpha/search 200")
