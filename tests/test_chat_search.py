@@ -12,7 +12,8 @@ import pytest
 from clients import openai
 from standins.vllm_wire import completion, error_reply, json_reply, tool_call
 
-from proxy.chat import NOT_EXECUTED, WEB_FETCH_TOOL, WEB_SEARCH_TOOL
+from proxy.chat_wire import WEB_FETCH_TOOL, WEB_SEARCH_TOOL
+from proxy.search import NOT_EXECUTED
 
 USER = [{"role": "user", "content": "What is new in vLLM?"}]
 

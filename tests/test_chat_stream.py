@@ -14,7 +14,7 @@ import pytest
 from clients import openai
 from standins.vllm_wire import error_reply, sse_reply, stream_frames, tool_call
 
-from proxy.chat import NOT_EXECUTED
+from proxy.search import NOT_EXECUTED
 
 SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"
 USER = [{"role": "user", "content": "What is new in vLLM?"}]
