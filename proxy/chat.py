@@ -1,9 +1,10 @@
 """POST /v1/chat/completions: inject web_search and web_fetch and run their loop server-side, in
 plain responses and inside live streams; everything else goes back to the client untouched.
 
-Used by proxy.app; not run on its own. The rules (when to inject, which calls are searches,
-how turns and usage add up) are pure functions at the top, tested without a network; below
-them, the chat dialects that proxy.loop drives.
+Used by proxy.app; not run on its own (tests/run.sh tests/test_chat_search.py tests/test_chat_stream.py
+tests/test_chat_fetch.py drive it end to end). This is the handler and the plain and streamed dialects
+that proxy.loop drives; the rules they follow (when to inject, which calls are the proxy's, how turns
+and usage add up) are pure functions in chat_wire.
 """
 from __future__ import annotations
 
@@ -12,181 +13,28 @@ import logging
 from flask import Response
 
 from . import citations, codec, loop
-from . import validate as V
+from .chat_wire import (
+    WEB_SEARCH,
+    add_usage,
+    assistant_turn,
+    completion_calls,
+    is_proxy_call,
+    next_request,
+    tool_request,
+    tool_results,
+    tools_to_inject,
+    validate,
+    with_tools,
+)
 from .codec import data_of, iter_frame_batches
 from .errors import error_response, sse_error
 from .exchange import Exchange, response_headers
-from .fetch_wire import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchRequest, parse_fetch_arguments
-from .search import NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, parse_arguments
-from .tools import tool_text
+from .fetch_wire import FetchRequest
 
 log = logging.getLogger("proxy.chat")
 
 PATH = "/v1/chat/completions"
-WEB_SEARCH = "web_search"
-WEB_SEARCH_TOOL = {"type": "function",
-                   "function": {"name": WEB_SEARCH, "description": TOOL_DESCRIPTION, "parameters": QUERY_SCHEMA}}
-WEB_FETCH = "web_fetch"
-WEB_FETCH_TOOL = {"type": "function",
-                  "function": {"name": WEB_FETCH, "description": FETCH_TOOL_DESCRIPTION, "parameters": URL_SCHEMA}}
-PROXY_TOOLS = {WEB_SEARCH: WEB_SEARCH_TOOL, WEB_FETCH: WEB_FETCH_TOOL}  # in the order they are added
 
-
-# ---- pure rules ---------------------------------------------------------------------------
-
-def validate(body) -> tuple[str, str | None] | None:
-    """(message, param) when the body is not a chat request vLLM could take, or has a field the
-    proxy reads of the wrong JSON type; else None."""
-    if not isinstance(body, dict):
-        return "The request body must be a JSON object.", None
-    if not isinstance(body.get("messages"), list):
-        return "`messages` must be an array of message objects.", "messages"
-    if not all(isinstance(m, dict) for m in body["messages"]):
-        return "Every entry of `messages` must be an object.", "messages"
-    if "tools" in body and body["tools"] is not None:
-        if not isinstance(body["tools"], list) or not all(isinstance(t, dict) for t in body["tools"]):
-            return "`tools` must be an array of tool objects.", "tools"
-    if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
-        return "`stream` must be true or false.", "stream"
-    if "stream_options" in body and body["stream_options"] is not None and not isinstance(body["stream_options"], dict):
-        return "`stream_options` must be an object.", "stream_options"
-    if "tool_choice" in body and not isinstance(body["tool_choice"], (str, dict, type(None))):
-        return "`tool_choice` must be a string or an object.", "tool_choice"
-    try:
-        # The names the proxy compares with its own tools' (tool_name, forced_tool).
-        for i, tool in enumerate(body.get("tools") or []):
-            V.string(tool.get("name"), f"tools[{i}].name")
-            V.string(V.obj(tool.get("function"), f"tools[{i}].function").get("name"), f"tools[{i}].function.name")
-        if isinstance(body.get("tool_choice"), dict):
-            choice = V.obj(body["tool_choice"].get("function"), "tool_choice.function")
-            V.string(choice.get("name"), "tool_choice.function.name")
-    except V.Invalid as e:
-        return e.openai_message, e.param
-    return None
-
-
-def tool_name(tool: dict) -> str | None:
-    fn = tool.get("function")
-    return fn.get("name") if isinstance(fn, dict) else tool.get("name")
-
-
-def tools_to_inject(body: dict, search: bool = True, fetch: bool = True) -> tuple[str, ...]:
-    """The names of the proxy's tools this request gets (web_search, web_fetch), none when adding
-    one would change what the client asked for. Pure.
-
-    None when the client forbids tools (tool_choice "none") or asks for several choices (a loop
-    can only follow one); each tool unless it is switched off (INJECT_WEB_SEARCH,
-    INJECT_WEB_FETCH) or the client has a tool of that name (its calls are its own).
-    """
-    if body.get("tool_choice") == "none" or (body.get("n") or 1) != 1:
-        return ()
-    theirs = {tool_name(t) for t in body.get("tools") or []}
-    wanted = ((WEB_SEARCH, search), (WEB_FETCH, fetch))
-    return tuple(name for name, on in wanted if on and name not in theirs)
-
-
-def should_inject(body: dict, enabled: bool) -> bool:
-    """web_search alone: whether tools_to_inject would add it."""
-    return WEB_SEARCH in tools_to_inject(body, search=enabled, fetch=False)
-
-
-def with_tools(body: dict, names) -> dict:
-    """A copy of the request with the proxy's named tools added; every other field as it was."""
-    return {**body, "tools": list(body.get("tools") or []) + [PROXY_TOOLS[n] for n in names]}
-
-
-def with_web_search(body: dict) -> dict:
-    return with_tools(body, (WEB_SEARCH,))
-
-
-def forced_tool(tool_choice) -> str | None:
-    """The function a tool_choice forces, if it forces one."""
-    if isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict):
-        return tool_choice["function"].get("name")
-    return None
-
-
-def forces_web_search(tool_choice) -> bool:
-    return forced_tool(tool_choice) in PROXY_TOOLS
-
-
-def call_name(call: dict):
-    return (call.get("function") or {}).get("name")
-
-
-def is_search(call: dict, ours=(WEB_SEARCH,)) -> bool:
-    """Whether the proxy runs this call: one of its injected tools (web_search by default)."""
-    return call_name(call) in ours
-
-
-def tool_request(call: dict):
-    """A call of the proxy's as the search session runs it: a query, or a fetch request."""
-    arguments = (call.get("function") or {}).get("arguments")
-    return parse_fetch_arguments(arguments) if call_name(call) == WEB_FETCH else parse_arguments(arguments)
-
-
-def add_usage(total: dict | None, turn: dict | None) -> dict | None:
-    """Sum two usage objects: token counts add, reasoning tokens add, the rest is the latest."""
-    if not turn:
-        return total
-    if not total:
-        return codec.loads(codec.dumps(turn))
-    out = dict(turn)
-    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
-        out[key] = (total.get(key) or 0) + (turn.get(key) or 0)
-    a = (total.get("completion_tokens_details") or {}).get("reasoning_tokens")
-    b = (turn.get("completion_tokens_details") or {}).get("reasoning_tokens")
-    if a is not None or b is not None:
-        out["completion_tokens_details"] = {**(turn.get("completion_tokens_details") or {}),
-                                            "reasoning_tokens": (a or 0) + (b or 0)}
-    return out
-
-
-def assistant_turn(message: dict) -> dict:
-    """The assistant message to append, as vLLM wrote it: reasoning stays so the chat
-    template decides what the model sees again; the response-only null fields go."""
-    out = {"role": "assistant", "content": message.get("content")}
-    if message.get("tool_calls"):
-        out["tool_calls"] = [{"id": c.get("id"), "type": "function",
-                              "function": {"name": (c.get("function") or {}).get("name"),
-                                           "arguments": (c.get("function") or {}).get("arguments") or ""}}
-                             for c in message["tool_calls"]]
-    for key in ("reasoning", "reasoning_content"):
-        if message.get(key):
-            out[key] = message[key]
-    return out
-
-
-def tool_results(calls: list[dict], outcomes: list, ours=tuple(PROXY_TOOLS),
-                 sources: citations.Sources | None = None) -> list[dict]:
-    """One tool message per call, in order: the proxy's results (of the calls named in `ours`,
-    in `outcomes`' order, their sources numbered for citing), or the not-executed stub."""
-    found = iter(outcomes)
-    return [{"role": "tool", "tool_call_id": c.get("id"),
-             "content": citations.numbered(sources, o := next(found), tool_text(o)) if is_search(c, ours)
-             else NOT_EXECUTED}
-            for c in calls]
-
-
-def next_request(body: dict, messages: list[dict]) -> dict:
-    """The following turn: same request, longer history; a forced web_search is forced once."""
-    out = {**body, "messages": messages}
-    if forces_web_search(body.get("tool_choice")):
-        out["tool_choice"] = "auto"
-    return out
-
-
-def completion_calls(data: dict) -> list | None:
-    """The tool calls of a chat completion's first choice, or None when it isn't one. Pure."""
-    try:
-        choice = (data.get("choices") or [{}])[0]
-        calls = (choice.get("message") or {}).get("tool_calls") or []
-    except (AttributeError, TypeError, IndexError, KeyError):
-        return None
-    return calls if isinstance(calls, list) and all(isinstance(c, dict) for c in calls) else None
-
-
-# ---- the handler, and the search loop (proxy.loop) as chat completions speak it -----------
 
 def handle(ex: Exchange) -> Response:
     try:
@@ -224,7 +72,7 @@ class _Chat(loop.Dialect):
         self.usage: dict | None = None
 
     def searches(self, turn) -> list:
-        return [c for c in turn.calls if is_search(c, self.ours)]
+        return [c for c in turn.calls if is_proxy_call(c, self.ours)]
 
     def queries(self, calls: list) -> list:
         return [(r.url, None) if isinstance(r, FetchRequest) else r for r in map(tool_request, calls)]
@@ -280,7 +128,7 @@ class PlainChat(loop.Plain, _Chat):
         return ()
 
 
-class _Turn:
+class _StreamedTurn:
     """What one streamed backend turn said, gathered as its events pass."""
 
     def __init__(self):
@@ -350,50 +198,16 @@ class StreamedChat(loop.Stream, _Chat):
         self.citer = citations.Citer(self.sources, citations.chat_citation) if self.sources is not None else None
 
     def relay(self, up):
-        turn = _Turn()
+        turn = _StreamedTurn()
         first = self.session.rounds == 0
         for frames in iter_frame_batches(up.iter_raw()):
-            out, texts, failed = [], [], False
-            for frame in frames:
-                payload = data_of(frame)
-                if payload is None or not payload.startswith(b"{"):
-                    if payload == b"[DONE]":
-                        # Read on to the end of the body (it ends right here) so this
-                        # connection goes back to the pool instead of being dropped.
-                        turn.done = True
-                    else:
-                        out.append(frame)  # comments and anything unknown pass as they are
-                    continue
-                if self.ident is None:
-                    head = codec.loads(payload)
-                    self.ident, self.created, self.model = head.get("id"), head.get("created"), head.get("model")
-                if payload.startswith(b'{"error"'):
-                    out.append(frame)
-                    turn.done = failed = True
-                    break
-                # Cheap substring tests keep the common event (a token) off the JSON parser.
-                if b'"tool_calls"' in payload:
-                    turn.held.append(frame)
-                elif self.citer is not None and self.sources and self.sources.by_n and b'"finish_reason":"' in payload:
-                    # After a search, the answer's finish chunk waits: the annotations chunk goes before it.
-                    turn.held.append(frame)
-                    texts.append(payload)
-                elif b'"choices":[]' in payload and b'"usage"' in payload:
-                    turn.usage_frame = frame
-                else:
-                    out.append(frame if first else self.restamp(payload) or b"")
-                    texts.append(payload)
+            out, texts, failed = self._sort_frames(frames, turn, first)
             # What one read brought leaves in one write: a proxy that fell behind a burst
             # catches up in one send, not one per event.
             data = b"".join(out)
             if data:
                 yield data
-            seen = len(turn.content)
-            for payload in texts:
-                turn.add_text(payload)  # after the yield: the client never waits on it
-            if self.citer is not None:
-                for piece in turn.content[seen:]:
-                    self.citer.feed("content", piece)
+            self._take_text(turn, texts)  # after the yield: the client never waits on it
             if failed:
                 break
         if not turn.done:
@@ -402,13 +216,58 @@ class StreamedChat(loop.Stream, _Chat):
         turn.calls = turn.gather_calls() if turn.held else []
         return turn
 
+    def _sort_frames(self, frames, turn: _StreamedTurn, first: bool) -> tuple[list[bytes], list[bytes], bool]:
+        """One read's frames sorted: (what goes to the client now, the payloads whose text the
+        turn keeps, whether vLLM sent an error); tool-call, finish and usage frames wait on `turn`."""
+        out: list[bytes] = []
+        texts: list[bytes] = []
+        for frame in frames:
+            payload = data_of(frame)
+            if payload is None or not payload.startswith(b"{"):
+                if payload == b"[DONE]":
+                    # Read on to the end of the body (it ends right here) so this
+                    # connection goes back to the pool instead of being dropped.
+                    turn.done = True
+                else:
+                    out.append(frame)  # comments and anything unknown pass as they are
+                continue
+            if self.ident is None:
+                head = codec.loads(payload)
+                self.ident, self.created, self.model = head.get("id"), head.get("created"), head.get("model")
+            if payload.startswith(b'{"error"'):
+                out.append(frame)
+                turn.done = True
+                return out, texts, True
+            # Cheap substring tests keep the common event (a token) off the JSON parser.
+            if b'"tool_calls"' in payload:
+                turn.held.append(frame)
+            elif self.citer is not None and self.sources and self.sources.by_n and b'"finish_reason":"' in payload:
+                # After a search, the answer's finish chunk waits: the annotations chunk goes before it.
+                turn.held.append(frame)
+                texts.append(payload)
+            elif b'"choices":[]' in payload and b'"usage"' in payload:
+                turn.usage_frame = frame
+            else:
+                out.append(frame if first else self.restamp(payload) or b"")
+                texts.append(payload)
+        return out, texts, False
+
+    def _take_text(self, turn: _StreamedTurn, texts: list[bytes]):
+        """The turn's text and reasoning kept from these payloads, the new text fed to the citer."""
+        seen = len(turn.content)
+        for payload in texts:
+            turn.add_text(payload)
+        if self.citer is not None:
+            for piece in turn.content[seen:]:
+                self.citer.feed("content", piece)
+
     def restamp(self, payload: bytes | None, usage=None) -> bytes:
         """A later turn's frame as the first turn's; b"" for a frame that carries no data."""
         if payload is None:
             return b""
         return _restamp(payload, self.ident, self.created, usage) or b""
 
-    def finish(self, turn: _Turn):
+    def finish(self, turn: _StreamedTurn):
         first = self.session.rounds == 0
         found = self.citer.of("content") if self.citer is not None else []
         if found:
@@ -428,7 +287,7 @@ class StreamedChat(loop.Stream, _Chat):
                 yield self.restamp(payload, usage=total)
         yield codec.DONE
 
-    def record(self, turn: _Turn, calls, outcomes):
+    def record(self, turn: _StreamedTurn, calls, outcomes):
         if turn.usage_frame is not None:
             self.usage = add_usage(self.usage, codec.loads(data_of(turn.usage_frame)).get("usage"))
         self.follow(turn.message(), turn.calls, outcomes)

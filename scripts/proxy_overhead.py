@@ -468,8 +468,8 @@ def phase_big(backend, proxy, proxy_noinject, n: int, size: int) -> dict:
 def record_search_loop(backend, searxng_url: str, searches: int):
     """The exact wire exchanges the proxy makes for one search loop, built once with the proxy's
     own pure functions, so the direct replay times wire + stand-ins and nothing else."""
-    from proxy import chat, search  # noqa: PLC0415 (only the benchmark's client needs it)
-    body = chat.with_web_search(SMALL)
+    from proxy import chat_wire, search  # noqa: PLC0415 (only the benchmark's client needs it)
+    body = chat_wire.with_web_search(SMALL)
     messages = list(body["messages"])
     hdr = [("X-Bench-Mode", "search"), ("X-Bench-Searches", str(searches))]
     c, request = Client(backend.url), body
@@ -492,8 +492,8 @@ def record_search_loop(backend, searxng_url: str, searches: int):
             sr, _ = s.retrying("GET", target, keep_body=True)
             s.close()
             outcomes.append(search.outcome_from_response(q, searxng_url, 200, b"".join(sr.body), 5))
-        messages = messages + [chat.assistant_turn(msg)] + chat.tool_results(msg["tool_calls"], outcomes)
-        request = chat.next_request(body, messages)
+        messages = messages + [chat_wire.assistant_turn(msg)] + chat_wire.tool_results(msg["tool_calls"], outcomes)
+        request = chat_wire.next_request(body, messages)
     c.close()
     return steps, hdr
 

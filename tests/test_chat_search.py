@@ -11,7 +11,8 @@ import urllib.parse
 import pytest
 from clients import openai
 
-from proxy.chat import NOT_EXECUTED, WEB_FETCH_TOOL, WEB_SEARCH_TOOL
+from proxy.chat_wire import WEB_FETCH_TOOL, WEB_SEARCH_TOOL
+from proxy.search import NOT_EXECUTED
 from standins.vllm_wire import completion, error_reply, json_reply, sse_reply, stream_frames, tool_call
 
 USER = [{"role": "user", "content": "What is new in vLLM?"}]

@@ -8,13 +8,14 @@ import json
 
 import pytest
 
-from proxy import chat
+from proxy import chat_wire
 from proxy.app import key_ok, outbound_headers, presented_key
 from proxy.codec import data_of, event_and_data, iter_frame_batches, iter_frames
 from proxy.config import Config
 from proxy.errors import upstream_error_status
 from proxy.pagetext import Decoder
 from proxy.search import (
+    NOT_EXECUTED,
     Hit,
     SearchOutcome,
     filter_domains,
@@ -45,17 +46,17 @@ CLIENT_WEB_SEARCH = {"type": "function", "function": {"name": "web_search", "par
     ({"messages": USER}, False, False),
 ])
 def test_should_inject(body, enabled, expected):
-    assert chat.should_inject(body, enabled) is expected
+    assert chat_wire.should_inject(body, enabled) is expected
 
 
 def test_with_web_search_keeps_every_other_field():
     body = {"messages": USER, "tools": [CLIENT_TOOL], "temperature": 0.3, "chat_template_kwargs": {"enable_thinking": False},
             "structured_outputs": {"regex": "x"}, "stream_options": {"include_usage": True}, "vendor_x": [1]}
-    out = chat.with_web_search(body)
-    assert out["tools"] == [CLIENT_TOOL, chat.WEB_SEARCH_TOOL]
+    out = chat_wire.with_web_search(body)
+    assert out["tools"] == [CLIENT_TOOL, chat_wire.WEB_SEARCH_TOOL]
     assert {k: v for k, v in out.items() if k != "tools"} == {k: v for k, v in body.items() if k != "tools"}
     assert body["tools"] == [CLIENT_TOOL]  # the client's request is not mutated
-    fn = chat.WEB_SEARCH_TOOL["function"]
+    fn = chat_wire.WEB_SEARCH_TOOL["function"]
     assert fn["parameters"]["required"] == ["query"] and fn["parameters"]["properties"]["query"]["type"] == "string"
 
 
@@ -72,7 +73,7 @@ def test_with_web_search_keeps_every_other_field():
     ({"messages": USER, "tool_choice": 3}, "tool_choice"),
 ])
 def test_validate_rejects(body, param):
-    problem = chat.validate(body)
+    problem = chat_wire.validate(body)
     assert problem is not None and problem[1] == param
 
 
@@ -81,7 +82,7 @@ def test_validate_rejects(body, param):
     {"messages": USER, "stream": True, "tools": [CLIENT_TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}},
 ])
 def test_validate_accepts(body):
-    assert chat.validate(body) is None
+    assert chat_wire.validate(body) is None
 
 
 @pytest.mark.parametrize("arguments, query, code", [
@@ -227,10 +228,10 @@ def test_add_usage_sums_turns():
     a = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "completion_tokens_details": {"reasoning_tokens": 2}}
     b = {"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 37, "completion_tokens_details": {"reasoning_tokens": 1},
          "prompt_tokens_details": None}
-    total = chat.add_usage(chat.add_usage(None, a), b)
+    total = chat_wire.add_usage(chat_wire.add_usage(None, a), b)
     assert total == {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52,
                      "completion_tokens_details": {"reasoning_tokens": 3}, "prompt_tokens_details": None}
-    assert chat.add_usage(total, None) is total
+    assert chat_wire.add_usage(total, None) is total
 
 
 def test_tool_results_answer_every_call_in_order():
@@ -238,24 +239,24 @@ def test_tool_results_answer_every_call_in_order():
              {"id": "b", "function": {"name": "get_weather", "arguments": "{}"}},
              {"id": "c", "function": {"name": "web_search", "arguments": "{}"}}]
     outs = [SearchOutcome("x", "empty", message="none x"), SearchOutcome("y", "empty", message="none y")]
-    msgs = chat.tool_results(calls, outs)
+    msgs = chat_wire.tool_results(calls, outs)
     assert [m["tool_call_id"] for m in msgs] == ["a", "b", "c"]
     assert msgs[0]["content"] == "none x" and msgs[2]["content"] == "none y"
-    assert msgs[1]["content"] == chat.NOT_EXECUTED
+    assert msgs[1]["content"] == NOT_EXECUTED
 
 
 def test_assistant_turn_keeps_reasoning_and_drops_response_only_fields():
     msg = {"role": "assistant", "content": None, "refusal": None, "annotations": None, "audio": None,
            "function_call": None, "reasoning": "think", "tool_calls": [
                {"id": "t1", "type": "function", "function": {"name": "web_search", "arguments": '{"query": "q"}'}}]}
-    assert chat.assistant_turn(msg) == {"role": "assistant", "content": None, "reasoning": "think", "tool_calls": [
+    assert chat_wire.assistant_turn(msg) == {"role": "assistant", "content": None, "reasoning": "think", "tool_calls": [
         {"id": "t1", "type": "function", "function": {"name": "web_search", "arguments": '{"query": "q"}'}}]}
 
 
 def test_next_request_forces_web_search_only_once():
     forced = {"type": "function", "function": {"name": "web_search"}}
-    assert chat.next_request({"messages": [], "tool_choice": forced}, USER)["tool_choice"] == "auto"
-    assert chat.next_request({"messages": [], "tool_choice": "required"}, USER)["tool_choice"] == "required"
+    assert chat_wire.next_request({"messages": [], "tool_choice": forced}, USER)["tool_choice"] == "auto"
+    assert chat_wire.next_request({"messages": [], "tool_choice": "required"}, USER)["tool_choice"] == "required"
 
 
 @pytest.mark.parametrize("headers, expected", [
