@@ -1,6 +1,6 @@
-"""Tests for Codex's standalone web search, `POST /v1/alpha/search` (proxy/alpha_search.py): the
-pure request reading and output writing, and the real proxy under gunicorn against the SearXNG
-stand-in and a loopback web site, table by table (request -> status -> body, and what SearXNG and
+"""Tests for Codex's standalone web search, `POST /v1/alpha/search`: the pure request reading and
+output writing (proxy/alpha_wire.py), and the real proxy (proxy/alpha_search.py) under gunicorn against
+the SearXNG stand-in and a loopback web site, table by table (request -> status -> body, and what SearXNG and
 the site received). The end-to-end run with the real Codex is in tests/test_codex.py.
 
 Run: tests/run.sh tests/test_alpha_search.py -q
@@ -16,7 +16,8 @@ import uuid
 
 import pytest
 
-from proxy import alpha_search as A
+from proxy import alpha_wire as W
+from proxy.alpha_search import PATH
 from proxy.config import Config
 from proxy.fetch import Fetcher
 from proxy.fetch_wire import FetchError, Page
@@ -63,16 +64,16 @@ def body(**commands) -> dict:
     ({"commands": {"search_query": [{"q": "x"}]}, "max_output_tokens": True}, "max_output_tokens"),
 ])
 def test_bad_requests_name_the_field(request_body, param):
-    with pytest.raises(A.BadRequest) as e:
-        A.parse_request(request_body)
+    with pytest.raises(W.BadRequest) as e:
+        W.parse_request(request_body)
     assert e.value.param == param
 
 
 def test_the_captured_request_parses():
     """The body Codex 0.171.0 sent (tests/data/agent-wire/codex-0.171.0-alpha-search.json)."""
     from test_agent_wire import capture
-    (sent,) = [r["body"] for r in capture("codex-0.171.0-alpha-search.json") if r["target"] == A.PATH]
-    p = A.parse_request(sent)
+    (sent,) = [r["body"] for r in capture("codex-0.171.0-alpha-search.json") if r["target"] == PATH]
+    p = W.parse_request(sent)
     assert p.session == sent["id"] and p.output_tokens == 2500
     assert [q.q for q in p.queries] == [q["q"] for q in sent["commands"]["search_query"]]
     assert p.unsupported == () and p.allowed == ()
@@ -80,7 +81,7 @@ def test_the_captured_request_parses():
 
 @pytest.mark.parametrize("commands,expected", [
     ({"search_query": [{"q": "a", "domains": ["x.org"], "recency": 7}]},
-     {"queries": (A.Query("a", ("x.org",), 7),)}),
+     {"queries": (W.Query("a", ("x.org",), 7),)}),
     ({"open": [{"ref_id": "turn0search1"}, {"ref_id": "https://a.b/", "lineno": 40}]},
      {"opens": (("turn0search1", 0), ("https://a.b/", 40))}),
     ({"find": [{"ref_id": "turn0view0", "pattern": "Annie"}]}, {"finds": (("turn0view0", "Annie"),)}),
@@ -91,7 +92,7 @@ def test_the_captured_request_parses():
     ({"search_query": [{"q": "a"}]}, {"results": None, "output_tokens": 2500}),
 ])
 def test_commands_are_read(commands, expected):
-    p = A.parse_request(body(**commands))
+    p = W.parse_request(body(**commands))
     for key, value in expected.items():
         assert getattr(p, key) == value, key
 
@@ -100,12 +101,12 @@ def test_commands_are_read(commands, expected):
     ({"settings": {"search_context_size": "low"}}, {"results": 3}),
     ({"settings": {"filters": {"allowed_domains": ["docs.vllm.ai"], "blocked_domains": ["x.com"]}}},
      {"allowed": ("docs.vllm.ai",), "blocked": ("x.com",)}),
-    ({"max_output_tokens": 10 ** 9}, {"output_tokens": A.MAX_OUTPUT_TOKENS}),
-    ({"max_output_tokens": None}, {"output_tokens": A.DEFAULT_OUTPUT_TOKENS}),
+    ({"max_output_tokens": 10 ** 9}, {"output_tokens": W.MAX_OUTPUT_TOKENS}),
+    ({"max_output_tokens": None}, {"output_tokens": W.DEFAULT_OUTPUT_TOKENS}),
     ({"id": 7}, {"session": ""}),
 ])
 def test_settings_are_read(extra, expected):
-    p = A.parse_request({**body(search_query=[{"q": "a"}]), **extra})
+    p = W.parse_request({**body(search_query=[{"q": "a"}]), **extra})
     for key, value in expected.items():
         assert getattr(p, key) == value, key
 
@@ -113,7 +114,7 @@ def test_settings_are_read(extra, expected):
 @pytest.mark.parametrize("days,expected", [(None, None), (0, None), (1, "day"), (2, "week"), (7, "week"),
                                            (30, "month"), (365, "year"), (5000, None)])
 def test_recency_becomes_searxng_time_range(days, expected):
-    assert A.time_range(days) == expected
+    assert W.time_range(days) == expected
 
 
 @pytest.mark.parametrize("ref,refs,expected", [
@@ -124,7 +125,7 @@ def test_recency_becomes_searxng_time_range(days, expected):
     ("example.com", {}, None),
 ])
 def test_resolve(ref, refs, expected):
-    assert A.resolve(ref, refs) == expected
+    assert W.resolve(ref, refs) == expected
 
 
 # ---- pure: writing the output -------------------------------------------------------------
@@ -132,7 +133,7 @@ def test_resolve(ref, refs, expected):
 def test_search_output_hands_out_ref_ids():
     outcome = SearchOutcome("q", "ok", hits=[Hit("T1", "https://a/1", "s1", "2026-11-01"), Hit("T2", "https://a/2")],
                             answers=["42"])
-    text, refs = A.format_search(outcome, 3, 2)
+    text, refs = W.format_search(outcome, 3, 2)
     assert refs == {"turn3search2": "https://a/1", "turn3search3": "https://a/2"}
     assert text.splitlines() == ['## search_query "q"', "Answer: 42", "[turn3search2] T1", "URL: https://a/1",
                                  "Date: 2026-11-01", "s1", "[turn3search3] T2", "URL: https://a/2"]
@@ -140,7 +141,7 @@ def test_search_output_hands_out_ref_ids():
 
 def test_failed_search_output_is_the_message():
     outcome = SearchOutcome("q", "failed", message="Search failed: x answered 429.", error_code="too_many_requests")
-    assert A.format_search(outcome, 0, 0) == ('## search_query "q"\nSearch failed: x answered 429.', {})
+    assert W.format_search(outcome, 0, 0) == ('## search_query "q"\nSearch failed: x answered 429.', {})
 
 
 HEAD = "## open [turn0view0] Doc\nURL: https://example.org/doc\nRetrieved: 2026-12-03T16:20:00Z; text/html; 5 lines"
@@ -155,7 +156,7 @@ HEAD = "## open [turn0view0] Doc\nURL: https://example.org/doc\nRetrieved: 2026-
     (1, 0, "L1: b", "L1: b", '(lines 1-1 of 5; open with "lineno": 2 to read on)'),  # one line at least
 ])
 def test_open_output_numbers_lines_from_lineno(lineno, budget, first, last, tail):
-    text = A.format_open("turn0view0", page("a\nb\nc\nd\ne"), lineno, len(HEAD) + budget)
+    text = W.format_open("turn0view0", page("a\nb\nc\nd\ne"), lineno, len(HEAD) + budget)
     assert text.startswith(HEAD + "\n")
     lines = text.splitlines()
     assert lines[0] == "## open [turn0view0] Doc" and lines[1] == "URL: https://example.org/doc"
@@ -165,7 +166,7 @@ def test_open_output_numbers_lines_from_lineno(lineno, budget, first, last, tail
 
 
 def test_open_of_a_truncated_page_says_so():
-    assert A.format_open("v", page("a", truncated=True), 0, 10_000).endswith("(the page was cut to the fetch limit here)")
+    assert W.format_open("v", page("a", truncated=True), 0, 10_000).endswith("(the page was cut to the fetch limit here)")
 
 
 @pytest.mark.parametrize("pattern,expected", [
@@ -174,22 +175,22 @@ def test_open_of_a_truncated_page_says_so():
     ("absent", ['## find "absent" in [turn0view0] https://example.org/doc: 0 matches']),
 ])
 def test_find_lists_matching_lines(pattern, expected):
-    assert A.format_find("turn0view0", page("The start.\nmiddle\n  The magic word.  "), pattern, 10_000).splitlines() == expected
+    assert W.format_find("turn0view0", page("The start.\nmiddle\n  The magic word.  "), pattern, 10_000).splitlines() == expected
 
 
 @pytest.mark.parametrize("failures,ok,status", [
     ([], 1, 200),
-    ([A.Failure("unavailable", "Search failed: x did not answer within 15 s.")], 0, 504),
-    ([A.Failure("url_not_accessible", "https://a did not answer within 20 s."),
-      A.Failure("unavailable", "Search failed: x did not answer within 15 s.")], 0, 504),
-    ([A.Failure("unavailable", "Search failed: cannot reach SearXNG at x")], 0, 502),
-    ([A.Failure("too_many_requests", "x answered 429"), A.Failure("unavailable", "y did not answer within 1 s.")], 0, 502),
-    ([A.Failure("unavailable", "Search failed: cannot reach SearXNG at x")], 1, 200),   # something else worked
-    ([A.Failure("url_not_allowed", "Not fetched: private address")], 0, 200),           # a refusal the model reads
-    ([A.Failure("invalid_tool_input", "Unknown ref_id")], 0, 200),
+    ([W.Failure("unavailable", "Search failed: x did not answer within 15 s.")], 0, 504),
+    ([W.Failure("url_not_accessible", "https://a did not answer within 20 s."),
+      W.Failure("unavailable", "Search failed: x did not answer within 15 s.")], 0, 504),
+    ([W.Failure("unavailable", "Search failed: cannot reach SearXNG at x")], 0, 502),
+    ([W.Failure("too_many_requests", "x answered 429"), W.Failure("unavailable", "y did not answer within 1 s.")], 0, 502),
+    ([W.Failure("unavailable", "Search failed: cannot reach SearXNG at x")], 1, 200),   # something else worked
+    ([W.Failure("url_not_allowed", "Not fetched: private address")], 0, 200),           # a refusal the model reads
+    ([W.Failure("invalid_tool_input", "Unknown ref_id")], 0, 200),
 ])
 def test_answer_status(failures, ok, status):
-    got, payload = A.answer(["section"], failures, ok, 10_000)
+    got, payload = W.answer(["section"], failures, ok, 10_000)
     assert got == status
     if status == 200:
         assert payload == {"output": "section", "encrypted_output": None}
@@ -199,12 +200,12 @@ def test_answer_status(failures, ok, status):
 
 
 def test_answer_is_cut_to_max_output_tokens():
-    _, payload = A.answer(["x" * 50], [], 1, 20)
+    _, payload = W.answer(["x" * 50], [], 1, 20)
     assert payload["output"] == "x" * 20 + "\n(cut to max_output_tokens)"
 
 
 def _parsed(opens, finds):
-    return A.Parsed(session="", queries=(), opens=tuple((r, 0) for r in opens), finds=tuple((r, "p") for r in finds),
+    return W.Parsed(session="", queries=(), opens=tuple((r, 0) for r in opens), finds=tuple((r, "p") for r in finds),
                     unsupported=(), results=None, output_tokens=100)
 
 
@@ -216,18 +217,18 @@ def _parsed(opens, finds):
     (-1, ["a"], [], ([], []), ["open a"]),
 ])
 def test_page_commands_over_the_cap_are_left_out(cap, opens, finds, run, left):
-    kept, out = A.within_cap(_parsed(opens, finds), cap)
+    kept, out = W.within_cap(_parsed(opens, finds), cap)
     assert ([r for r, _ in kept.opens], [r for r, _ in kept.finds]) == run and out == left
 
 
 def test_the_note_names_what_was_left_out():
-    note = A.over_cap_note([f"open u{i}" for i in range(12)], 3)
+    note = W.over_cap_note([f"open u{i}" for i in range(12)], 3)
     assert note.startswith("## not run: 12 page commands\nThis server runs at most 3 open/find commands per call")
     assert "open u9; and 2 more." in note and "u10" not in note
 
 
 def test_ref_store_is_bounded_and_counts_turns():
-    store = A.RefStore(max_sessions=2, max_refs=3)
+    store = W.RefStore(max_sessions=2, max_refs=3)
     assert store.begin("a") == (0, {})
     store.add("a", {"r1": "u1", "r2": "u2"})
     assert store.begin("a") == (1, {"r1": "u1", "r2": "u2"})
@@ -253,8 +254,8 @@ def test_both_cores_say_timeouts_in_the_words_504_depends_on():
                 f"http://127.0.0.1:{port}/slow")
     finally:
         silent.close()
-    assert A.TIMEOUT_WORDS in slow.message and A.Failure(slow.error_code, slow.message).timeout
-    assert A.TIMEOUT_WORDS in e.value.message and A.Failure(e.value.code, e.value.message).upstream
+    assert W.TIMEOUT_WORDS in slow.message and W.Failure(slow.error_code, slow.message).timeout
+    assert W.TIMEOUT_WORDS in e.value.message and W.Failure(e.value.code, e.value.message).upstream
 
 
 # ---- the real proxy under gunicorn ----------------------------------------------------------
@@ -268,7 +269,7 @@ def pages(site):  # the web site stand-in of tests/conftest.py
 
 def post(proxy, payload, headers=None) -> tuple[int, dict]:
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    req = urllib.request.Request(proxy.url + A.PATH, data=data, method="POST",
+    req = urllib.request.Request(proxy.url + PATH, data=data, method="POST",
                                  headers={"Content-Type": "application/json", "Authorization": "Bearer sk-local",
                                           **(headers or {})})
     try:
