@@ -58,14 +58,19 @@ def handle(ex: Exchange) -> Response:
     return loop.run(ex, PlainChat(ex, body, ours))
 
 
-class _Chat(loop.Dialect):
-    """What both kinds of chat request share: the calls, the searches and fetches, the next request."""
+class _Chat:
+    """What both kinds of chat request share: the calls, the searches and fetches, the next request
+    (the loop's Dialect contract, proxy/loop.py)."""
 
     path = PATH
+    first_turn = None
+    headers: list = []
 
     def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...] = (WEB_SEARCH,)):
         body = {**body, "messages": citations.without_annotations(body["messages"])}  # an earlier answer's, sent back
-        super().__init__(ex, body)
+        self.session = ex.session()
+        self.request = body
+        self.sources = loop.sources_for(ex)
         self.body = body
         self.ours = ours  # the proxy's tools in this request: the calls it runs itself
         self.messages = list(body["messages"])
@@ -83,6 +88,12 @@ class _Chat(loop.Dialect):
     def error_reply(self, status, message, type_=None) -> Response:
         return error_response(status, message, type_=type_)
 
+    def vllm_reply(self, up, raw) -> Response:
+        return loop.vllm_answer(up, raw)
+
+    def announce(self, calls: list):
+        return ()
+
     def follow(self, message: dict, calls: list, outcomes: list):
         """The next request: the assistant turn, then one tool message per call."""
         self.messages = self.messages + [assistant_turn(message)] + tool_results(calls, outcomes, self.ours, self.sources)
@@ -96,10 +107,14 @@ class _Completion:
         self.up, self.raw, self.data, self.calls = up, raw, data, calls
 
 
-class PlainChat(loop.Plain, _Chat):
+class PlainChat(_Chat):
     """Non-streaming: the client gets vLLM's last completion, usage summed over the turns."""
 
     name = "chat"
+    stream = False
+
+    def error(self, status, message, type_=None) -> Response:
+        return self.error_reply(status, message, type_)
 
     def parse(self, up, raw, data):
         calls = completion_calls(data)
@@ -185,11 +200,12 @@ def _restamp(payload: bytes, ident, created, usage=None) -> bytes | None:
     return codec.data(chunk)
 
 
-class StreamedChat(loop.Stream, _Chat):
+class StreamedChat(_Chat):
     """Streaming: each event relayed as it comes, tool-call events held back until the turn
     ends, and when its calls are searches, the search goes on in the same client stream."""
 
     name = "chat stream"
+    stream = True
 
     def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...] = (WEB_SEARCH,)):
         super().__init__(ex, body, ours)
@@ -295,6 +311,9 @@ class StreamedChat(loop.Stream, _Chat):
 
     def error(self, status, message, type_=None) -> bytes:
         return sse_error(status, message, type_)
+
+    def keepalive(self, calls: list) -> bytes:
+        return loop.searching_comment(self.queries(calls))
 
     def refused(self, status, raw) -> bytes:
         if status == 200:

@@ -15,7 +15,8 @@ finishing steps as generators, and the loop passes it on untouched.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Generator, Iterable
+from typing import Any, Protocol, cast
 
 from flask import Response
 
@@ -25,6 +26,7 @@ from .codec import comment
 from .errors import upstream_error_status
 from .exchange import Call, ClientWatch, Exchange, response_headers
 from .runtime import run_with_keepalive
+from .tools import ToolSession
 from .upstream import UpstreamError, UpstreamResponse
 
 log = logging.getLogger("proxy")
@@ -33,142 +35,131 @@ CAP_TYPE = "search_iterations_exceeded"  # the error type (OpenAI) or code (Resp
 GONE = "client closed the request"
 
 
-class Dialect:
-    """What one API supplies to the loop: one object per client request, holding that
-    request's state (the conversation so far, usage, what the client has been shown).
-
-    Use it through Plain or Stream below, which supply how a turn is read.
+class Dialect(Protocol):
+    """What one API supplies to the loop: one object per client request, holding that request's state (the
+    conversation so far, usage, what the client has been shown). The loop owns the flow and calls these; an
+    API's plain and streamed dialects are two small classes over one shared base of its own (chat.py,
+    messages.py, responses.py), never subclasses of the loop's.
     """
 
-    name = "search"          # what log lines call this loop
-    path = ""                # where every turn is POSTed
-    stream = False
-    first_turn: Any = None   # a turn the proxy made itself, in place of vLLM's first
-    headers: list = []       # a stream's headers when no vLLM turn opened it
-
-    def __init__(self, ex: Exchange, request: dict):
-        self.session = ex.session()  # rounds, repeats, the cap
-        self.request = request       # the next request to send: the first, then each next one
-        # The request's numbered sources (proxy.citations): one counter over every round; None with CITATIONS=off.
-        self.sources: Sources | None = Sources() if ex.cfg.citations else None
-
-    # ---- the rules of the API -----------------------------------------------------------
+    name: str                    # what log lines call this loop
+    path: str                    # where every turn is POSTed
+    stream: bool
+    first_turn: Any              # a turn the proxy made itself, in place of vLLM's first (or None)
+    headers: list                # a stream's headers when no vLLM turn opened it
+    session: ToolSession         # rounds, repeats, the cap (Exchange.session())
+    request: dict                # the next request to send: the first, then each next one
+    sources: Sources | None      # the request's numbered sources (proxy.citations); None with CITATIONS=off
 
     def searches(self, turn) -> list:
-        """The turn's search calls; none means the turn is the answer."""
-        raise NotImplementedError
+        """The turn's calls of the proxy's own tools; none means the turn is the answer."""
 
     def search(self, calls: list) -> list:
-        """Run one round on self.session (blocking; searches of one round run together)."""
-        raise NotImplementedError
-
-    def queries(self, calls: list) -> list:
-        """The calls' queries as parse_arguments() reads them (a stream's keep-alive names them)."""
-        raise NotImplementedError
+        """Run one round on self.session (blocking; the calls of one round run together)."""
 
     def error_reply(self, status: int, message: str, type_: str | None = None) -> Response:
         """The proxy's own error as a whole HTTP answer, in the API's shape."""
-        raise NotImplementedError
+
+    def error(self, status: int, message: str, type_: str | None = None) -> Any:
+        """The proxy's error as the last thing the client gets: a Response, or a stream's last events."""
+
+    def finish(self, turn) -> Iterable:
+        """The client's answer, from the last turn."""
+
+    def announce(self, calls: list) -> Iterable:
+        """The round's calls shown starting (nothing, for a plain request)."""
+
+    def record(self, turn, calls: list, outcomes: list) -> Iterable:
+        """The round's results shown, and added to self.request for the next turn."""
 
     def vllm_reply(self, up: UpstreamResponse, raw: bytes) -> Response:
-        """vLLM's own answer, sent as the client's HTTP answer (its errors, on any plain turn)."""
-        return Response(raw, status=up.status, headers=response_headers(up))
-
-    # ---- how a turn is read (Plain and Stream supply these) ---------------------------------
-
-    def read(self, call: Call):
-        """A generator: what the client gets of one turn, returning the turn (None once what ends
-        the loop was yielded)."""
-        raise NotImplementedError
-
-    def keepalive(self, calls: list) -> bytes:
-        """A stream's bytes that keep the client's idle timeouts away while a search runs."""
-        raise NotImplementedError
-
-    # ---- what the client sees: iterables of what it gets ------------------------------------
-
-    def finish(self, turn):
-        """The client's answer, from the last turn."""
-        raise NotImplementedError
-
-    def announce(self, calls: list):
-        """The searches shown starting."""
-        return ()
-
-    def record(self, turn, calls: list, outcomes: list):
-        """The searches' results shown, and added to self.request for the next turn."""
-        raise NotImplementedError
-
-    def error(self, status: int, message: str, type_: str | None = None):
-        """The proxy's error as the last thing the client gets (not a generator)."""
-        raise NotImplementedError
+        """vLLM's own answer (an error on a plain turn, or a first turn it did not stream) as the client's HTTP
+        answer; usually vllm_answer."""
 
 
-class Plain(Dialect):
-    """A request answered with one JSON body: turns are read whole, nothing is shown before
-    the answer, and errors are HTTP answers."""
+class PlainDialect(Dialect, Protocol):
+    """A request answered with one JSON body: turns are read whole, and errors are HTTP answers."""
 
-    def read(self, call: Call):
-        """One turn from vLLM's whole body, or None once what ends the loop was yielded."""
-        raw = call.read()
-        up = call.response
-        if up.status != 200:
-            yield self.vllm_reply(up, raw)  # vLLM's own error, on any turn, as vLLM wrote it
-            return None
-        try:
-            data = codec.loads(raw)
-        except (ValueError, RecursionError):
-            data = None
-        if not isinstance(data, dict):
-            log.warning("%s turn %d: vLLM answered 200 with a body that is not a JSON object",
-                        self.name, self.session.rounds + 1)
-            yield self.error(502, "vLLM answered 200 with a body that is not a JSON object.")
-            return None
-        turn = self.parse(up, raw, data)
-        if isinstance(turn, Response):
-            yield turn
-            return None
-        return turn
-
-    def parse(self, up: UpstreamResponse, raw: bytes, data: dict):
+    def parse(self, up: UpstreamResponse, raw: bytes, data: dict) -> Any:
         """The turn in vLLM's JSON object, or a Response to end with when it is not one."""
-        raise NotImplementedError
-
-    def error(self, status, message, type_=None):
-        return self.error_reply(status, message, type_)
 
 
-class Stream(Dialect):
-    """A request answered with one event stream over every turn: vLLM's events are relayed
-    as they come, searches are shown while they run, errors are the stream's last events."""
+class StreamDialect(Dialect, Protocol):
+    """A request answered with one event stream over every turn: vLLM's events relayed as they come,
+    searches shown while they run, errors as the stream's last events."""
 
-    stream = True
-
-    def read(self, call: Call):
-        """Relay one turn's events, gathering the turn; None once what ends the loop was yielded."""
-        up = call.response
-        if not streaming(up):
-            yield self.refused(up.status, call.read())
-            return None
-        return (yield from self.relay(up))
-
-    def relay(self, up: UpstreamResponse):
-        raise NotImplementedError
+    def relay(self, up: UpstreamResponse) -> Generator[bytes, None, Any]:
+        """Relay one turn's events, returning the turn gathered (None once what ends the loop was yielded)."""
 
     def refused(self, status: int, raw: bytes) -> bytes:
         """A later turn that vLLM answered with an error (or without a stream), as the stream's end."""
-        raise NotImplementedError
 
     def keepalive(self, calls: list) -> bytes:
-        """What keeps the client's idle timeouts away while a search runs: a comment by default."""
-        return comment("searching " + ", ".join(repr(q) for q, _ in self.queries(calls) if q))
+        """What keeps the client's idle timeouts away while a round runs; usually searching_comment."""
+
+
+AnyDialect = PlainDialect | StreamDialect
+
+
+def sources_for(ex: Exchange) -> Sources | None:
+    """A request's numbered sources, or None when CITATIONS is off."""
+    return Sources() if ex.cfg.citations else None
+
+
+def vllm_answer(up: UpstreamResponse, raw: bytes) -> Response:
+    """vLLM's own answer, sent on as the client's HTTP answer (its errors, on any plain turn)."""
+    return Response(raw, status=up.status, headers=response_headers(up))
+
+
+def searching_comment(queries: list) -> bytes:
+    """A stream's keep-alive while a round runs: an SSE comment naming what is being looked up."""
+    return comment("searching " + ", ".join(repr(q) for q, _ in queries if q))
+
+
+def _read(d: AnyDialect, call: Call):
+    """A generator: what the client gets of one turn, returning the turn (None once what ends the loop was
+    yielded)."""
+    if d.stream:
+        return (yield from _read_stream(cast(StreamDialect, d), call))
+    return (yield from _read_plain(cast(PlainDialect, d), call))
+
+
+def _read_plain(d: PlainDialect, call: Call):
+    """One turn from vLLM's whole body."""
+    raw = call.read()
+    up = call.response
+    if up.status != 200:
+        yield d.vllm_reply(up, raw)  # vLLM's own error, on any turn, as vLLM wrote it
+        return None
+    try:
+        data = codec.loads(raw)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        log.warning("%s turn %d: vLLM answered 200 with a body that is not a JSON object", d.name, d.session.rounds + 1)
+        yield d.error(502, "vLLM answered 200 with a body that is not a JSON object.")
+        return None
+    turn = d.parse(up, raw, data)
+    if isinstance(turn, Response):
+        yield turn
+        return None
+    return turn
+
+
+def _read_stream(d: StreamDialect, call: Call):
+    """Relay one turn's events, gathering the turn."""
+    up = call.response
+    if not streaming(up):
+        yield d.refused(up.status, call.read())
+        return None
+    return (yield from d.relay(up))
 
 
 def streaming(up: UpstreamResponse) -> bool:
     return up.status == 200 and up.is_event_stream
 
 
-def run(ex: Exchange, d: Dialect) -> Response:
+def run(ex: Exchange, d: AnyDialect) -> Response:
     """Serve one searching request the dialect's way: a plain Response, or a streamed one."""
     watch = ex.watch_client()
     if not d.stream:
@@ -192,7 +183,7 @@ def run(ex: Exchange, d: Dialect) -> Response:
     return Response(_streamed(ex, d, call, watch), status=200, headers=headers, direct_passthrough=True)
 
 
-def _open_first_turn(ex: Exchange, d: Dialect, watch: ClientWatch) -> Call | Response:
+def _open_first_turn(ex: Exchange, d: AnyDialect, watch: ClientWatch) -> Call | Response:
     """The first turn's call once vLLM streams it, or the whole answer when vLLM did not."""
     try:
         call = ex.post(d.path, d.request)
@@ -201,14 +192,14 @@ def _open_first_turn(ex: Exchange, d: Dialect, watch: ClientWatch) -> Call | Res
         return d.error_reply(499, GONE) if watch.gone else _gateway_error(d, e, d.error_reply)
 
 
-def _streamed(ex: Exchange, d: Dialect, call, watch: ClientWatch):
+def _streamed(ex: Exchange, d: AnyDialect, call, watch: ClientWatch):
     try:
         yield from _rounds(ex, d, call, watch)
     finally:
         watch.stop()
 
 
-def _rounds(ex: Exchange, d: Dialect, call, watch: ClientWatch):
+def _rounds(ex: Exchange, d: AnyDialect, call, watch: ClientWatch):
     """The loop itself; yields what the client gets. `call` is the first turn when already open."""
     session = d.session
     turn = d.first_turn
@@ -219,7 +210,7 @@ def _rounds(ex: Exchange, d: Dialect, call, watch: ClientWatch):
                     if watch.gone:
                         return  # no turn starts for a client that has gone
                     call = ex.post(d.path, d.request)
-                turn = yield from d.read(call)
+                turn = yield from _read(d, call)
                 call.end()
                 call = None
                 if turn is None:
@@ -233,12 +224,7 @@ def _rounds(ex: Exchange, d: Dialect, call, watch: ClientWatch):
                 yield d.error(422, session.cap_message(), CAP_TYPE)
                 return
             yield from d.announce(calls)
-            if d.stream:
-                outcomes = yield from run_with_keepalive(
-                    lambda calls=calls: d.search(calls), ex.cfg.keepalive_interval, d.keepalive(calls),
-                    should_stop=lambda: watch.gone)
-            else:
-                outcomes = d.search(calls)
+            outcomes = yield from _run_round(ex, d, calls, watch)
             if outcomes is not None:
                 metrics.tool_calls(ex.environ, outcomes)
             if watch.gone or outcomes is None:
@@ -253,7 +239,17 @@ def _rounds(ex: Exchange, d: Dialect, call, watch: ClientWatch):
             call.end()
 
 
-def _gateway_error(d: Dialect, e: UpstreamError, frame):
+def _run_round(ex: Exchange, d: AnyDialect, calls: list, watch: ClientWatch):
+    """A generator running one round of the proxy's tool calls, returning their outcomes (None when a stream's
+    client left meanwhile); a stream is kept alive while it runs."""
+    if not d.stream:
+        return d.search(calls)
+    keepalive = cast(StreamDialect, d).keepalive(calls)
+    return (yield from run_with_keepalive(lambda: d.search(calls), ex.cfg.keepalive_interval, keepalive,
+                                          should_stop=lambda: watch.gone))
+
+
+def _gateway_error(d: AnyDialect, e: UpstreamError, frame):
     """vLLM unreachable or silent: 502 or 504 in the API's shape, and one log line."""
     status, msg = upstream_error_status(e)
     log.warning("%s turn %d: %s", d.name, d.session.rounds + 1, msg)

@@ -105,12 +105,17 @@ class _Blocks:
         self.blocks, self.up, self.raw, self.data = blocks, up, raw, data
 
 
-class _Messages(loop.Dialect):
+class _Messages:
     """What both kinds of Messages request share: the server tools' searches and fetches
-    (max_uses, domain filters, the counts in usage.server_tool_use), their blocks, the next request."""
+    (max_uses, domain filters, the counts in usage.server_tool_use), their blocks, the next request
+    (the loop's Dialect contract, proxy/loop.py)."""
+
+    headers: list = []
 
     def __init__(self, ex: Exchange, body: dict, plan: Plan, first: _Blocks | None):
-        super().__init__(ex, body)
+        self.session = ex.session()
+        self.request = body
+        self.sources = loop.sources_for(ex)
         self.path = ex.target  # the client's own path and query (Claude Code's `?beta=true`)
         self.body, self.plan, self.first_turn = body, plan, first
         self.messages = list(body["messages"])
@@ -210,10 +215,14 @@ class _Messages(loop.Dialect):
         return vllm_reply(up, raw)
 
 
-class PlainMessages(loop.Plain, _Messages):
+class PlainMessages(_Messages):
     """Non-streaming: one message holding every search's and fetch's blocks and the model's text."""
 
     name = "messages"
+    stream = False
+
+    def error(self, status, message, type_=None) -> Response:
+        return self.error_reply(status, message, type_)
 
     def __init__(self, ex, body, plan, first):
         super().__init__(ex, body, plan, first)
@@ -241,11 +250,12 @@ class PlainMessages(loop.Plain, _Messages):
         return ()
 
 
-class StreamedMessages(loop.Stream, _Messages):
+class StreamedMessages(_Messages):
     """Streaming: vLLM's events live, each search and fetch shown as server-tool blocks with `ping`
     events while it runs, the whole reply one well-formed Anthropic message."""
 
     name = "messages stream"
+    stream = True
     headers = SSE_HEADERS
 
     def __init__(self, ex, body, plan, first):

@@ -61,14 +61,18 @@ def vllm_error(status: int, raw: bytes) -> str:
 
 # ---- the dialects: the search loop (proxy.loop) as the hosted web_search tool ----------------
 
-class _Responses(loop.Dialect):
+class _Responses:
     """What both kinds of Responses request share: the search calls, the searches as the
-    client's filters shape them, the next request."""
+    client's filters shape them, the next request (the loop's Dialect contract, proxy/loop.py)."""
 
     path = PATH
+    first_turn = None
+    headers: list = []
 
     def __init__(self, ex: Exchange, request: dict, plan: Plan):
-        super().__init__(ex, request)
+        self.session = ex.session()
+        self.request = request
+        self.sources = loop.sources_for(ex)
         self.plan = plan
         self.usage: dict | None = None
 
@@ -95,6 +99,9 @@ class _Responses(loop.Dialect):
     def error_reply(self, status, message, type_=None) -> Response:
         return error_response(status, message, type_=type_)
 
+    def vllm_reply(self, up, raw) -> Response:
+        return loop.vllm_answer(up, raw)
+
 
 class _PlainTurn:
     """A whole response object, as a plain turn."""
@@ -103,10 +110,17 @@ class _PlainTurn:
         self.data, self.output = data, data.get("output") or []
 
 
-class PlainResponses(loop.Plain, _Responses):
+class PlainResponses(_Responses):
     """Non-streaming: one response holding every turn's visible items, usage summed."""
 
     name = "responses"
+    stream = False
+
+    def error(self, status, message, type_=None) -> Response:
+        return self.error_reply(status, message, type_)
+
+    def announce(self, calls: list):
+        return ()
 
     def __init__(self, ex, request, plan):
         super().__init__(ex, request, plan)
@@ -128,11 +142,15 @@ class PlainResponses(loop.Plain, _Responses):
         return ()
 
 
-class StreamedResponses(loop.Stream, _Responses):
+class StreamedResponses(_Responses):
     """Streaming: vLLM's events live, the internal function_call held back and replaced by
     web_search_call events, every turn folded into one client stream."""
 
     name = "responses stream"
+    stream = True
+
+    def keepalive(self, calls: list) -> bytes:
+        return loop.searching_comment(self.queries(calls))
 
     def __init__(self, ex, request, plan):
         super().__init__(ex, request, plan)
