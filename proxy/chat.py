@@ -76,13 +76,13 @@ class _Chat:
         self.messages = list(body["messages"])
         self.usage: dict | None = None
 
-    def searches(self, turn) -> list:
+    def own_calls(self, turn) -> list:
         return [c for c in turn.calls if is_proxy_call(c, self.ours)]
 
     def queries(self, calls: list) -> list:
         return [(r.url, None) if isinstance(r, FetchRequest) else r for r in map(tool_request, calls)]
 
-    def search(self, calls: list) -> list:
+    def run_tools(self, calls: list) -> list:
         return self.session.run([tool_request(c) for c in calls])
 
     def error_reply(self, status, message, type_=None) -> Response:
@@ -213,7 +213,7 @@ class StreamedChat(_Chat):
         # The answer's annotations: positions in the content the client gathers over every turn of the stream.
         self.citer = citations.Citer(self.sources, citations.chat_citation) if self.sources is not None else None
 
-    def relay(self, up):
+    def stream_turn(self, up):
         turn = _StreamedTurn()
         first = self.session.rounds == 0
         for frames in iter_frame_batches(up.iter_raw()):

@@ -51,10 +51,10 @@ class Dialect(Protocol):
     request: dict                # the next request to send: the first, then each next one
     sources: Sources | None      # the request's numbered sources (proxy.citations); None with CITATIONS=off
 
-    def searches(self, turn) -> list:
+    def own_calls(self, turn) -> list:
         """The turn's calls of the proxy's own tools; none means the turn is the answer."""
 
-    def search(self, calls: list) -> list:
+    def run_tools(self, calls: list) -> list:
         """Run one round on self.session (blocking; the calls of one round run together)."""
 
     def error_reply(self, status: int, message: str, type_: str | None = None) -> Response:
@@ -88,7 +88,7 @@ class StreamDialect(Dialect, Protocol):
     """A request answered with one event stream over every turn: vLLM's events relayed as they come,
     searches shown while they run, errors as the stream's last events."""
 
-    def relay(self, up: UpstreamResponse) -> Generator[bytes, None, Any]:
+    def stream_turn(self, up: UpstreamResponse) -> Generator[bytes, None, Any]:
         """Relay one turn's events, returning the turn gathered (None once what ends the loop was yielded)."""
 
     def refused(self, status: int, raw: bytes) -> bytes:
@@ -152,7 +152,7 @@ def _read_stream(d: StreamDialect, call: Call):
     if not streaming(up):
         yield d.refused(up.status, call.read())
         return None
-    return (yield from d.relay(up))
+    return (yield from d.stream_turn(up))
 
 
 def streaming(up: UpstreamResponse) -> bool:
@@ -215,7 +215,7 @@ def _rounds(ex: Exchange, d: AnyDialect, call, watch: ClientWatch):
                 call = None
                 if turn is None:
                     return
-            calls = d.searches(turn)
+            calls = d.own_calls(turn)
             if not calls:
                 yield from d.finish(turn)
                 return
@@ -243,9 +243,9 @@ def _run_round(ex: Exchange, d: AnyDialect, calls: list, watch: ClientWatch):
     """A generator running one round of the proxy's tool calls, returning their outcomes (None when a stream's
     client left meanwhile); a stream is kept alive while it runs."""
     if not d.stream:
-        return d.search(calls)
+        return d.run_tools(calls)
     keepalive = cast(StreamDialect, d).keepalive(calls)
-    return (yield from run_with_keepalive(lambda: d.search(calls), ex.cfg.keepalive_interval, keepalive,
+    return (yield from run_with_keepalive(lambda: d.run_tools(calls), ex.cfg.keepalive_interval, keepalive,
                                           should_stop=lambda: watch.gone))
 
 

@@ -127,7 +127,7 @@ class _Messages:
         self.usage: dict | None = None
         self.uses: list[dict] = []  # the server_tool_use blocks of the round under way
 
-    def searches(self, turn: _Blocks) -> list:
+    def own_calls(self, turn: _Blocks) -> list:
         # Only the server tools in `tools`: with only replayed history rewritten, the model has none.
         ours = self.plan.ours()
         return [b for b in turn.blocks if b.get("type") == "tool_use" and b.get("name") in ours]
@@ -135,7 +135,7 @@ class _Messages:
     def is_fetch(self, call: dict) -> bool:
         return self.plan.fetch is not None and call.get("name") == self.plan.fetch_name
 
-    def search(self, calls: list) -> list:
+    def run_tools(self, calls: list) -> list:
         """One round: the searches and fetches within max_uses run together on the session (one
         round of MAX_SEARCH_ITER, even when every call is over max_uses); outcomes in call order."""
         out: list = [None] * len(calls)
@@ -264,8 +264,8 @@ class StreamedMessages(_Messages):
         if self.sources is not None:
             self.out.citer = citations.Citer(self.sources, citations.anthropic_shape(self.cites_pages))
 
-    def relay(self, up):
-        turn = yield from self.out.relay(up)
+    def stream_turn(self, up):
+        turn = yield from self.out.stream_turn(up)
         if turn is not None:
             self.usage = add_usage(self.usage, (turn.delta or {}).get("usage"))
         return turn

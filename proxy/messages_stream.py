@@ -124,7 +124,7 @@ class ClientMessage:
             "content": [], "model": model, "stop_reason": None, "stop_sequence": None,
             "usage": {"input_tokens": 0, "output_tokens": 0}}})
 
-    def relay(self, up):
+    def stream_turn(self, up):
         """Relay one vLLM turn; returns it gathered, or None once its error event was sent."""
         turn = Turn()
         for frame in iter_frames(up.iter_raw()):

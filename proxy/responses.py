@@ -76,14 +76,14 @@ class _Responses:
         self.plan = plan
         self.usage: dict | None = None
 
-    def searches(self, turn) -> list:
+    def own_calls(self, turn) -> list:
         return internal_calls(turn.output, self.plan)
 
     def queries(self, calls: list) -> list:
         """(what the keep-alive names, None) per call: the query, or the page's URL."""
         return [r if isinstance(r, tuple) else (r.url, None) for r in (tool_request(c, self.plan) for c in calls)]
 
-    def search(self, calls: list) -> list:
+    def run_tools(self, calls: list) -> list:
         """One round: every internal call of the turn (searches and page reads), concurrently."""
         plan = self.plan
         outcomes = self.session.run([tool_request(c, plan) for c in calls], limit=plan.search_limit,
@@ -160,9 +160,9 @@ class StreamedResponses(_Responses):
         self.turn: Turn | None = None  # the latest turn: a failure shows its response
         self.placed: list = []         # (call, client output_index) of the round's searches
 
-    def relay(self, up):
+    def stream_turn(self, up):
         turn = self.turn = Turn(self.session.rounds == 0)
-        yield from self.out.relay(up, turn)
+        yield from self.out.stream_turn(up, turn)
         if turn.error is not None:
             yield self.error(502, turn.error)
             return None

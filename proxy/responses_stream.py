@@ -82,7 +82,7 @@ class ClientStream:
         self.items.append(item)
         return len(self.items) - 1
 
-    def relay(self, up, turn: Turn):
+    def stream_turn(self, up, turn: Turn):
         """Relay one vLLM stream: envelope events once, item events live and renumbered,
         function and custom tool calls held until the turn shows whether it searched."""
         for raw in iter_frames(up.iter_raw()):
