@@ -8,28 +8,21 @@ so tests/test_fetch.py checks those without a network, and the Fetcher against l
 """
 from __future__ import annotations
 
-import http.client
 import ipaddress
 import logging
 import socket
-import ssl
 import time
 import urllib.parse
-import zlib
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-import urllib3
-import urllib3.connection
-from urllib3.util.ssl_match_hostname import CertificateError
-
-from . import netguard, runtime
+from . import netguard, runtime, webclient
 from .cache import TTLCache
 from .cancel import GONE, TIMEOUT, Cancel
 from .config import Config
 from .extract import ExtractError, ExtractPool
 from .fetch_wire import FetchError, FetchOutcome, FetchRequest, Page
-from .pagetext import CHARS_PER_TOKEN, READ_CHUNK, Decoder, cut_to_budget, decode_text, kind_of, media_type, sniff_type
+from .pagetext import CHARS_PER_TOKEN, cut_to_budget, decode_text, kind_of, media_type, sniff_type
 
 log = logging.getLogger("proxy.fetch")
 
@@ -83,29 +76,6 @@ class Body:
     charset: str | None
     cut: bool
     status: int
-
-
-class _Watched:
-    """A urllib3 connection whose socket is on a Cancel's watch from the moment it is connected, so
-    the fetch's deadline and its client's leaving interrupt the TLS handshake, the head and the body."""
-    cancel: Cancel
-
-    def _new_conn(self):
-        sock = super()._new_conn()  # type: ignore[misc]
-        self.cancel.watch(sock)
-        return sock
-
-
-class _HTTP(_Watched, urllib3.connection.HTTPConnection):
-    pass
-
-
-class _HTTPS(_Watched, urllib3.connection.HTTPSConnection):
-    pass
-
-
-# What a connection or a hostile server's bytes raise in urllib3 and http.client besides FetchError.
-NET_ERRORS = (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError, ValueError)
 
 
 class Fetcher:
@@ -263,65 +233,49 @@ class Fetcher:
             raise FetchError("url_not_accessible", f"{url} did not answer within {self.timeout:g} s.")
         return left
 
-    def _open(self, target: netguard.Target, address: str, started: float, cancel: Cancel):
+    def _open(self, target: netguard.Target, address: str, started: float, cancel: Cancel) -> webclient.Opened:
         """One request to `address`, with the name of `target` in Host, SNI and the certificate check."""
-        left = self._remaining(started, target.url, cancel)
-        conn: urllib3.connection.HTTPConnection
-        if target.scheme == "https":
-            conn = _HTTPS(address, target.port, timeout=left, server_hostname=target.host, assert_hostname=target.host,
-                          cert_reqs="CERT_REQUIRED", ca_certs=self.ca_file)
-        else:
-            conn = _HTTP(address, target.port, timeout=left)
-        conn.cancel = cancel
         headers = {"Host": target.host_header, **dict(REQUEST_HEADERS)}
-        try:
-            conn.request("GET", target.request_target, headers=headers, preload_content=False, decode_content=False)
-            return conn, conn.getresponse()
-        except BaseException:
-            conn.close()
-            raise
+        return webclient.get(target.scheme, address, target.port, target.request_target, headers,
+                             self._remaining(started, target.url, cancel), cancel, host=target.host, ca_file=self.ca_file)
 
-    def _connect(self, target: netguard.Target, started: float, cancel: Cancel):
-        last: Exception | None = None
+    def _connect(self, target: netguard.Target, started: float, cancel: Cancel) -> webclient.Opened:
+        last = ""
         for address in self._addresses(target, started, cancel):
             try:
                 return self._open(target, address, started, cancel)
-            except urllib3.exceptions.NewConnectionError as e:
-                last = e  # refused or unreachable (urllib3 files this under timeouts): try the next address
-            except (urllib3.exceptions.SSLError, ssl.SSLError, CertificateError) as e:
-                raise self._interrupted(target.url, cancel) or FetchError(
-                    "url_not_accessible", f"{target.url}: the TLS connection failed ({_short(e)}).") from None
-            except (TimeoutError, urllib3.exceptions.TimeoutError):
-                raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s.") from None
-            except NET_ERRORS as e:
+            except webclient.WebError as e:
                 stop = self._interrupted(target.url, cancel)
                 if stop is not None:
                     raise stop from None
+                if e.kind == "tls":
+                    raise FetchError("url_not_accessible", f"{target.url}: the TLS connection failed ({e.detail}).") from None
+                if e.kind == "timeout":
+                    raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s.") from None
                 # Refused, unreachable, or a head that is not HTTP: try the host's next address (IPv6
                 # is often listed first and unreachable in a container).
-                last = e
-        raise FetchError("url_not_accessible", f"{target.url} cannot be reached ({_short(last)}).")
+                last = e.detail
+        raise FetchError("url_not_accessible", f"{target.url} cannot be reached ({last}).")
 
     def _download(self, target: netguard.Target, started: float, cancel: Cancel, allowed, blocked) -> tuple[Body, list]:
         hops = []
         for _ in range(MAX_REDIRECTS + 1):
             hops.append(target.url)
             self._check_domains([target.url], allowed, blocked)
-            conn, resp = self._connect(target, started, cancel)
+            opened = self._connect(target, started, cancel)
             try:
-                if resp.status in REDIRECTS and resp.headers.get("Location"):
-                    target = self._redirect_target(target, resp.headers["Location"])
+                if opened.status in REDIRECTS and opened.header("Location"):
+                    target = self._redirect_target(target, opened.header("Location"))
                     continue
-                if not 200 <= resp.status < 300:
-                    raise status_error(resp.status, resp.reason or "", target.url)
-                mime, charset = media_type(resp.headers.get("Content-Type"))
+                if not 200 <= opened.status < 300:
+                    raise status_error(opened.status, opened.reason, target.url)
+                mime, charset = media_type(opened.header("Content-Type") or None)
                 if mime and kind_of(mime) is None:
                     raise FetchError("unsupported_content_type", f"{target.url} is {mime}; web_fetch reads HTML, plain text and JSON.")
-                data, cut = self._read_body(target, resp, started, cancel)
-                return Body(target.url, data, mime, charset, cut, resp.status), hops
+                data, cut = self._read_body(target, opened, started, cancel)
+                return Body(target.url, data, mime, charset, cut, opened.status), hops
             finally:
-                resp.release_conn()
-                conn.close()
+                opened.close()
         raise FetchError("url_not_accessible", f"{hops[0]} redirected more than {MAX_REDIRECTS} times.")
 
     def _redirect_target(self, current: netguard.Target, location: str) -> netguard.Target:
@@ -354,33 +308,23 @@ class Fetcher:
             cut = cut or trimmed
         return Page(url=body.url, title=title, text=text, content_type=mime, retrieved_at=now_iso(), truncated=cut)
 
-    def _read_body(self, target: netguard.Target, resp, started: float, cancel: Cancel) -> tuple[bytes, bool]:
+    def _read_body(self, target: netguard.Target, opened: webclient.Opened, started: float, cancel: Cancel,
+                   ) -> tuple[bytes, bool]:
         """At most max_bytes decoded bytes; stops reading (and downloading) once there are more."""
         try:
-            decoder = Decoder(resp.headers.get("Content-Encoding", ""))
-            chunks, total = [], 0
-            while True:
-                self._remaining(started, target.url, cancel)
-                # read1: one receive at a time, so the byte cap and the deadline are checked between them.
-                data = resp.read1(READ_CHUNK, decode_content=False)
-                if not data:
-                    break
-                out = decoder.feed(data, self.max_bytes + 1 - total)
-                chunks.append(out)
-                total += len(out)
-                if total > self.max_bytes:
-                    return b"".join(chunks)[:self.max_bytes], True
+            return webclient.read_body(opened, self.max_bytes, cancel,
+                                       before_each=lambda: self._remaining(started, target.url, cancel))
+        except webclient.WebError as e:
             stop = self._interrupted(target.url, cancel)
             if stop is not None:
-                raise stop  # the end of the body was the Cancel shutting the socket, not the server's
-            return b"".join(chunks), False
-        except zlib.error as e:
-            raise FetchError("url_not_accessible", f"{target.url} sent a body that does not decompress ({e}).") from None
-        except (TimeoutError, urllib3.exceptions.TimeoutError):
-            raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s.") from None
-        except NET_ERRORS as e:
-            raise self._interrupted(target.url, cancel) or FetchError(
-                "url_not_accessible", f"{target.url}: the connection broke while reading ({_short(e)}).") from None
+                raise stop from None  # the end of the body was the Cancel shutting the socket, not the server's
+            if e.kind == "encoding":
+                raise FetchError("unsupported_content_type", e.detail) from None
+            if e.kind == "decode":
+                raise FetchError("url_not_accessible", f"{target.url} sent a body that does not decompress ({e.detail}).") from None
+            if e.kind == "timeout":
+                raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s.") from None
+            raise FetchError("url_not_accessible", f"{target.url}: the connection broke while reading ({e.detail}).") from None
 
 
 def _is_ip(host: str) -> bool:
@@ -389,9 +333,3 @@ def _is_ip(host: str) -> bool:
         return True
     except ValueError:
         return False
-
-
-def _short(e) -> str:
-    """An exception as a short phrase: urllib3 nests the cause in long reprs."""
-    text = str(getattr(e, "reason", None) or e)
-    return text.split(": ", 1)[-1][:200] if text else type(e).__name__

@@ -6,20 +6,16 @@ The functions that build and read SearXNG traffic are pure so they are tested wi
 from __future__ import annotations
 
 import copy
-import http.client
 import logging
 import time
 import urllib.parse
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import codec
+from . import codec, webclient
 from .cache import TTLCache
 from .cancel import GONE, TIMEOUT, Cancel
-from .fetch_wire import FetchError
 from .netguard import domain_matches
-from .pagetext import READ_CHUNK, Decoder
 
 log = logging.getLogger("proxy.search")
 
@@ -260,55 +256,35 @@ class SearXNG:
         SEARXNG_TIMEOUT over connect, head and body together, not per receive."""
         url = search_url(self.base_url, query, language, time_range)
         parts = urllib.parse.urlsplit(url)
-        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        # A fresh connection per search: searches are seconds apart and few, and the
-        # client's X-Forwarded-For never rides along (SearXNG would rate-limit by it).
-        conn = cls(parts.hostname or "", parts.port, timeout=self.timeout)
         started = time.monotonic()
         cancel = cancel or Cancel()
         cancel.arm(self.timeout)
+        opened = None
         try:
-            conn.connect()
-            cancel.watch(conn.sock)
-            conn.request("GET", parts.path + "?" + parts.query, headers=dict(REQUEST_HEADERS))
-            resp = conn.getresponse()
-            body = self._read(resp, cancel)
-            outcome = outcome_from_response(query, self.base_url, resp.status, body, limit or self.results)
-        except _TooBig:
-            outcome = SearchOutcome(query, "failed", error_code="unavailable", message=(
-                f"Search failed: {self.base_url} answered more than {self.max_bytes} bytes (SEARXNG_MAX_BYTES)."))
-        except (OSError, http.client.HTTPException, zlib.error, EOFError, FetchError, ValueError) as e:
-            outcome = self._interrupted(query, cancel) or (
-                SearchOutcome(query, "failed", error_code="unavailable",
-                              message=f"Search failed: {self.base_url} did not answer within {self.timeout:g} s.")
-                if isinstance(e, TimeoutError) else
-                SearchOutcome(query, "failed", error_code="unavailable",
-                              message=f"Search failed: cannot reach SearXNG at {self.base_url}: {e}"))
+            # A fresh connection per search: searches are seconds apart and few, and the
+            # client's X-Forwarded-For never rides along (SearXNG would rate-limit by it).
+            headers = {"Host": parts.netloc, **dict(REQUEST_HEADERS)}
+            opened = webclient.get(parts.scheme, parts.hostname or "", parts.port, parts.path + "?" + parts.query,
+                                   headers, self.timeout, cancel)
+            body, too_big = webclient.read_body(opened, self.max_bytes, cancel)
+            if too_big:
+                outcome = SearchOutcome(query, "failed", error_code="unavailable", message=(
+                    f"Search failed: {self.base_url} answered more than {self.max_bytes} bytes (SEARXNG_MAX_BYTES)."))
+            else:
+                outcome = outcome_from_response(query, self.base_url, opened.status, body, limit or self.results)
+        except webclient.WebError as e:
+            outcome = self._interrupted(query, cancel) or SearchOutcome(query, "failed", error_code="unavailable", message=(
+                f"Search failed: {self.base_url} did not answer within {self.timeout:g} s." if e.kind == "timeout" else
+                f"Search failed: cannot reach SearXNG at {self.base_url}: {e.detail}"))
         finally:
             cancel.disarm()
-            conn.close()
+            if opened is not None:
+                opened.close()
         # The query is model-written from the prompt, so its text is logged only at DEBUG.
         log.info("search -> %s (%d hits, %.0f ms)", outcome.status, len(outcome.hits),
                  (time.monotonic() - started) * 1000)
         log.debug("search query %r -> %s", query, outcome.message or outcome.status)
         return outcome
-
-    def _read(self, resp, cancel: Cancel) -> bytes:
-        """The decoded body, at most max_bytes (gzip and deflate undone within the cap: no bombs)."""
-        decoder = Decoder(resp.getheader("Content-Encoding", ""))
-        chunks, total = [], 0
-        while True:
-            data = resp.read1(READ_CHUNK)
-            if not data:
-                break
-            out = decoder.feed(data, self.max_bytes + 1 - total)
-            chunks.append(out)
-            total += len(out)
-            if total > self.max_bytes:
-                raise _TooBig
-        if cancel.fired:
-            raise EOFError("the answer was cut")  # the end was the deadline shutting the socket
-        return b"".join(chunks)
 
     def _interrupted(self, query: str, cancel: Cancel) -> SearchOutcome | None:
         if cancel.reason == TIMEOUT:
@@ -318,10 +294,6 @@ class SearXNG:
             return SearchOutcome(query, "failed", error_code="unavailable",
                                  message="Search failed: the client closed the request.")
         return None
-
-
-class _TooBig(Exception):
-    """A SearXNG answer over max_bytes."""
 
 
 # ---- the search cache: SearXNG behind a TTLCache ----------------------------------------------
