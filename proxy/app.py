@@ -16,8 +16,8 @@ from . import alpha_search, chat, messages, metrics, responses
 from .config import Config
 from .errors import error_for_path
 from .exchange import Exchange
+from .http1 import end_to_end_headers
 from .services import Services
-from .upstream import end_to_end_headers
 
 log = logging.getLogger("proxy")
 

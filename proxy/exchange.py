@@ -17,10 +17,11 @@ from . import codec, metrics, runtime
 from .config import Config
 from .errors import error_for_path, upstream_error_status
 from .fetch import Fetcher
+from .http1 import end_to_end_headers
 from .search import SearXNG
 from .services import Services
 from .tools import ToolSession
-from .upstream import UpstreamError, UpstreamResponse, end_to_end_headers
+from .upstream import UpstreamError, UpstreamResponse
 
 log = logging.getLogger("proxy")
 

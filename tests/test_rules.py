@@ -13,6 +13,7 @@ from proxy.app import key_ok, outbound_headers, presented_key
 from proxy.codec import data_of, event_and_data, iter_frame_batches, iter_frames
 from proxy.config import Config
 from proxy.errors import upstream_error_status
+from proxy.http1 import end_to_end_headers
 from proxy.pagetext import Decoder
 from proxy.search import (
     NOT_EXECUTED,
@@ -25,7 +26,7 @@ from proxy.search import (
     search_url,
 )
 from proxy.tools import ToolSession
-from proxy.upstream import UpstreamError, end_to_end_headers
+from proxy.upstream import UpstreamError
 from standins.searxng import default_results, page, result
 
 USER = [{"role": "user", "content": "hi"}]

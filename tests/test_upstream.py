@@ -18,7 +18,8 @@ import pytest
 
 from proxy import upstream
 from proxy.errors import upstream_error_status
-from proxy.upstream import Backend, Connection, ProtocolError, UpstreamError, body_framing, may_retry, request_head
+from proxy.http1 import ProtocolError, body_framing, may_retry, request_head
+from proxy.upstream import Backend, Connection, UpstreamError
 from standins.keepalive_server import DROP, OK, KeepAliveServer
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
