@@ -413,6 +413,9 @@ def test_vllm_killed_mid_stream_gives_the_client_an_error_event(stack):
     # (into the sockets' buffers) before SIGKILL, and the stream ended cleanly. The context is 131072.
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 100000,
             "ignore_eos": True, "stream": True, "chat_template_kwargs": {"enable_thinking": False}}
+    # The PID first: asking the engine for it after the stream started took seconds on a busy machine, long
+    # enough for the tiny model to finish all of it into the sockets' buffers (a full run saw a clean end).
+    vllm_pid = stack.inspect("coding-stack-vllm")["State"]["Pid"]
     parts = urllib.parse.urlsplit(stack.proxy_url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
     conn.request("POST", CHAT, body=json.dumps(body), headers={"Content-Type": "application/json"})
@@ -422,7 +425,7 @@ def test_vllm_killed_mid_stream_gives_the_client_an_error_event(stack):
     # whether the stream ended in an event or in a cut.
     lines = [resp.fp.readline().decode() for _ in range(20)]  # the generation is under way
     assert any(line.startswith("data: {") for line in lines)
-    os.kill(stack.inspect("coding-stack-vllm")["State"]["Pid"], signal.SIGKILL)
+    os.kill(vllm_pid, signal.SIGKILL)
     while lines[-1] and lines[-1].rstrip("\r\n") != "data: [DONE]":
         lines.append(resp.fp.readline().decode())
     conn.close()
