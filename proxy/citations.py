@@ -1,4 +1,4 @@
-"""Citations (issue 29): the sources of one request numbered for the model ([1], [2], ... over every search and
+"""Citations: the sources of one request numbered for the model ([1], [2], ... over every search and
 fetch of the request), the [n] markers it writes found in its answer (whole, or across a stream's deltas), and
 each API's citation structure made from them. Pure functions and small value objects; used by proxy.chat,
 proxy.messages and proxy.responses (tests: tests/run.sh tests/test_citations.py).

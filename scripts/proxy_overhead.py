@@ -1,4 +1,4 @@
-"""Benchmark of the proxy's own overhead, direct vs through the proxy side by side in one run (issue 7); run `~/.cache/coding-stack-tests/venv-*/bin/python -m scripts.proxy_overhead [--json out.json]` from the repository root after `tests/run.sh --co -q` has built that venv (`--help` lists the counts and worker options).
+"""Benchmark of the proxy's own overhead, direct vs through the proxy side by side in one run; run `~/.cache/coding-stack-tests/venv-*/bin/python -m scripts.proxy_overhead [--json out.json]` from the repository root after `tests/run.sh --co -q` has built that venv (`--help` lists the counts and worker options).
 
 It starts standins/fast_backend.py (a gevent vLLM + SearXNG stand-in on loopback), the
 proxy under the shipped gunicorn.conf.py (and a second one with INJECT_WEB_SEARCH=false and
