@@ -57,6 +57,9 @@ def _one_line(text: str | None) -> str | None:
 # elements that are never the article (navigation, scripts, forms) and keep <main> or <article> if there is one.
 FAST_PATH_CHARS = 512 * 1024
 NOT_CONTENT = "//script|//style|//nav|//header|//footer|//aside|//form|//noscript|//template|//iframe|//svg|//button"
+# What holds no text a reader sees, in every path: scripts and styles, and comments (a comment is not an element:
+# lxml's text_content() refuses it, which once made a big page fall back to its whole text, navigation included).
+NO_TEXT = "//script|//style|//noscript|//template|//comment()|//processing-instruction()"
 
 
 def html_to_text(html: str, url: str) -> tuple[str | None, str]:
@@ -80,7 +83,7 @@ def extract_page(html: str, url: str, max_chars: int | None = None) -> tuple[str
         if len(html) > FAST_PATH_CHARS:
             root = lxml.html.fromstring(html)
             title = root.findtext(".//title")
-            for el in root.xpath(NOT_CONTENT):
+            for el in root.xpath(NOT_CONTENT + "|" + NO_TEXT):
                 el.drop_tree()
             content = (root.xpath("//main|//article") or root.xpath("//body") or [root])[0]
         else:
@@ -101,6 +104,8 @@ def extract_page(html: str, url: str, max_chars: int | None = None) -> tuple[str
         root = lxml.html.fromstring(html)
     except (ValueError, lxml.etree.ParserError):
         return None, "", False
+    for el in root.xpath(NO_TEXT):  # the page's words, not its script source
+        el.drop_tree()
     return _one_line(root.findtext(".//title")), tidy(root.text_content()), False
 
 
@@ -112,7 +117,8 @@ def _trim(el, budget: int) -> tuple[int, bool]:
             el.remove(child)
             cut = True
             continue
-        size = len(child.text_content()) + len(child.tail or "")
+        # A comment or processing instruction (not an element) adds only its tail.
+        size = (len(child.text_content()) if isinstance(child.tag, str) else 0) + len(child.tail or "")
         if used + size <= budget:
             used += size
             continue

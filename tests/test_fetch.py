@@ -684,6 +684,35 @@ def test_readability_failure_falls_back_to_all_text():
     assert html_to_text("   ", "http://x/") == (None, "")
 
 
+def test_a_comment_where_a_big_page_is_cut_does_not_let_its_navigation_through():
+    """scripts/bench_extract.py --big found Rust's print.html falling back to its whole text, navigation and all,
+    when an HTML comment sat where the fast path cut the page: comments are not elements."""
+    from proxy.extract import extract_page
+    para = "<p>" + "word " * 40 + "</p><!-- a comment between paragraphs -->"
+    html = ("<html><head><title>Big</title><script>var secret = 1;</script></head><body>"
+            "<nav><a href='/a'>Sidebar entry one</a></nav><main>" + para * 4000 + "</main>"
+            "<footer>Copyright footer</footer></body></html>")
+    assert len(html) > 512 * 1024
+    for budget in (1_000, 1_203, 10_007):  # cuts that fall on a comment as well as on a paragraph
+        title, text, cut = extract_page(html, "http://x/", max_chars=budget)
+        assert title == "Big" and cut and "word word" in text
+        assert "Sidebar entry" not in text and "Copyright footer" not in text and "secret" not in text
+        assert len(text) < budget * 2
+
+
+def test_the_whole_text_fallback_leaves_scripts_out(monkeypatch):
+    """When the libraries fail on a page (here markdownify, made to), the model reads the page's words, not its
+    script source."""
+    import markdownify
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a library's surprise")
+    monkeypatch.setattr(markdownify, "markdownify", broken)
+    title, text = html_to_text("<html><head><title>T</title><script>var x = 1;</script></head>"
+                               "<body><p>words</p><!-- note --></body></html>", "http://x/")
+    assert title == "T" and "words" in text and "var x" not in text and "note" not in text
+
+
 @pytest.mark.parametrize("size", [200 * 1024, 2 * 1024 * 1024])  # readability's path, and the fast rule past 512 KiB
 def test_extraction_keeps_code_and_drops_navigation_on_small_and_big_pages(size):
     from proxy.extract import extract_page
