@@ -12,9 +12,8 @@ import json
 import threading
 import urllib.parse
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
 
-from .server import StandInServer
+from .server import QuietHandler, StandInServer
 
 # Headers that describe one hop, not the request; the relay sets its own.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
@@ -68,12 +67,7 @@ class Recorder(StandInServer):
     def handler(self):
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def _read_body(self) -> bytes:
                 if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
                     parts: list[bytes] = []

@@ -14,9 +14,8 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 
-from .server import StandInServer
+from .server import QuietHandler, StandInServer
 
 
 @dataclass
@@ -90,12 +89,7 @@ class ScriptedBackend(StandInServer):
     def handler(self):
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def setup(self):
                 super().setup()
                 with outer._changed:

@@ -12,10 +12,9 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from .server import StandInServer
+from .server import QuietHandler, StandInServer
 
 
 @dataclass
@@ -75,12 +74,7 @@ class SearxngStandIn(StandInServer):
     def handler(self):
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def send(self, status, body: bytes, ctype="application/json", extra=()):
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)

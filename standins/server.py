@@ -12,6 +12,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """The request handler every HTTP stand-in starts from: HTTP/1.1 keep-alive, as the servers it stands for speak,
+    and no access line per request on the test's stderr."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+
 class StandInServer:
     """A ThreadingHTTPServer serving `self.handler()` in a daemon thread.
 

@@ -9,9 +9,8 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 
-from .server import StandInServer
+from .server import QuietHandler, StandInServer
 
 
 @dataclass
@@ -54,12 +53,7 @@ class WebSite(StandInServer):
     def handler(self):
         site = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self):
                 with site._lock:
                     site.requests.append(Seen(self.path, {k.lower(): v for k, v in self.headers.items()}))
