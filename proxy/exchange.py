@@ -240,7 +240,14 @@ class Exchange:
         # is: the client's Accept-Encoding would let a compressing gateway in front of vLLM send gzip the loop
         # cannot parse. What the client gets is written by the proxy, uncompressed, as vLLM's own answers are.
         headers += [("Content-Type", "application/json"), ("Accept-Encoding", "identity")]
-        return self.call("POST", path, codec.dumps(payload), headers)
+        call = self.call("POST", path, codec.dumps(payload), headers)
+        try:
+            # A gateway may compress all the same: undone within the body limit, so the loop still reads JSON and SSE.
+            call.response.decode_content(self.cfg.max_body_bytes)
+        except BaseException:
+            call.end()
+            raise
+        return call
 
 
 def response_headers(up: UpstreamResponse) -> list:

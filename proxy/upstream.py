@@ -19,10 +19,13 @@ import ssl
 import threading
 import time
 import urllib.parse
+import zlib
 
 import httptools
 
+from .fetch_wire import FetchError
 from .http1 import ProtocolError, body_framing, content_length, may_retry, request_head
+from .pagetext import Decoder
 from .runtime import system_poll as _poll
 
 # Requests up to this size go out in one write, so the body never waits on Nagle's algorithm
@@ -112,6 +115,8 @@ class UpstreamResponse:
         self._complete = False
         self._extra = False           # bytes past the answer's end: the connection is done
         self._done = False
+        self._decoder: Decoder | None = None  # set by decode_content(): the body is handed on decoded
+        self._decoded_left = 0
 
     # ---- httptools' callbacks, inside feed_data ----
 
@@ -196,6 +201,23 @@ class UpstreamResponse:
     def is_event_stream(self) -> bool:
         return self.header("content-type").startswith("text/event-stream")
 
+    def decode_content(self, limit: int) -> None:
+        """Hand the body on with its Content-Encoding (gzip, deflate) undone, at most `limit` bytes of it, and drop
+        the header: for the search loop, which reads every turn itself. The relay never calls it, so what it
+        passes on stays byte for byte what vLLM (or a gateway in front of it) sent. Raises UpstreamError for an
+        encoding the proxy cannot undo."""
+        encoding = self.header("content-encoding").strip().lower()
+        if encoding in ("", "identity"):
+            return
+        try:
+            self._decoder = Decoder(encoding)
+        except FetchError as e:
+            self.abort()
+            raise UpstreamError("unreachable", f"{self._backend.base_url} answered in an encoding the proxy cannot "
+                                               f"read ({encoding}): {e.message}") from None
+        self._decoded_left = limit
+        self.headers = [(n, v) for n, v in self.headers if n.lower() != "content-encoding"]
+
     def read(self) -> bytes:
         """The whole body. Raises UpstreamError if the backend dies or goes silent first."""
         size = READ_SIZE
@@ -228,6 +250,21 @@ class UpstreamResponse:
         self.close()
 
     def _pieces(self, size: int):
+        if self._decoder is None:
+            yield from self._raw_pieces(size)
+            return
+        for piece in self._raw_pieces(size):
+            try:
+                out = self._decoder.feed(piece, self._decoded_left + 1)
+            except zlib.error as e:
+                raise ProtocolError(f"the body does not decompress ({e})") from None
+            if len(out) > self._decoded_left:
+                raise ProtocolError("the decompressed body is over the proxy's limit (MAX_BODY_BYTES)")
+            self._decoded_left -= len(out)
+            if out:
+                yield out
+
+    def _raw_pieces(self, size: int):
         body = self._body
         while True:
             if body:

@@ -3,16 +3,19 @@ openai SDK got, and what the vLLM and SearXNG stand-ins received.
 
 Run: tests/run.sh tests/test_chat_search.py
 """
+import gzip
 import json
 import socket
 import time
 import urllib.parse
+import zlib
 
 import pytest
 from clients import openai
 
 from proxy.chat_wire import WEB_FETCH_TOOL, WEB_SEARCH_TOOL
 from proxy.search import NOT_EXECUTED
+from standins.scripted_backend import Reply
 from standins.vllm_wire import completion, error_reply, json_reply, sse_reply, stream_frames, tool_call
 
 USER = [{"role": "user", "content": "What is new in vLLM?"}]
@@ -43,6 +46,43 @@ def test_loop_turns_ask_vllm_for_bodies_it_can_read(proxy, backend, searxng, str
     else:
         assert c.chat.completions.create(model="foundation", messages=USER).choices[0].message.content == "ok"
     assert [r.headers["accept-encoding"] for r in backend.received] == ["identity", "identity"]
+
+
+def _gzipped(reply: Reply) -> Reply:
+    """The reply as a compressing gateway in front of vLLM would send it, whatever the request asked for."""
+    headers = reply.headers + [("Content-Encoding", "gzip")]
+    if reply.chunks is None:
+        return Reply(status=reply.status, body=gzip.compress(reply.body), headers=headers)
+    z = zlib.compressobj(wbits=31)  # one gzip stream, flushed per event as a gateway streaming SSE does
+    chunks = [z.compress(c) + z.flush(zlib.Z_SYNC_FLUSH) for c in reply.chunks] + [z.flush()]
+    return Reply(status=reply.status, headers=headers, chunks=chunks)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_compressing_gateway_in_front_of_vllm_does_not_break_the_loop(proxy, backend, searxng, stream):
+    """Every turn the loop reads is decompressed within the body limit (the one bounded decoder), and the client
+    gets the answer uncompressed, without the gateway's Content-Encoding."""
+    call = [tool_call("web_search", {"query": "q"})]
+    if stream:
+        backend.script(_gzipped(sse_reply(stream_frames(tool_calls=call, finish_reason="tool_calls"))),
+                       _gzipped(sse_reply(stream_frames(content=["all ", "good"], finish_reason="stop"))))
+    else:
+        backend.script(_gzipped(search_turn("q")), _gzipped(json_reply(completion(content="all good", finish_reason="stop"))))
+    c = client(proxy)
+    if stream:
+        got = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+            model="foundation", messages=USER, stream=True) if ch.choices)
+    else:
+        got = c.chat.completions.create(model="foundation", messages=USER).choices[0].message.content
+    assert got == "all good" and searxng.queries == ["q"] and len(backend.received) == 2
+
+
+def test_an_encoding_the_loop_cannot_read_is_a_502_naming_it(proxy, backend, searxng):
+    reply = json_reply(completion(content="x", finish_reason="stop"))
+    backend.script(Reply(body=b"not brotli", headers=reply.headers + [("Content-Encoding", "br")]))
+    with pytest.raises(openai.APIStatusError) as e:
+        client(proxy).chat.completions.create(model="foundation", messages=USER)
+    assert e.value.status_code == 502 and "cannot read (br)" in e.value.message
 
 
 def test_two_searches_then_the_answer(proxy, backend, searxng):
