@@ -79,6 +79,25 @@ class Decoder:
         return out
 
 
+class BoundedDecoder:
+    """A Decoder over a whole body that refuses more than `limit` decoded bytes in all; take() raises ValueError
+    past the limit or on a body that does not decompress (for a gateway's answers to the search loop)."""
+
+    def __init__(self, encoding: str, limit: int):
+        self._decoder = Decoder(encoding)
+        self._left = limit
+
+    def take(self, data: bytes) -> bytes:
+        try:
+            out = self._decoder.feed(data, self._left + 1)
+        except zlib.error as e:
+            raise ValueError(f"the body does not decompress ({e})") from None
+        if len(out) > self._left:
+            raise ValueError("the decompressed body is over the proxy's limit (MAX_BODY_BYTES)")
+        self._left -= len(out)
+        return out
+
+
 # Codecs Python knows but no web page is written in: a page naming one (charset=rot13, base64, hex, zlib,
 # or the idna/punycode/escape codecs) is read as UTF-8 instead, like a name Python does not know.
 NOT_PAGE_CODECS = frozenset({"undefined", "idna", "punycode", "unicode-escape", "raw-unicode-escape"})

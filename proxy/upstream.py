@@ -19,13 +19,12 @@ import ssl
 import threading
 import time
 import urllib.parse
-import zlib
 
 import httptools
 
 from .fetch_wire import FetchError
 from .http1 import ProtocolError, body_framing, content_length, may_retry, request_head
-from .pagetext import Decoder
+from .pagetext import BoundedDecoder
 from .runtime import system_poll as _poll
 
 # Requests up to this size go out in one write, so the body never waits on Nagle's algorithm
@@ -115,8 +114,7 @@ class UpstreamResponse:
         self._complete = False
         self._extra = False           # bytes past the answer's end: the connection is done
         self._done = False
-        self._decoder: Decoder | None = None  # set by decode_content(): the body is handed on decoded
-        self._decoded_left = 0
+        self._decoder: BoundedDecoder | None = None  # set by decode_content(): the body is handed on decoded
 
     # ---- httptools' callbacks, inside feed_data ----
 
@@ -202,20 +200,17 @@ class UpstreamResponse:
         return self.header("content-type").startswith("text/event-stream")
 
     def decode_content(self, limit: int) -> None:
-        """Hand the body on with its Content-Encoding (gzip, deflate) undone, at most `limit` bytes of it, and drop
-        the header: for the search loop, which reads every turn itself. The relay never calls it, so what it
-        passes on stays byte for byte what vLLM (or a gateway in front of it) sent. Raises UpstreamError for an
-        encoding the proxy cannot undo."""
+        """For the search loop, which reads every turn itself (never the relay, which passes bytes as they came):
+        the body with its gzip/deflate undone, at most `limit` bytes, and no Content-Encoding header."""
         encoding = self.header("content-encoding").strip().lower()
         if encoding in ("", "identity"):
             return
         try:
-            self._decoder = Decoder(encoding)
+            self._decoder = BoundedDecoder(encoding, limit)
         except FetchError as e:
             self.abort()
             raise UpstreamError("unreachable", f"{self._backend.base_url} answered in an encoding the proxy cannot "
                                                f"read ({encoding}): {e.message}") from None
-        self._decoded_left = limit
         self.headers = [(n, v) for n, v in self.headers if n.lower() != "content-encoding"]
 
     def read(self) -> bytes:
@@ -255,12 +250,9 @@ class UpstreamResponse:
             return
         for piece in self._raw_pieces(size):
             try:
-                out = self._decoder.feed(piece, self._decoded_left + 1)
-            except zlib.error as e:
-                raise ProtocolError(f"the body does not decompress ({e})") from None
-            if len(out) > self._decoded_left:
-                raise ProtocolError("the decompressed body is over the proxy's limit (MAX_BODY_BYTES)")
-            self._decoded_left -= len(out)
+                out = self._decoder.take(piece)
+            except ValueError as e:
+                raise ProtocolError(str(e)) from None
             if out:
                 yield out
 
