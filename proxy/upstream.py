@@ -245,9 +245,12 @@ class UpstreamResponse:
         self.close()
 
     def _pieces(self, size: int):
-        if self._decoder is None:
-            yield from self._raw_pieces(size)
-            return
+        """The body's pieces as they arrive: as sent, or decoded when decode_content() asked for it (picked once
+        here, so the relay's pieces pass through no extra generator)."""
+        return self._raw_pieces(size) if self._decoder is None else self._decoded_pieces(size)
+
+    def _decoded_pieces(self, size: int):
+        assert self._decoder is not None
         for piece in self._raw_pieces(size):
             try:
                 out = self._decoder.take(piece)
