@@ -89,50 +89,43 @@ def read_request(sock, buf: bytearray):
     return method, target, headers, body
 
 
-def serve_backend(sock, _addr):
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    buf = bytearray()
-    try:
-        while True:
-            req = read_request(sock, buf)
-            if req is None:
-                return
-            _method, _target, headers, body = req
-            mode = headers.get(b"x-bench-mode", b"plain")
-            if mode == b"stream":
-                chunks = frames(int(headers.get(b"x-bench-chunks", b"200")))
-                gap = float(headers.get(b"x-bench-gap", b"0"))
-                sock.sendall(SSE_HEAD + chunks[0])
-                for c in chunks[1:]:
-                    if gap:
-                        gevent.sleep(gap)
-                    # One send per event, as vLLM writes one per token: the proxy gets
-                    # whatever coalescing loopback gives, never an artificially big read.
-                    sock.sendall(c)
-                sock.sendall(b"0\r\n\r\n")
-                continue
-            reply = search_turn(body, int(headers.get(b"x-bench-searches", b"2"))) if mode == b"search" else PLAIN
-            sock.sendall(JSON_HEAD % len(reply) + reply)
-    except OSError:
-        return  # the client (or the proxy's abort) hung up: nothing to clean up
-    finally:
-        sock.close()
+def keep_alive(answer):
+    """A StreamServer handler: read requests off one keep-alive connection and answer(sock, request) each."""
+    def serve(sock, _addr):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = bytearray()
+        try:
+            while (req := read_request(sock, buf)) is not None:
+                answer(sock, req)
+        except OSError:
+            return  # the client (or the proxy's abort) hung up: nothing to clean up
+        finally:
+            sock.close()
+    return serve
 
 
-def serve_searxng(sock, _addr):
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    buf = bytearray()
-    try:
-        while True:
-            req = read_request(sock, buf)
-            if req is None:
-                return
-            reply = searxng_page(req[1])
-            sock.sendall(JSON_HEAD % len(reply) + reply)
-    except OSError:
+def answer_backend(sock, req) -> None:
+    _method, _target, headers, body = req
+    mode = headers.get(b"x-bench-mode", b"plain")
+    if mode == b"stream":
+        chunks = frames(int(headers.get(b"x-bench-chunks", b"200")))
+        gap = float(headers.get(b"x-bench-gap", b"0"))
+        sock.sendall(SSE_HEAD + chunks[0])
+        for c in chunks[1:]:
+            if gap:
+                gevent.sleep(gap)
+            # One send per event, as vLLM writes one per token: the proxy gets
+            # whatever coalescing loopback gives, never an artificially big read.
+            sock.sendall(c)
+        sock.sendall(b"0\r\n\r\n")
         return
-    finally:
-        sock.close()
+    reply = search_turn(body, int(headers.get(b"x-bench-searches", b"2"))) if mode == b"search" else PLAIN
+    sock.sendall(JSON_HEAD % len(reply) + reply)
+
+
+def answer_searxng(sock, req) -> None:
+    reply = searxng_page(req[1])
+    sock.sendall(JSON_HEAD % len(reply) + reply)
 
 
 def main():
@@ -142,8 +135,8 @@ def main():
     ap.add_argument("--searxng-port", type=int, default=0)
     args = ap.parse_args()
     # backlog: 64 streams plus the benchmark's keep-alive connections connect at once.
-    backend = StreamServer((args.host, args.port), serve_backend, backlog=1024)
-    searx = StreamServer((args.host, args.searxng_port), serve_searxng, backlog=1024)
+    backend = StreamServer((args.host, args.port), keep_alive(answer_backend), backlog=1024)
+    searx = StreamServer((args.host, args.searxng_port), keep_alive(answer_searxng), backlog=1024)
     backend.start()
     searx.start()
     print(f"backend=http://{args.host}:{backend.server_port} searxng=http://{args.host}:{searx.server_port}", flush=True)
