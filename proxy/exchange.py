@@ -26,7 +26,6 @@ from .upstream import UpstreamError, UpstreamResponse
 log = logging.getLogger("proxy")
 
 
-
 class Abortable(Protocol):
     """What a watch can stop: a call to vLLM (Call), or a fetch or search (proxy.cancel.Cancel)."""
 
