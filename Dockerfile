@@ -18,7 +18,7 @@ RUN pip install --no-cache-dir --require-hashes -r requirements.txt
 # base-passwd already has a `proxy` user (uid 13) in every Debian image, so useradd would fail.
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin coding-stack
 
-# gunicorn's workers write their metric values here and a scrape of /proxy/metrics sums them (proxy/metrics.py);
+# gunicorn's workers write their metric values here and a scrape of /proxy/metrics sums them (proxy/observe/metrics.py);
 # compose mounts an empty tmpfs over it at each start. Without one (a bare `docker run`), add `--tmpfs /tmp/proxy-metrics`.
 ENV PROMETHEUS_MULTIPROC_DIR=/tmp/proxy-metrics
 RUN mkdir -p /tmp/proxy-metrics && chown coding-stack /tmp/proxy-metrics

@@ -42,13 +42,13 @@ def when_ready(server):
 
 def post_fork(server, worker):
     # Each response's head leaves with its first body bytes: one client wake-up, not two,
-    # before a streamed answer's first event (proxy/gunicorn_response.py has the figures).
-    from proxy.gunicorn_response import install
+    # before a streamed answer's first event (proxy/http/gunicorn_response.py has the figures).
+    from proxy.http.gunicorn_response import install
     install()
 
 
 def child_exit(server, worker):
-    # A dead worker's live gauges leave /proxy/metrics' sums (its counters stay in them): proxy/metrics.py.
+    # A dead worker's live gauges leave /proxy/metrics' sums (its counters stay in them): proxy/observe/metrics.py.
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
         multiprocess.mark_process_dead(worker.pid)

@@ -8,8 +8,8 @@ import logging
 import os
 import sys
 
-from proxy.app import create_app
-from proxy.config import Config
+from proxy.core.config import Config
+from proxy.http.app import create_app
 
 
 def _die(message: str):

@@ -1,1 +1,2 @@
-"""The proxy behind proxy-passthrough.py: one module per API over a shared search core."""
+"""The proxy behind proxy-passthrough.py, in layers that each import only the ones below them (docs/architecture.md):
+http, observe, apis, engine, tools, backends, transport, runtime, core."""

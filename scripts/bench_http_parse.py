@@ -19,7 +19,7 @@ import timeit
 import types
 from pathlib import Path
 
-from proxy import upstream
+from proxy.transport import vllm as upstream
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,10 +58,16 @@ class ReplaySocket:
 
 
 def load_revision(rev: str) -> types.ModuleType:
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:proxy/upstream.py"],
-                            check=True, capture_output=True, text=True).stdout
+    # The vLLM client moved from proxy/upstream.py to proxy/transport/vllm.py with the layers; older revisions
+    # have it at the old path.
+    for path in ("proxy/transport/vllm.py", "proxy/upstream.py"):
+        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True)
+        if shown.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"bench_http_parse: no vLLM client at revision {rev}")
     module = types.ModuleType(f"upstream_at_{rev}")
-    exec(compile(source, f"{rev}:proxy/upstream.py", "exec"), module.__dict__)  # noqa: S102
+    exec(compile(shown.stdout, f"{rev}:{path}", "exec"), module.__dict__)  # noqa: S102
     return module
 
 

@@ -468,7 +468,8 @@ def phase_big(backend, proxy, proxy_noinject, n: int, size: int) -> dict:
 def record_search_loop(backend, searxng_url: str, searches: int):
     """The exact wire exchanges the proxy makes for one search loop, built once with the proxy's
     own pure functions, so the direct replay times wire + stand-ins and nothing else."""
-    from proxy import chat_wire, search  # noqa: PLC0415 (only the benchmark's client needs it)
+    from proxy.apis.chat import rules as chat_wire
+    from proxy.backends import searxng as search  # noqa: PLC0415 (only the benchmark's client needs it)
     body = chat_wire.with_web_search(SMALL)
     messages = list(body["messages"])
     hdr = [("X-Bench-Mode", "search"), ("X-Bench-Searches", str(searches))]
@@ -744,7 +745,7 @@ def main():
 def _variant_app():
     import importlib  # noqa: PLC0415
     variants = set(filter(None, os.environ.get("PROXY_OVERHEAD_VARIANT", "").split(",")))
-    from proxy import upstream  # noqa: PLC0415
+    from proxy.transport import vllm as upstream  # noqa: PLC0415
     if "noreuse" in variants:
         # Every backend request on a fresh connection: what a pool-less client would cost.
         upstream.Backend._release = lambda self, conn: conn.close()  # type: ignore[method-assign]  # the patch

@@ -32,7 +32,7 @@ class ProxyProcess:
                  app: str = "proxy-passthrough:app", cwd: Path = ROOT, timeout: float = 30.0):
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        # Its own metrics folder, as the image's tmpfs: the workers sum their metrics through it (proxy/metrics.py).
+        # Its own metrics folder, as the image's tmpfs: the workers sum their metrics through it (proxy/observe/metrics.py).
         self.metrics_dir = log_path.with_suffix(".metrics")
         shutil.rmtree(self.metrics_dir, ignore_errors=True)
         self.metrics_dir.mkdir(parents=True)

@@ -1,5 +1,5 @@
 """Tests for Codex's standalone web search, `POST /v1/alpha/search`: the pure request reading and
-output writing (proxy/alpha_wire.py), and the real proxy (proxy/alpha_search.py) under gunicorn against
+output writing (proxy/apis/alpha_search/rules.py), and the real proxy (proxy/apis/alpha_search/handler.py) under gunicorn against
 the SearXNG stand-in and a loopback web site, table by table (request -> status -> body, and what SearXNG and
 the site received). The end-to-end run with the real Codex is in tests/test_codex.py.
 
@@ -16,12 +16,12 @@ import uuid
 
 import pytest
 
-from proxy import alpha_wire as W
-from proxy.alpha_search import PATH
-from proxy.config import Config
-from proxy.fetch import Fetcher
-from proxy.fetch_wire import FetchError, Page
-from proxy.search import Hit, SearchOutcome, SearXNG
+from proxy.apis.alpha_search import rules as W
+from proxy.apis.alpha_search.handler import PATH
+from proxy.backends.fetcher import Fetcher
+from proxy.backends.searxng import Hit, SearchOutcome, SearXNG
+from proxy.core.config import Config
+from proxy.tools.web_fetch import FetchError, Page
 from standins.searxng import result
 
 # Pages on loopback may be fetched; no page cache, so each test sees its own downloads.

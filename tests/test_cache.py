@@ -1,4 +1,4 @@
-"""proxy/cache.py's TTLCache without a network: time to live, both bounds, least recently used
+"""proxy/backends/cache.py's TTLCache without a network: time to live, both bounds, least recently used
 out first, the off switch, and one computation in flight per key (threads; the proxy-level
 tests in tests/test_metrics.py run it under gunicorn's gevent worker).
 
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from proxy.cache import TTLCache
-from proxy.search import Hit, SearchOutcome, outcome_size, search_key
+from proxy.backends.cache import TTLCache
+from proxy.backends.searxng import Hit, SearchOutcome, outcome_size, search_key
 
 
 class Clock:

@@ -11,7 +11,7 @@ import re
 import pytest
 from clients import openai
 
-from proxy.citations import CITE_NOTE
+from proxy.apis.citations import CITE_NOTE
 from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames, tool_call
 
 USER = [{"role": "user", "content": "What does the vLLM changelog say?"}]

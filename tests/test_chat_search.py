@@ -13,8 +13,8 @@ import zlib
 import pytest
 from clients import openai
 
-from proxy.chat_wire import WEB_FETCH_TOOL, WEB_SEARCH_TOOL
-from proxy.search import NOT_EXECUTED
+from proxy.apis.chat.rules import WEB_FETCH_TOOL, WEB_SEARCH_TOOL
+from proxy.backends.searxng import NOT_EXECUTED
 from standins.scripted_backend import Reply
 from standins.vllm_wire import completion, error_reply, json_reply, sse_reply, stream_frames, tool_call
 

@@ -1,4 +1,4 @@
-"""Answers that cite their sources (issue 29): the pure rules of proxy/citations.py (numbering, markers found whole
+"""Answers that cite their sources (issue 29): the pure rules of proxy/apis/citations.py (numbering, markers found whole
 and across a stream's deltas), then the real proxy under gunicorn with the scripted vLLM stand-in making the model
 write [n] markers, read back through the official anthropic and openai SDKs' typed objects, plain and streamed, and
 checked strictly against their types; replayed history with citations, and CITATIONS=off.
@@ -13,8 +13,8 @@ import pytest
 from clients import anthropic, openai
 from test_sdk_types import post, sse_data, strict, strict_event
 
-from proxy import citations as C
-from proxy.search import Hit, SearchOutcome, format_for_model
+from proxy.apis import citations as C
+from proxy.backends.searxng import Hit, SearchOutcome, format_for_model
 from standins import anthropic_wire as W
 from standins import responses_wire as w
 from standins.searxng import default_results

@@ -1,6 +1,6 @@
 """A field of the wrong JSON type that the proxy itself reads is a 400 in the route's API's own
 error shape, naming the field, and nothing reaches vLLM; one the proxy only relays goes to vLLM
-untouched (vLLM judges it). Each row was a 500 (or a cut stream) before proxy/validate.py.
+untouched (vLLM judges it). Each row was a 500 (or a cut stream) before proxy/core/validate.py.
 
 Run: tests/run.sh tests/test_client_types.py  (tests/test_fuzz.py draws such bodies at random)
 """
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from proxy import validate as V
+from proxy.core import validate as V
 from standins import anthropic_wire as aw
 from standins import responses_wire as rw
 from standins.rawhttp import raw_request

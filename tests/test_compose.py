@@ -518,7 +518,7 @@ def test_the_test_overlay_changes_only_test_settings(cpu, tmp_path):
 
 def test_the_proxys_metrics_folder_is_a_fresh_tmpfs_its_user_owns(config):
     """The image's PROMETHEUS_MULTIPROC_DIR is a tmpfs in the stack (the CPU trial's proxy is this one): empty at each
-    start, so a restarted proxy neither adds the last run's counts nor keeps a dead worker's gauges (proxy/metrics.py)."""
+    start, so a restarted proxy neither adds the last run's counts nor keeps a dead worker's gauges (proxy/observe/metrics.py)."""
     dockerfile = (REPO / "Dockerfile").read_text()
     folder = re.search(r"^ENV PROMETHEUS_MULTIPROC_DIR=(\S+)$", dockerfile, re.M).group(1)
     uid = re.search(r"useradd .*--uid (\d+)", dockerfile).group(1)

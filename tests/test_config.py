@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import Config
+from proxy.core.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 # Load the entry point as gunicorn does (it builds the app and serves nothing): a config error exits there.

@@ -1,4 +1,4 @@
-"""The web_fetch core (proxy/fetch.py, proxy/netguard.py): SSRF refusals table by table, and the
+"""The web_fetch core (proxy/backends/fetcher.py, proxy/backends/netguard.py): SSRF refusals table by table, and the
 Fetcher against real HTTP(S) servers on 127.0.0.1, checking what it returned and what the server got.
 
 Run: tests/run.sh tests/test_fetch.py
@@ -16,13 +16,13 @@ import zlib
 
 import pytest
 
-from proxy.cache import TTLCache
-from proxy.config import Config
-from proxy.extract import html_to_text
-from proxy.fetch import Fetched, Fetcher, fetched_size
-from proxy.fetch_wire import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchError, Page
-from proxy.netguard import address_refusal, domain_matches, parse_networks, parse_url
-from proxy.runtime import run_together
+from proxy.backends.cache import TTLCache
+from proxy.backends.extract import html_to_text
+from proxy.backends.fetcher import Fetched, Fetcher, fetched_size
+from proxy.backends.netguard import address_refusal, domain_matches, parse_networks, parse_url
+from proxy.core.config import Config
+from proxy.runtime.concurrency import run_together
+from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchError, Page
 from standins.web_pages import WebSite
 
 ARTICLE = """<!doctype html><html><head><title>Ownership - The Book</title></head><body>
@@ -494,7 +494,7 @@ def test_domain_matches(target, domains, matches):
     ("https://evil.com/?q=example.com", ["example.com"], False),
 ])
 def test_search_filters_use_the_fetch_rule(target, domains, kept):
-    from proxy.search import Hit, SearchOutcome, filter_domains
+    from proxy.backends.searxng import Hit, SearchOutcome, filter_domains
     outcome = filter_domains(SearchOutcome("q", "ok", hits=[Hit("t", target)]), allowed=domains)
     assert bool(outcome.hits) is kept is domain_matches(target, domains)
 
@@ -687,7 +687,7 @@ def test_readability_failure_falls_back_to_all_text():
 def test_a_comment_where_a_big_page_is_cut_does_not_let_its_navigation_through():
     """scripts/bench_extract.py --big found Rust's print.html falling back to its whole text, navigation and all,
     when an HTML comment sat where the fast path cut the page: comments are not elements."""
-    from proxy.extract import extract_page
+    from proxy.backends.extract import extract_page
     para = "<p>" + "word " * 40 + "</p><!-- a comment between paragraphs -->"
     html = ("<html><head><title>Big</title><script>var secret = 1;</script></head><body>"
             "<nav><a href='/a'>Sidebar entry one</a></nav><main>" + para * 4000 + "</main>"
@@ -715,7 +715,7 @@ def test_the_whole_text_fallback_leaves_scripts_out(monkeypatch):
 
 @pytest.mark.parametrize("size", [200 * 1024, 2 * 1024 * 1024])  # readability's path, and the fast rule past 512 KiB
 def test_extraction_keeps_code_and_drops_navigation_on_small_and_big_pages(size):
-    from proxy.extract import extract_page
+    from proxy.backends.extract import extract_page
     from standins.hostile_web import big_page
     title, text, cut = extract_page(big_page(size).decode(), "http://x/", max_chars=80_000)
     assert title == "Scheduler notes" and "def admit(request):" in text and "the key-value cache has room" in text

@@ -1,4 +1,4 @@
-"""proxy/gunicorn_response.py: which writes reach the client socket for each kind of answer.
+"""proxy/http/gunicorn_response.py: which writes reach the client socket for each kind of answer.
 
 Run: tests/run.sh tests/test_gunicorn_response.py
 """
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from gunicorn.http import wsgi
 
-from proxy.gunicorn_response import JOIN_LIMIT, OneWriteResponse
+from proxy.http.gunicorn_response import JOIN_LIMIT, OneWriteResponse
 
 
 class RecordingSocket:

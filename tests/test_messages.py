@@ -16,11 +16,19 @@ from pathlib import Path
 import pytest
 from clients import anthropic
 
-from proxy.errors import as_anthropic_error
-from proxy.messages_blocks import add_usage, encode_content, outcome_from_block, result_block, with_searches
-from proxy.messages_history import rewrite_history
-from proxy.messages_request import Plan, internal_name, needs_rewrite, next_request, rewrite, subrequest_query, validate
-from proxy.search import QUERY_SCHEMA, TOOL_DESCRIPTION, Hit, SearchOutcome, format_for_model
+from proxy.apis.messages.blocks import add_usage, encode_content, outcome_from_block, result_block, with_searches
+from proxy.apis.messages.history import rewrite_history
+from proxy.apis.messages.request import (
+    Plan,
+    internal_name,
+    needs_rewrite,
+    next_request,
+    rewrite,
+    subrequest_query,
+    validate,
+)
+from proxy.backends.searxng import QUERY_SCHEMA, TOOL_DESCRIPTION, Hit, SearchOutcome, format_for_model
+from proxy.core.errors import as_anthropic_error
 from standins import anthropic_wire as W
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply

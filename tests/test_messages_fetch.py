@@ -18,8 +18,7 @@ from clients import anthropic
 from test_chat_fetch import FACT, PAGE
 from test_faults import post_raw, read_until
 
-from proxy.fetch_wire import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchOutcome, Page
-from proxy.messages_blocks import (
+from proxy.apis.messages.blocks import (
     CUT_NOTE,
     FETCH_ERROR_TEXT,
     fetch_content,
@@ -28,8 +27,9 @@ from proxy.messages_blocks import (
     model_text,
     with_searches,
 )
-from proxy.messages_history import rewrite_history
-from proxy.messages_request import FetchPlan, needs_rewrite, next_request, rewrite, validate
+from proxy.apis.messages.history import rewrite_history
+from proxy.apis.messages.request import FetchPlan, needs_rewrite, next_request, rewrite, validate
+from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchOutcome, Page
 from standins import anthropic_wire as W
 from standins.scripted_backend import Reply
 

@@ -378,8 +378,8 @@ def test_domain_filters_apply_to_a_cached_answer(start_proxy, backend, searxng):
 
 def test_in_process_without_gunicorn_or_a_metrics_folder():
     """The app built in this process (no PROMETHEUS_MULTIPROC_DIR here): its own registry answers."""
-    from proxy.app import create_app
-    from proxy.config import Config
+    from proxy.core.config import Config
+    from proxy.http.app import create_app
     assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
     app = create_app(Config(backend_url="http://127.0.0.1:9", searxng_url="http://127.0.0.1:9"))
     client = app.test_client()

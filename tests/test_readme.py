@@ -93,8 +93,8 @@ def test_model_name_is_the_served_one():
 
 
 def test_verify_proxy_health_is_the_proxys_own_route():
-    from proxy.app import create_app
-    from proxy.config import Config
+    from proxy.core.config import Config
+    from proxy.http.app import create_app
     own = {p for p in re.findall(r"localhost:11433(/[\w/.-]+)", VERIFY) if p.startswith("/proxy/")}
     assert own == {"/proxy/health"}
     rules = {r.rule for r in create_app(Config()).url_map.iter_rules()}

@@ -1,5 +1,5 @@
 """Tests for /v1/responses with the hosted web_search tool (issue 11): the pure rules of
-proxy/responses_wire.py, responses_calls.py and responses_output.py, the vLLM Responses stand-in
+proxy/apis/responses/request.py, responses_calls.py and responses_output.py, the vLLM Responses stand-in
 against the real captures, and the real proxy under gunicorn driven by the official openai SDK.
 Run: tests/run.sh tests/test_responses.py
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from clients import openai
 
-from proxy.responses_calls import apply_search_filters, next_request
-from proxy.responses_output import add_usage, web_search_item
-from proxy.responses_wire import (
+from proxy.apis.responses.calls import apply_search_filters, next_request
+from proxy.apis.responses.output import add_usage, web_search_item
+from proxy.apis.responses.request import (
     Plan,
     first_request,
     internal_name,
@@ -26,7 +26,7 @@ from proxy.responses_wire import (
     replay,
     rewrite_tool_choice,
 )
-from proxy.search import NOT_EXECUTED, Hit, SearchOutcome
+from proxy.backends.searxng import NOT_EXECUTED, Hit, SearchOutcome
 from standins import responses_wire as w
 from standins.rawhttp import raw_request
 from standins.searxng import result

@@ -14,11 +14,11 @@ from test_chat_fetch import FACT, PAGE
 from test_client_leaving import logged
 from test_faults import access_lines, post_raw, read_until
 
-from proxy.fetch_wire import FetchOutcome, FetchRequest, Page
-from proxy.responses_calls import FIND_MATCHES, FIND_USAGE, FindResult, find_in_text, tool_output, tool_request
-from proxy.responses_output import call_action, pending_item, web_search_item
-from proxy.responses_wire import Plan, first_request, make_plan, page_tools, replay, rewrite_tool_choice
-from proxy.search import SearchOutcome
+from proxy.apis.responses.calls import FIND_MATCHES, FIND_USAGE, FindResult, find_in_text, tool_output, tool_request
+from proxy.apis.responses.output import call_action, pending_item, web_search_item
+from proxy.apis.responses.request import Plan, first_request, make_plan, page_tools, replay, rewrite_tool_choice
+from proxy.backends.searxng import SearchOutcome
+from proxy.tools.web_fetch import FetchOutcome, FetchRequest, Page
 from standins import responses_wire as w
 
 HOSTED = {"type": "web_search"}

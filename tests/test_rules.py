@@ -8,14 +8,9 @@ import json
 
 import pytest
 
-from proxy import chat_wire
-from proxy.app import key_ok, outbound_headers, presented_key
-from proxy.codec import data_of, event_and_data, iter_frame_batches, iter_frames
-from proxy.config import Config
-from proxy.errors import upstream_error_status
-from proxy.http1 import end_to_end_headers
-from proxy.pagetext import Decoder
-from proxy.search import (
+from proxy.apis.chat import rules as chat_wire
+from proxy.backends.pagetext import Decoder
+from proxy.backends.searxng import (
     NOT_EXECUTED,
     Hit,
     SearchOutcome,
@@ -25,8 +20,13 @@ from proxy.search import (
     parse_arguments,
     search_url,
 )
-from proxy.tools import ToolSession
-from proxy.upstream import UpstreamError
+from proxy.core.codec import data_of, event_and_data, iter_frame_batches, iter_frames
+from proxy.core.config import Config
+from proxy.core.errors import upstream_error_status
+from proxy.http.app import key_ok, outbound_headers, presented_key
+from proxy.tools.session import ToolSession
+from proxy.transport.http1 import end_to_end_headers
+from proxy.transport.vllm import UpstreamError
 from standins.searxng import default_results, page, result
 
 USER = [{"role": "user", "content": "hi"}]

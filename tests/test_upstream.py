@@ -1,4 +1,4 @@
-"""The proxy's HTTP client for vLLM (proxy/upstream.py): its pure parsing rules, whole
+"""The proxy's HTTP client for vLLM (proxy/transport/vllm.py): its pure parsing rules, whole
 responses written byte for byte into a real socket pair, whole and in one-byte pieces, and
 the reuse of pooled connections against real loopback servers, never replaying a POST.
 
@@ -16,10 +16,10 @@ import urllib.parse
 
 import pytest
 
-from proxy import upstream
-from proxy.errors import upstream_error_status
-from proxy.http1 import ProtocolError, body_framing, may_retry, request_head
-from proxy.upstream import Backend, Connection, UpstreamError
+from proxy.core.errors import upstream_error_status
+from proxy.transport import vllm as upstream
+from proxy.transport.http1 import ProtocolError, body_framing, may_retry, request_head
+from proxy.transport.vllm import Backend, Connection, UpstreamError
 from standins.keepalive_server import DROP, OK, KeepAliveServer
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply

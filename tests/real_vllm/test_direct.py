@@ -11,8 +11,8 @@ import re
 import pytest
 from realvllm import MODEL, QUERY, WEB_SEARCH, chat, forced_call_request
 
-from proxy.chat_wire import assistant_turn, tool_results
-from proxy.search import SearchOutcome
+from proxy.apis.chat.rules import assistant_turn, tool_results
+from proxy.backends.searxng import SearchOutcome
 
 pytestmark = pytest.mark.real_vllm
 
@@ -129,7 +129,7 @@ def test_tool_result_turn_is_accepted(real_vllm, http_client):
 
 def test_assistant_turn_with_reasoning_is_accepted(real_vllm, http_client):
     """With thinking on, the proxy appends the assistant turn with its `reasoning` (built by
-    proxy.chat_wire.assistant_turn from vLLM's own message); vLLM must take it back as input."""
+    proxy.apis.chat.rules.assistant_turn from vLLM's own message); vLLM must take it back as input."""
     first = http_client.post(real_vllm.url + "/v1/chat/completions", forced_call_request(real_vllm)).json()
     message = {**first["choices"][0]["message"], "reasoning": "I should look this up."}
     calls = message["tool_calls"]

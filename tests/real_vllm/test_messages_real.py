@@ -16,9 +16,9 @@ import pytest
 from clients import anthropic
 from realvllm import FORCED_CALL, MODEL, QUERY
 
-from proxy.messages_blocks import SERVER_BLOCKS
-from proxy.messages_request import rewrite
-from proxy.search import QUERY_SCHEMA, TOOL_DESCRIPTION
+from proxy.apis.messages.blocks import SERVER_BLOCKS
+from proxy.apis.messages.request import rewrite
+from proxy.backends.searxng import QUERY_SCHEMA, TOOL_DESCRIPTION
 
 pytestmark = pytest.mark.real_vllm
 

@@ -1,7 +1,7 @@
 """The proxy (real gunicorn, tests/conftest.py's start_proxy) in front of the real vLLM server: relayed endpoints, completions equal to direct ones, the search loop and its cap, vLLM's errors, client disconnects; run with `tests/run.sh tests/real_vllm`.
 
 The proxy adds its web_search tool to every chat request, so each "direct" request here carries
-that same tool (proxy.chat_wire.WEB_SEARCH_TOOL): both then render the same prompt, and seeded
+that same tool (proxy.apis.chat.rules.WEB_SEARCH_TOOL): both then render the same prompt, and seeded
 sampling makes the two answers equal once ids and timestamps are set aside.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import urllib.parse
 import pytest
 from realvllm import QUERY, Tap, chat, forced_call_request
 
-from proxy.chat_wire import WEB_FETCH_TOOL, WEB_SEARCH_TOOL
+from proxy.apis.chat.rules import WEB_FETCH_TOOL, WEB_SEARCH_TOOL
 
 pytestmark = pytest.mark.real_vllm
 

@@ -1,0 +1,1 @@
+"""Codex's standalone POST /v1/alpha/search, answered by the proxy alone."""

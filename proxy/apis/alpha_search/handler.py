@@ -1,0 +1,182 @@
+"""Codex's standalone web search, `POST /v1/alpha/search`, run: AlphaSearch.handle on the route
+proxy/http/app.py adds, running `search_query` on the search core (proxy/backends/searxng.py) and `open`/`find` on
+the fetch core (proxy/backends/fetcher.py) on the client's watch; tested end to end under gunicorn by
+tests/test_alpha_search.py (`tests/run.sh tests/test_alpha_search.py -q`).
+
+A provider with `supports_standalone_web_search = true` (and the `standalone_web_search` feature)
+gives its model a `web.run` tool and sends each call here as `{id, model, input, commands, settings,
+max_output_tokens}`; the answer is `{"output": <text the model reads>, "encrypted_output": null}`.
+The rules (parsing, ref ids, the text) are pure, in proxy/apis/alpha_search/rules.py; the wire format is in
+tests/data/codex-alpha-search.md.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from flask import Response
+
+from proxy.apis.alpha_search.rules import (
+    BadRequest,
+    Failure,
+    Parsed,
+    Query,
+    RefStore,
+    answer,
+    format_failure,
+    format_find,
+    format_open,
+    format_search,
+    over_cap_note,
+    page_share,
+    parse_request,
+    resolve,
+    time_range,
+    unknown_ref,
+    unsupported_note,
+    view_ref,
+    within_cap,
+)
+from proxy.backends.searxng import SearchOutcome, clean_query, filter_domains
+from proxy.core import codec
+from proxy.core.errors import error_response
+from proxy.engine.exchange import ClientWatch
+from proxy.engine.services import Services
+from proxy.observe import metrics
+from proxy.runtime.cancel import Watch, watched
+from proxy.runtime.concurrency import run_together
+from proxy.tools.web_fetch import FetchError, Page
+
+log = logging.getLogger("proxy.alpha_search")
+
+PATH = "/v1/alpha/search"
+
+
+@dataclass
+class SearchCall:
+    """One web.run call on its way: what it asked, whose watch it runs on, and what its commands have
+    produced so far, sections in the order the model reads them."""
+    parsed: Parsed
+    environ: dict
+    watch: Watch | None
+    turn: int
+    known_refs: dict[str, str]      # from the thread's earlier answers
+    sections: list[str] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    succeeded: int = 0              # commands that worked; none, with upstream failures only, is a 502/504
+    new_refs: dict[str, str] = field(default_factory=dict)
+
+
+class AlphaSearch:
+    def __init__(self, services: Services):
+        self.cfg, self.searxng, self.fetcher = services.cfg, services.searxng, services.fetcher
+        self.refs = RefStore()
+
+    def _search(self, query: Query, limit: int, allowed, watch: Watch | None) -> SearchOutcome:
+        cleaned, early = clean_query(query.q)
+        if cleaned is None:  # clean_query gives exactly one of the two
+            return early or SearchOutcome(str(query.q), "failed", error_code="invalid_tool_input")
+        with watched(watch) as cancel:
+            outcome = self.searxng.search(cleaned, limit=limit, time_range=time_range(query.recency), cancel=cancel)
+        # Domains are enforced on the results, as on /v1/responses; the query is sent unchanged.
+        domains = tuple(query.domains) + tuple(allowed)
+        return filter_domains(outcome, allowed=domains or None)
+
+    def _fetch(self, url: str, parsed: Parsed, watch: Watch | None) -> Page:
+        with watched(watch) as cancel:
+            return self.fetcher.fetch(url, allowed_domains=list(parsed.allowed) or None,
+                                      blocked_domains=list(parsed.blocked) or None, cancel=cancel)
+
+    def _run_searches(self, call: SearchCall):
+        """All queries at once (a few at a time); their sections in the order they were asked."""
+        parsed, limit = call.parsed, call.parsed.results or self.searxng.results
+        outcomes = run_together(lambda query: self._search(query, limit, parsed.allowed, call.watch),
+                                list(parsed.queries), at_most=4)
+        for outcome in outcomes:
+            metrics.tool_call(call.environ, "web_search", metrics.outcome_of(outcome))
+            if outcome.status == "failed":
+                call.failures.append(Failure(outcome.error_code or "unavailable", outcome.message))
+            else:
+                call.succeeded += 1
+            text, got = format_search(outcome, call.turn, len(call.new_refs))
+            call.sections.append(text)
+            call.new_refs.update(got)
+
+    def _page_for(self, call: SearchCall, command: str, ref_id: str) -> Page | None:
+        """The page a ref id (or URL) names, or None once the failure is counted and written."""
+        # This call's search results count too: a model may open what the same call found.
+        url = resolve(ref_id, {**call.known_refs, **call.new_refs})
+        if url is None:
+            failure = unknown_ref(command, ref_id)
+        else:
+            try:
+                page = self._fetch(url, call.parsed, call.watch)
+                metrics.tool_call(call.environ, command, "ok")
+                return page
+            except FetchError as e:
+                failure = Failure(e.code, e.message)
+        metrics.tool_call(call.environ, command, metrics.failure_outcome(failure.code, failure.message))
+        call.failures.append(failure)
+        call.sections.append(format_failure(command, ref_id, failure))
+        return None
+
+    def _run_page_commands(self, call: SearchCall):
+        """The opens, then the finds, one page read at a time, each in its share of the budget."""
+        share = page_share(call.parsed)
+        for i, (ref_id, lineno) in enumerate(call.parsed.opens):
+            page = self._page_for(call, "open", ref_id)
+            if page is not None:
+                call.succeeded += 1
+                view = view_ref(call.turn, i)
+                call.new_refs[view] = page.url
+                call.sections.append(format_open(view, page, lineno, share))
+        for ref_id, pattern in call.parsed.finds:
+            page = self._page_for(call, "find", ref_id)
+            if page is not None:
+                call.succeeded += 1
+                call.sections.append(format_find(ref_id, page, pattern, share))
+
+    def _add_notes(self, call: SearchCall, left: list[str]):
+        """What did not run: the commands over the cap, and the web.run commands there is no source for."""
+        if left:  # first, so the cut to max_output_tokens never hides it
+            call.sections.insert(0, over_cap_note(left, self.cfg.alpha_search_max_pages))
+        if call.parsed.unsupported:
+            call.sections.append(unsupported_note(call.parsed.unsupported))
+
+    def run(self, parsed: Parsed, environ: dict,
+            watch: Watch | None = None) -> tuple[list[str], list[Failure], int, int]:
+        """-> (output sections, failures, commands that succeeded, searches run). Each search and page read
+        is on the client's `watch`: a client that leaves stops what is under way and what was still to run."""
+        parsed, left = within_cap(parsed, self.cfg.alpha_search_max_pages)
+        turn, known_refs = self.refs.begin(parsed.session)
+        call = SearchCall(parsed, environ, watch, turn, known_refs)
+        if parsed.queries:
+            self._run_searches(call)
+        self._run_page_commands(call)
+        self._add_notes(call, left)
+        self.refs.add(parsed.session, call.new_refs)
+        return call.sections, call.failures, call.succeeded, len(parsed.queries)
+
+    def handle(self, raw: bytes, environ: dict) -> Response:
+        """One request's body -> the answer; the access log's search count goes into environ."""
+        try:
+            body = codec.loads(raw or b"null")
+        except (ValueError, UnicodeDecodeError):
+            return error_response(400, "Request body is not valid JSON.")
+        try:
+            parsed = parse_request(body)
+        except BadRequest as e:
+            return error_response(400, e.message, param=e.param)
+        watch = ClientWatch(environ)
+        try:
+            sections, failures, succeeded, searches = self.run(parsed, environ, watch)
+        finally:
+            watch.stop()
+        environ["proxy.searches"] = searches
+        if watch.gone:
+            # Nobody reads the answer; 499 (nginx's "client closed request") is what the access log shows.
+            return error_response(499, "The client closed the connection before the search finished.")
+        status, payload = answer(sections, failures, succeeded, parsed.budget_chars)
+        if status != 200:
+            log.warning("POST %s: %d (%d commands failed)", PATH, status, len(failures))
+        return Response(codec.dumps(payload), status=status, mimetype="application/json")

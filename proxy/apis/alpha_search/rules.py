@@ -1,0 +1,360 @@
+"""The pure wire rules of Codex's standalone web search, `POST /v1/alpha/search` (wire format:
+tests/data/codex-alpha-search.md): reading the request into Parsed, the cap on page commands, ref ids
+and the RefStore that remembers them, and the text and HTTP answer the client gets; no network, so
+tests/test_alpha_search.py tests them directly (`tests/run.sh tests/test_alpha_search.py -q`).
+proxy/apis/alpha_search/handler.py runs the commands on these rules.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+
+from proxy.backends.fetcher import Page
+from proxy.backends.searxng import SearchOutcome
+
+CHARS_PER_TOKEN = 4            # the fetch core's estimate too
+DEFAULT_OUTPUT_TOKENS = 2500   # what Codex 0.171.0 sends as max_output_tokens
+MAX_OUTPUT_TOKENS = 20000      # a client can't ask for more text than this in one answer
+MAX_QUERIES = 8                # Codex's tool text asks for at most 4; a confused model may send more
+MAX_FINDS = 20                 # matches listed per find
+# Results per query, as the hosted tool's search_context_size and the web.run response_length mean them.
+RESULTS = {"low": 3, "short": 3, "medium": 5, "high": 10, "long": 10}
+SUPPORTED = ("search_query", "open", "find", "response_length")
+# What web.run offers that this server has no source for; the model is told so and may adapt.
+UNSUPPORTED = ("image_query", "click", "screenshot", "finance", "weather", "sports", "time")
+# Failures of a server behind the proxy (502/504 when nothing else succeeded), as opposed to a
+# refusal or a bad reference, which the model should read in the output.
+UPSTREAM_CODES = frozenset({"unavailable", "too_many_requests", "url_not_accessible"})
+# Both cores say a timeout in these words (search.py: "did not answer within N s", fetch.py the
+# same); tests/test_alpha_search.py pins them, since 504 vs 502 hangs on it.
+TIMEOUT_WORDS = "did not answer within"
+
+
+def time_range(recency_days: int | None) -> str | None:
+    """web.run's recency (days) -> the narrowest SearXNG time_range that covers it. Pure."""
+    if not recency_days:
+        return None
+    for days, name in ((1, "day"), (7, "week"), (31, "month"), (366, "year")):
+        if recency_days <= days:
+            return name
+    return None
+
+
+class BadRequest(ValueError):
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.message, self.param = message, param
+
+
+@dataclass(frozen=True)
+class Query:
+    q: str
+    domains: tuple[str, ...] = ()
+    recency: int | None = None
+
+
+@dataclass(frozen=True)
+class Parsed:
+    session: str
+    queries: tuple[Query, ...]
+    opens: tuple[tuple[str, int], ...]          # (ref_id, lineno)
+    finds: tuple[tuple[str, str], ...]          # (ref_id, pattern)
+    unsupported: tuple[str, ...]
+    results: int | None                         # per query; None: SEARXNG_RESULTS
+    output_tokens: int
+    allowed: tuple[str, ...] = ()
+    blocked: tuple[str, ...] = ()
+
+    @property
+    def budget_chars(self) -> int:
+        """The answer's length limit in characters: max_output_tokens at the fetch core's estimate."""
+        return self.output_tokens * CHARS_PER_TOKEN
+
+
+@dataclass
+class Failure:
+    code: str
+    message: str
+
+    @property
+    def upstream(self) -> bool:
+        return self.code in UPSTREAM_CODES
+
+    @property
+    def timeout(self) -> bool:
+        return TIMEOUT_WORDS in self.message
+
+
+# ---- reading the request (pure) ----------------------------------------------------------
+
+def _strings(value, param: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BadRequest(f"`{param}` must be a list of strings.", param)
+    return tuple(v for v in value if v.strip())
+
+
+def _items(commands: dict, name: str) -> list[dict]:
+    value = commands.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise BadRequest(f"`commands.{name}` must be a list of objects.", f"commands.{name}")
+    return value
+
+
+def _text(item: dict, key: str, param: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise BadRequest(f"`{param}.{key}` must be a string.", f"{param}.{key}")
+    return value
+
+
+def _whole(value, param: str, default=None):
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequest(f"`{param}` must be a non-negative whole number.", param)
+    return value
+
+
+def parse_request(body) -> Parsed:
+    """The request Codex sends (tests/data/codex-alpha-search.md) -> Parsed, or BadRequest. Pure."""
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    commands = body.get("commands")
+    if not isinstance(commands, dict):
+        raise BadRequest("`commands` must be an object such as {\"search_query\": [{\"q\": \"...\"}]}.", "commands")
+    queries = []
+    for i, item in enumerate(_items(commands, "search_query")):
+        param = f"commands.search_query[{i}]"
+        queries.append(Query(_text(item, "q", param), _strings(item.get("domains"), f"{param}.domains"),
+                             _whole(item.get("recency"), f"{param}.recency")))
+    opens = []
+    for i, item in enumerate(_items(commands, "open")):
+        param = f"commands.open[{i}]"
+        opens.append((_text(item, "ref_id", param), _whole(item.get("lineno"), f"{param}.lineno", 0)))
+    finds = [(_text(item, "ref_id", f"commands.find[{i}]"), _text(item, "pattern", f"commands.find[{i}]"))
+             for i, item in enumerate(_items(commands, "find"))]
+    unknown = sorted(k for k in set(commands) - set(SUPPORTED) - set(UNSUPPORTED) if commands[k])
+    # Named in the output, so the model learns they did nothing rather than seeing silence.
+    unsupported = tuple(name for name in UNSUPPORTED if commands.get(name)) + tuple(unknown)
+    if not (queries or opens or finds or unsupported):
+        raise BadRequest("`commands` holds no command; send search_query, open or find.", "commands")
+    if len(queries) > MAX_QUERIES:
+        raise BadRequest(f"At most {MAX_QUERIES} search queries per request.", "commands.search_query")
+    length = commands.get("response_length")
+    if length is not None and length not in ("short", "medium", "long"):
+        raise BadRequest("`commands.response_length` must be short, medium or long.", "commands.response_length")
+    settings = {} if body.get("settings") is None else body["settings"]
+    if not isinstance(settings, dict):
+        raise BadRequest("`settings` must be an object.", "settings")
+    filters = {} if settings.get("filters") is None else settings["filters"]
+    if not isinstance(filters, dict):
+        raise BadRequest("`settings.filters` must be an object.", "settings.filters")
+    size = settings.get("search_context_size")
+    tokens = _whole(body.get("max_output_tokens"), "max_output_tokens", DEFAULT_OUTPUT_TOKENS)
+    session = body.get("id")
+    return Parsed(session=session if isinstance(session, str) else "", queries=tuple(queries), opens=tuple(opens),
+                  finds=tuple(finds), unsupported=unsupported,
+                  results=RESULTS.get(str(length)) or RESULTS.get(str(size)),
+                  output_tokens=max(1, min(tokens or DEFAULT_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS)),
+                  allowed=_strings(filters.get("allowed_domains"), "settings.filters.allowed_domains"),
+                  blocked=_strings(filters.get("blocked_domains"), "settings.filters.blocked_domains"))
+
+
+# ---- reference ids: turn{n}search{i} and turn{n}view{i}, remembered per Codex thread ------
+
+@dataclass
+class Session:
+    turn: int = 0
+    refs: dict = field(default_factory=dict)   # ref_id -> URL
+
+
+class RefStore:
+    """The ids a thread's earlier answers handed out, so the model can `open` "turn0search1".
+
+    In memory, per gunicorn worker, bounded (least recently used threads go first): a ref the
+    store forgot is answered with a note asking for the URL, which every listing shows.
+    """
+
+    def __init__(self, max_sessions: int = 512, max_refs: int = 500):
+        self.max_sessions, self.max_refs = max_sessions, max_refs
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def begin(self, session_id: str) -> tuple[int, dict]:
+        """This call's turn number and a copy of the refs known so far; a request without a
+        thread id remembers nothing (unrelated clients must not share one store)."""
+        if not session_id:
+            return 0, {}
+        with self._lock:
+            session = self._sessions.pop(session_id, None) or Session()
+            self._sessions[session_id] = session
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
+            turn, session.turn = session.turn, session.turn + 1
+            return turn, dict(session.refs)
+
+    def add(self, session_id: str, refs: dict):
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None:
+                return
+            session.refs.update(refs)
+            for key in list(session.refs)[:max(0, len(session.refs) - self.max_refs)]:
+                del session.refs[key]
+
+
+def search_ref(turn: int, index: int) -> str:
+    """The id of a search result, unique within the thread: turn{n}search{i}."""
+    return f"turn{turn}search{index}"
+
+
+def view_ref(turn: int, index: int) -> str:
+    """The id of a page an `open` read: turn{n}view{i}, i counting this call's open commands."""
+    return f"turn{turn}view{index}"
+
+
+def resolve(ref_id: str, refs: dict) -> str | None:
+    """A ref id (or a URL given in its place, as web.run allows) -> URL; None when unknown. Pure."""
+    ref = ref_id.strip()
+    if ref in refs:
+        return refs[ref]
+    if "://" in ref:
+        return ref
+    return None
+
+
+def unknown_ref(command: str, ref_id: str) -> Failure:
+    """What the model reads when `open`/`find` name a ref id neither this thread nor this call gave out."""
+    where = "in a URL" if command == "find" else "a URL"
+    return Failure("invalid_tool_input",
+                   f"Unknown ref_id {ref_id!r}: {command} {where} or a ref id from an earlier result.")
+
+
+# ---- writing the output (pure) -----------------------------------------------------------
+
+def format_search(outcome: SearchOutcome, turn: int, first: int) -> tuple[str, dict]:
+    """One query's results as text, and the ref ids it handed out (numbered from `first`)."""
+    if outcome.status != "ok":
+        return f'## search_query "{outcome.query}"\n{outcome.message}', {}
+    lines, refs = [f'## search_query "{outcome.query}"{outcome.cached_note}'], {}
+    for text in outcome.answers:
+        lines.append(f"Answer: {text}")
+    for box in outcome.infoboxes:
+        lines.append(f"Infobox: {box}")
+    for i, hit in enumerate(outcome.hits, first):
+        ref = search_ref(turn, i)
+        refs[ref] = hit.url
+        lines.append(f"[{ref}] {hit.title}")
+        lines.append(f"URL: {hit.url}")
+        if hit.date:
+            lines.append(f"Date: {hit.date}")
+        if hit.snippet:
+            lines.append(hit.snippet)
+    return "\n".join(lines), refs
+
+
+def page_lines(text: str) -> list[str]:
+    return text.splitlines() or [""]
+
+
+def format_open(ref: str, page: Page, lineno: int, budget_chars: int) -> str:
+    """A page as numbered lines from `lineno` on, cut to the budget; says how to read on."""
+    lines = page_lines(page.text)
+    start = min(lineno, len(lines) - 1)
+    head = (f"## open [{ref}] {page.title or page.url}\nURL: {page.url}\n"
+            f"Retrieved: {page.retrieved_at}; {page.content_type}; {len(lines)} lines")
+    out: list[str] = []
+    used, end = len(head), start
+    for n in range(start, len(lines)):
+        line = f"L{n}: {lines[n]}"
+        if out and used + len(line) + 1 > budget_chars:
+            break
+        out.append(line)
+        used += len(line) + 1
+        end = n + 1
+    tail = []
+    if end < len(lines):
+        tail.append(f"(lines {start}-{end - 1} of {len(lines)}; open with \"lineno\": {end} to read on)")
+    elif page.truncated:
+        tail.append("(the page was cut to the fetch limit here)")
+    return "\n".join([head, *out, *tail])
+
+
+def format_find(ref: str, page: Page, pattern: str, budget_chars: int) -> str:
+    """The lines of a page holding `pattern` (case-insensitive), with their line numbers."""
+    needle = pattern.casefold()
+    lines = page_lines(page.text)
+    hits = [n for n, line in enumerate(lines) if needle and needle in line.casefold()]
+    head = f'## find "{pattern}" in [{ref}] {page.url}: {len(hits)} match{"" if len(hits) == 1 else "es"}'
+    out, used = [head], len(head)
+    for n in hits[:MAX_FINDS]:
+        line = f"L{n}: {lines[n].strip()[:400]}"
+        if used + len(line) + 1 > budget_chars:
+            break
+        out.append(line)
+        used += len(line) + 1
+    if len(out) - 1 < len(hits):
+        out.append(f"({len(hits) - (len(out) - 1)} more; open the page with a lineno to read around them)")
+    return "\n".join(out)
+
+
+def format_failure(kind: str, target: str, failure: Failure) -> str:
+    return f"## {kind} {target}\nFailed ({failure.code}): {failure.message}"
+
+
+def unsupported_note(names) -> str:
+    return (f"## not available: {', '.join(names)}\nThis search server (a self-hosted SearXNG) only "
+            "answers search_query, open and find.")
+
+
+def page_share(parsed: Parsed) -> int:
+    """The characters each open/find section may use: the budget split evenly between the page
+    commands and, as one more share, all the searches; never under 1000, so a page shows something."""
+    pages = len(parsed.opens) + len(parsed.finds)
+    return max(1000, parsed.budget_chars // max(1, pages + bool(parsed.queries)))
+
+
+def within_cap(parsed: Parsed, cap: int) -> tuple[Parsed, list[str]]:
+    """The request with at most `cap` open and find commands (opens first, as they run), and the
+    ones left out, as the output names them. Pure. Each is a page fetch from a third-party host,
+    chosen by a model that page text can steer: one request must not become a crawl."""
+    cap = max(0, cap)
+    opens, finds = parsed.opens[:cap], parsed.finds[:max(0, cap - len(parsed.opens))]
+    left = [f"open {ref}" for ref, _ in parsed.opens[len(opens):]] + \
+           [f'find "{pattern}" in {ref}' for ref, pattern in parsed.finds[len(finds):]]
+    return replace(parsed, opens=opens, finds=finds), left
+
+
+def over_cap_note(left: list[str], cap: int, named: int = 10) -> str:
+    """What the model reads about the commands within_cap left out (the first `named` of them by name)."""
+    more = f"; and {len(left) - named} more" if len(left) > named else ""
+    return (f"## not run: {len(left)} page command{'s' if len(left) != 1 else ''}\nThis server runs at most {cap} "
+            f"open/find commands per call (ALPHA_SEARCH_MAX_PAGES); these were not run: {'; '.join(left[:named])}{more}. "
+            "Send the ones you still need in another call.")
+
+
+def gateway_status(failures: list[Failure]) -> int:
+    """504 when every failure was a timeout, else 502. Pure."""
+    return 504 if failures and all(failure.timeout for failure in failures) else 502
+
+
+
+def answer(sections: list[str], failures: list[Failure], succeeded: int, budget_chars: int) -> tuple[int, dict]:
+    """The HTTP answer for a run. Pure. Nothing succeeded and every failure was a server's behind
+    the proxy: a gateway error whose message (Codex hands it to the model) says what failed.
+    Otherwise 200 with the text, failures included, so the model can adapt."""
+    if failures and succeeded == 0 and all(failure.upstream for failure in failures):
+        status = gateway_status(failures)
+        message = "Search failed: " + " ".join(failure.message for failure in failures)
+        return status, {"error": {"message": message, "type": "gateway_timeout" if status == 504 else "bad_gateway",
+                                  "param": None, "code": status}}
+    text = "\n\n".join(sections)
+    if len(text) > budget_chars:
+        text = text[:budget_chars].rstrip() + "\n(cut to max_output_tokens)"
+    return 200, {"output": text, "encrypted_output": None}
+

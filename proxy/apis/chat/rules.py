@@ -1,0 +1,175 @@
+"""The pure rules of /v1/chat/completions with the proxy's tools (validation, which tools to inject
+and their definitions, forced tool_choice, the proxy's own calls, usage over turns, the messages
+and request of the next turn), tested without a network by tests/run.sh tests/test_rules.py.
+"""
+from __future__ import annotations
+
+from proxy.apis import citations
+from proxy.backends.searxng import NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, parse_arguments
+from proxy.core import codec
+from proxy.core import validate as V
+from proxy.tools.session import tool_text
+from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, parse_fetch_arguments
+
+WEB_SEARCH = "web_search"
+WEB_SEARCH_TOOL = {"type": "function",
+                   "function": {"name": WEB_SEARCH, "description": TOOL_DESCRIPTION, "parameters": QUERY_SCHEMA}}
+WEB_FETCH = "web_fetch"
+WEB_FETCH_TOOL = {"type": "function",
+                  "function": {"name": WEB_FETCH, "description": FETCH_TOOL_DESCRIPTION, "parameters": URL_SCHEMA}}
+PROXY_TOOLS = {WEB_SEARCH: WEB_SEARCH_TOOL, WEB_FETCH: WEB_FETCH_TOOL}  # in the order they are added
+
+
+def validate(body) -> tuple[str, str | None] | None:
+    """(message, param) when the body is not a chat request vLLM could take, or has a field the
+    proxy reads of the wrong JSON type; else None."""
+    if not isinstance(body, dict):
+        return "The request body must be a JSON object.", None
+    if not isinstance(body.get("messages"), list):
+        return "`messages` must be an array of message objects.", "messages"
+    if not all(isinstance(m, dict) for m in body["messages"]):
+        return "Every entry of `messages` must be an object.", "messages"
+    if "tools" in body and body["tools"] is not None:
+        if not isinstance(body["tools"], list) or not all(isinstance(t, dict) for t in body["tools"]):
+            return "`tools` must be an array of tool objects.", "tools"
+    if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
+        return "`stream` must be true or false.", "stream"
+    if "stream_options" in body and body["stream_options"] is not None and not isinstance(body["stream_options"], dict):
+        return "`stream_options` must be an object.", "stream_options"
+    if "tool_choice" in body and not isinstance(body["tool_choice"], (str, dict, type(None))):
+        return "`tool_choice` must be a string or an object.", "tool_choice"
+    try:
+        # The names the proxy compares with its own tools' (tool_name, forced_tool).
+        for i, tool in enumerate(body.get("tools") or []):
+            V.string(tool.get("name"), f"tools[{i}].name")
+            V.string(V.obj(tool.get("function"), f"tools[{i}].function").get("name"), f"tools[{i}].function.name")
+        if isinstance(body.get("tool_choice"), dict):
+            choice = V.obj(body["tool_choice"].get("function"), "tool_choice.function")
+            V.string(choice.get("name"), "tool_choice.function.name")
+    except V.Invalid as e:
+        return e.openai_message, e.param
+    return None
+
+
+def tool_name(tool: dict) -> str | None:
+    """The name of one of the client's tool definitions (a function's, or a bare tool's)."""
+    fn = tool.get("function")
+    return fn.get("name") if isinstance(fn, dict) else tool.get("name")
+
+
+def tools_to_inject(body: dict, search: bool = True, fetch: bool = True) -> tuple[str, ...]:
+    """The names of the proxy's tools this request gets (web_search, web_fetch), none when adding
+    one would change what the client asked for. Pure.
+
+    None when the client forbids tools (tool_choice "none") or asks for several choices (a loop
+    can only follow one); each tool unless it is switched off (INJECT_WEB_SEARCH,
+    INJECT_WEB_FETCH) or the client has a tool of that name (its calls are its own).
+    """
+    if body.get("tool_choice") == "none" or (body.get("n") or 1) != 1:
+        return ()
+    theirs = {tool_name(t) for t in body.get("tools") or []}
+    wanted = ((WEB_SEARCH, search), (WEB_FETCH, fetch))
+    return tuple(name for name, on in wanted if on and name not in theirs)
+
+
+def should_inject(body: dict, enabled: bool) -> bool:
+    """web_search alone: whether tools_to_inject would add it."""
+    return WEB_SEARCH in tools_to_inject(body, search=enabled, fetch=False)
+
+
+def with_tools(body: dict, names) -> dict:
+    """A copy of the request with the proxy's named tools added; every other field as it was."""
+    return {**body, "tools": list(body.get("tools") or []) + [PROXY_TOOLS[n] for n in names]}
+
+
+def with_web_search(body: dict) -> dict:
+    return with_tools(body, (WEB_SEARCH,))
+
+
+def forced_tool(tool_choice) -> str | None:
+    """The function a tool_choice forces, if it forces one."""
+    if isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict):
+        return tool_choice["function"].get("name")
+    return None
+
+
+def forces_proxy_tool(tool_choice) -> bool:
+    """Whether a tool_choice forces web_search or web_fetch (forced once, then \"auto\")."""
+    return forced_tool(tool_choice) in PROXY_TOOLS
+
+
+def call_name(call: dict):
+    """The function a tool call calls."""
+    return (call.get("function") or {}).get("name")
+
+
+def is_proxy_call(call: dict, ours=(WEB_SEARCH,)) -> bool:
+    """Whether the proxy runs this call: one of its injected tools (web_search by default)."""
+    return call_name(call) in ours
+
+
+def tool_request(call: dict):
+    """A call of the proxy's as the search session runs it: a query, or a fetch request."""
+    arguments = (call.get("function") or {}).get("arguments")
+    return parse_fetch_arguments(arguments) if call_name(call) == WEB_FETCH else parse_arguments(arguments)
+
+
+def add_usage(total: dict | None, turn: dict | None) -> dict | None:
+    """Sum two usage objects: token counts add, reasoning tokens add, the rest is the latest."""
+    if not turn:
+        return total
+    if not total:
+        return codec.loads(codec.dumps(turn))
+    out = dict(turn)
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        out[key] = (total.get(key) or 0) + (turn.get(key) or 0)
+    a = (total.get("completion_tokens_details") or {}).get("reasoning_tokens")
+    b = (turn.get("completion_tokens_details") or {}).get("reasoning_tokens")
+    if a is not None or b is not None:
+        out["completion_tokens_details"] = {**(turn.get("completion_tokens_details") or {}),
+                                            "reasoning_tokens": (a or 0) + (b or 0)}
+    return out
+
+
+def assistant_turn(message: dict) -> dict:
+    """The assistant message to append, as vLLM wrote it: reasoning stays so the chat
+    template decides what the model sees again; the response-only null fields go."""
+    out = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        out["tool_calls"] = [{"id": c.get("id"), "type": "function",
+                              "function": {"name": (c.get("function") or {}).get("name"),
+                                           "arguments": (c.get("function") or {}).get("arguments") or ""}}
+                             for c in message["tool_calls"]]
+    for key in ("reasoning", "reasoning_content"):
+        if message.get(key):
+            out[key] = message[key]
+    return out
+
+
+def tool_results(calls: list[dict], outcomes: list, ours=tuple(PROXY_TOOLS),
+                 sources: citations.Sources | None = None) -> list[dict]:
+    """One tool message per call, in order: the proxy's results (of the calls named in `ours`,
+    in `outcomes`' order, their sources numbered for citing), or the not-executed stub."""
+    found = iter(outcomes)
+    return [{"role": "tool", "tool_call_id": c.get("id"),
+             "content": citations.numbered(sources, o := next(found), tool_text(o)) if is_proxy_call(c, ours)
+             else NOT_EXECUTED}
+            for c in calls]
+
+
+def next_request(body: dict, messages: list[dict]) -> dict:
+    """The following turn: same request, longer history; a forced proxy tool is forced once."""
+    out = {**body, "messages": messages}
+    if forces_proxy_tool(body.get("tool_choice")):
+        out["tool_choice"] = "auto"
+    return out
+
+
+def completion_calls(data: dict) -> list | None:
+    """The tool calls of a chat completion's first choice, or None when it isn't one. Pure."""
+    try:
+        choice = (data.get("choices") or [{}])[0]
+        calls = (choice.get("message") or {}).get("tool_calls") or []
+    except (AttributeError, TypeError, IndexError, KeyError):
+        return None
+    return calls if isinstance(calls, list) and all(isinstance(c, dict) for c in calls) else None

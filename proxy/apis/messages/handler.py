@@ -1,0 +1,297 @@
+"""POST /v1/messages and /v1/messages/count_tokens (Anthropic's API, Claude Code): the proxy
+plays Anthropic's `web_search` and `web_fetch` server tools on top of vLLM's own Messages route,
+on the shared search and fetch cores; everything without server tools or server blocks is
+relayed byte for byte.
+
+The handler and the two dialects proxy.engine.loop drives, used by proxy.http.app (tests: tests/run.sh
+tests/test_messages.py tests/test_messages_fetch.py). The rules are pure functions elsewhere:
+which requests and the rewrite in proxy/apis/messages/request.py, replayed history in
+proxy/apis/messages/history.py, the blocks the client sees and usage in proxy/apis/messages/blocks.py;
+the streamed dialect writes its events with proxy/apis/messages/stream.py.
+"""
+from __future__ import annotations
+
+from flask import Response
+
+from proxy.apis import citations
+from proxy.apis.messages.blocks import (
+    FETCH_NAME,
+    SERVER_NAME,
+    add_usage,
+    counts_as_fetch,
+    counts_as_search,
+    fetch_result_block,
+    result_block,
+    server_use_block,
+    tool_results,
+    turn_calls,
+    with_searches,
+)
+from proxy.apis.messages.request import (
+    FetchPlan,
+    Plan,
+    fetch_request,
+    needs_rewrite,
+    next_request,
+    rewrite,
+    served_model_for,
+    shortcut_turn,
+    subrequest_query,
+    validate,
+)
+from proxy.apis.messages.stream import PING, SSE_HEADERS, ClientMessage, error_event
+from proxy.backends.searxng import SearchOutcome, filter_domains, parse_arguments
+from proxy.core import codec
+from proxy.core.codec import as_dict
+from proxy.core.errors import anthropic_error, as_anthropic_error, upstream_error_status
+from proxy.engine import loop
+from proxy.engine.exchange import Exchange, response_headers
+from proxy.tools.web_fetch import FetchOutcome
+from proxy.transport.vllm import UpstreamError
+
+# Claude Code's search sub-request names its query; searching it directly saves the model
+# turn that would only copy it into a tool call (measured: see tests/test_claude_code.py).
+SUBREQUEST_SHORTCUT = True
+
+
+def handle(ex: Exchange) -> Response:
+    try:
+        body = codec.loads(ex.body)
+    except (ValueError, UnicodeDecodeError):
+        return ex.relay()  # not ours to judge: vLLM says what is wrong, as it always did
+    renamed = False
+    if ex.cfg.anthropic_any_model and isinstance(body, dict):
+        model = served_model_for(body.get("model"), ex.services.models.get(ex))
+        if model:
+            body["model"], renamed = model, True
+    if not needs_rewrite(body):
+        return ex.relay(codec.dumps(body)) if renamed else ex.relay()
+    problem = validate(body)
+    if problem:
+        return anthropic_error(400, problem)
+    vbody, plan = rewrite(body, ex.cfg.citations)
+    if ex.target.split("?", 1)[0].rstrip("/").endswith("/count_tokens"):
+        return count_tokens(ex, vbody)
+    query = subrequest_query(body) if SUBREQUEST_SHORTCUT else None
+    first = _Blocks(shortcut_turn(query, plan)) if query is not None else None
+    dialect = StreamedMessages if body.get("stream") else PlainMessages
+    return loop.run(ex, dialect(ex, vbody, plan, first))
+
+
+def count_tokens(ex: Exchange, vbody: dict) -> Response:
+    watch = ex.watch_client()
+    try:
+        call = ex.post(ex.target, vbody)
+        raw = call.read()
+    except UpstreamError as e:
+        status, msg = upstream_error_status(e)
+        return anthropic_error(status, msg)
+    finally:
+        watch.stop()
+    return vllm_reply(call.response, raw)
+
+
+def vllm_reply(up, raw: bytes) -> Response:
+    """vLLM's answer as the client's: its errors in Anthropic's shape, anything else as sent."""
+    if up.status != 200:
+        return Response(as_anthropic_error(up.status, raw), status=up.status, mimetype="application/json")
+    return Response(raw, status=200, headers=response_headers(up))
+
+
+# ---- the dialects: the search loop (proxy.engine.loop) as Anthropic's server tool ------------------
+
+class _Blocks:
+    """One turn's content blocks (and for a plain turn, vLLM's answer they came from)."""
+
+    def __init__(self, blocks: list[dict], up=None, raw: bytes = b"", data: dict | None = None):
+        self.blocks, self.up, self.raw, self.data = blocks, up, raw, data
+
+
+class _Messages:
+    """What both kinds of Messages request share: the server tools' searches and fetches
+    (max_uses, domain filters, the counts in usage.server_tool_use), their blocks, the next request
+    (the loop's Dialect contract, proxy/engine/loop.py)."""
+
+    headers: list = []
+
+    def __init__(self, ex: Exchange, body: dict, plan: Plan, first: _Blocks | None):
+        self.session = ex.session()
+        self.request = body
+        self.sources = loop.sources_for(ex)
+        self.path = ex.target  # the client's own path and query (Claude Code's `?beta=true`)
+        self.body, self.plan, self.first_turn = body, plan, first
+        self.messages = list(body["messages"])
+        self.limit = ex.cfg.searxng_results
+        self.used = 0          # searches asked for, against max_uses
+        self.requests = 0      # searches that count as done (web_search_requests)
+        self.fetch_used = 0    # fetches asked for, against web_fetch's max_uses
+        self.fetches = 0       # pages fetched (web_fetch_requests)
+        self.usage: dict | None = None
+        self.uses: list[dict] = []  # the server_tool_use blocks of the round under way
+
+    def own_calls(self, turn: _Blocks) -> list:
+        # Only the server tools in `tools`: with only replayed history rewritten, the model has none.
+        ours = self.plan.ours()
+        return [b for b in turn.blocks if b.get("type") == "tool_use" and b.get("name") in ours]
+
+    def is_fetch(self, call: dict) -> bool:
+        return self.plan.fetch is not None and call.get("name") == self.plan.fetch_name
+
+    def run_tools(self, calls: list) -> list:
+        """One round: the searches and fetches within max_uses run together on the session (one
+        round of MAX_SEARCH_ITER, even when every call is over max_uses); outcomes in call order."""
+        out: list = [None] * len(calls)
+        items: list = []
+        at: list[int] = []
+        for i, c in enumerate(calls):
+            refused = self.over_max_uses(c)
+            if refused is not None:
+                out[i] = refused
+                continue
+            fp = self.plan.fetch if self.is_fetch(c) else None
+            items.append(fetch_request(c.get("input"), fp) if fp else parse_arguments(c.get("input")))
+            at.append(i)
+        for i, o in zip(at, self.session.run(items, limit=self.limit), strict=True):
+            out[i] = o if isinstance(o, FetchOutcome) else filter_domains(o, self.plan.allowed, self.plan.blocked)
+        return out
+
+    def over_max_uses(self, call: dict) -> FetchOutcome | SearchOutcome | None:
+        """The max_uses_exceeded outcome of a call past its tool's max_uses (counting it), or None."""
+        if self.is_fetch(call):
+            self.fetch_used += 1
+            limit = self.plan.fetch.max_uses if self.plan.fetch else None
+            if limit is None or self.fetch_used <= limit:
+                return None
+            return FetchOutcome(fetch_request(call.get("input"), FetchPlan()).url, error_code="max_uses_exceeded", message=(
+                f"Not fetched: this request allows at most {limit} fetches (max_uses) and they are used up. "
+                "Answer from the pages you already have."))
+        self.used += 1
+        if self.plan.max_uses is None or self.used <= self.plan.max_uses:
+            return None
+        return SearchOutcome(parse_arguments(call.get("input"))[0] or "", "failed", error_code="max_uses_exceeded", message=(
+            f"Not searched: this request allows at most {self.plan.max_uses} searches (max_uses) and "
+            "they are used up. Answer from the results you already have."))
+
+    def announce(self, calls: list):
+        self.uses = [server_use_block(c, FETCH_NAME if self.is_fetch(c) else SERVER_NAME) for c in calls]
+        return ()
+
+    def results(self, outcomes: list) -> list[dict]:
+        """The web_search_tool_result and web_fetch_tool_result blocks answering this round's
+        server_tool_use blocks."""
+        citations = self.plan.fetch.citations if self.plan.fetch else None
+        results = [fetch_result_block(u["id"], o, citations) if isinstance(o, FetchOutcome) else result_block(u["id"], o)
+                   for u, o in zip(self.uses, outcomes, strict=True)]
+        self.requests += sum(counts_as_search(r) for r in results)
+        self.fetches += sum(counts_as_fetch(r) for r in results)
+        return results
+
+    @property
+    def cites_pages(self) -> bool:
+        """Fetched pages are cited (char_location) only when web_fetch asks for it, as at Anthropic."""
+        return bool(self.plan.fetch and as_dict(self.plan.fetch.citations).get("enabled") is True)
+
+    def cited(self, blocks: list[dict]) -> list[dict]:
+        """The text blocks with the citations their markers name (proxy.apis.citations); others as they were."""
+        shape = citations.anthropic_shape(self.cites_pages)
+        out = []
+        for b in blocks:
+            found = citations.cite_text(b["text"], self.sources, shape) \
+                if b.get("type") == "text" and isinstance(b.get("text"), str) else []
+            out.append({**b, "citations": list(b.get("citations") or []) + found} if found else b)
+        return out
+
+    def usage_total(self) -> dict:
+        return with_searches(self.usage, self.requests, self.fetches if self.plan.fetch else None)
+
+    def follow(self, turn: _Blocks, calls: list, outcomes: list):
+        self.messages = self.messages + [{"role": "assistant", "content": turn.blocks},
+                                         tool_results(turn_calls(turn.blocks), calls, outcomes, self.sources,
+                                                      self.cites_pages)]
+        self.request = next_request(self.body, self.messages, self.plan)
+
+    def error_reply(self, status, message, type_=None) -> Response:
+        return anthropic_error(status, message)  # Anthropic's error types follow the status
+
+    def vllm_reply(self, up, raw) -> Response:
+        return vllm_reply(up, raw)
+
+
+class PlainMessages(_Messages):
+    """Non-streaming: one message holding every search's and fetch's blocks and the model's text."""
+
+    name = "messages"
+    stream = False
+
+    def error(self, status, message, type_=None) -> Response:
+        return self.error_reply(status, message, type_)
+
+    def __init__(self, ex, body, plan, first):
+        super().__init__(ex, body, plan, first)
+        self.content: list[dict] = []  # the blocks of the turns before the last
+        self.ident = None              # the first turn's id, the client's message's
+
+    def parse(self, up, raw, data) -> _Blocks:
+        self.ident = self.ident or data.get("id")
+        self.usage = add_usage(self.usage, data.get("usage"))
+        return _Blocks([b for b in data.get("content") or [] if isinstance(b, dict)], up, raw, data)
+
+    def finish(self, turn: _Blocks):
+        if self.session.rounds == 0:
+            yield Response(turn.raw, status=200, headers=response_headers(turn.up))  # untouched
+            return
+        data = turn.data or {}  # a plain turn always has its JSON object (Plain.read)
+        data["id"], data["content"] = self.ident, self.cited(self.content + turn.blocks)  # one message, as the stream says
+        data["usage"] = self.usage_total()
+        yield Response(codec.dumps(data), status=200, mimetype="application/json")
+
+    def record(self, turn: _Blocks, calls, outcomes):
+        # The model's own words of a search turn stay; its tool calls become server blocks.
+        self.content += [b for b in turn.blocks if b.get("type") != "tool_use"] + self.uses + self.results(outcomes)
+        self.follow(turn, calls, outcomes)
+        return ()
+
+
+class StreamedMessages(_Messages):
+    """Streaming: vLLM's events live, each search and fetch shown as server-tool blocks with `ping`
+    events while it runs, the whole reply one well-formed Anthropic message."""
+
+    name = "messages stream"
+    stream = True
+    headers = SSE_HEADERS
+
+    def __init__(self, ex, body, plan, first):
+        super().__init__(ex, body, plan, first)
+        self.out = ClientMessage()
+        if self.sources is not None:
+            self.out.citer = citations.Citer(self.sources, citations.anthropic_shape(self.cites_pages))
+
+    def stream_turn(self, up):
+        turn = yield from self.out.stream_turn(up)
+        if turn is not None:
+            self.usage = add_usage(self.usage, (turn.delta or {}).get("usage"))
+        return turn
+
+    def finish(self, turn):
+        # Nothing searched: vLLM's own message_delta; else one with usage over every turn.
+        usage = self.usage_total() if self.session.rounds else None
+        return self.out.finish(turn, usage)
+
+    def announce(self, calls):
+        super().announce(calls)
+        opening = [] if self.out.started else [self.out.open(self.body.get("model"))]
+        return opening + self.out.blocks(self.uses)
+
+    def keepalive(self, calls) -> bytes:
+        return PING
+
+    def record(self, turn, calls, outcomes):
+        shown = self.out.blocks(self.results(outcomes))
+        self.follow(turn, calls, outcomes)
+        return shown
+
+    def error(self, status, message, type_=None) -> bytes:
+        return error_event(status, message)
+
+    def refused(self, status, raw) -> bytes:
+        return error_event(status if status != 200 else 502, "", raw)

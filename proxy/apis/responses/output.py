@@ -1,0 +1,124 @@
+"""The pure rules of what the client sees of a /v1/responses search: each of the proxy's calls as a
+web_search_call item, a turn's visible output, usage summed over the turns and the one response it
+receives, tested without a network by tests/test_responses.py and tests/test_responses_fetch.py."""
+from __future__ import annotations
+
+import copy
+import uuid
+
+from proxy.apis.responses.calls import FindResult, arguments_of, is_internal_call
+from proxy.apis.responses.request import Plan
+from proxy.apis.responses.stream import is_client_call
+from proxy.backends.searxng import SearchOutcome, parse_arguments
+from proxy.core.codec import as_dict
+
+
+def ws_id(call: dict) -> str:
+    """The web_search_call id for an internal call: the same suffix as vLLM's fc_ id."""
+    ident = call.get("id") or ""
+    return "ws_" + (ident[3:] if ident.startswith("fc_") else uuid.uuid4().hex[:16])
+
+
+def call_action(call: dict, plan: Plan) -> dict:
+    """The action a call shows as, from its arguments alone (a stream shows it before it runs):
+    `search` with its query, `open_page` with its URL, `find_in_page` with URL and pattern. Pure."""
+    args = arguments_of(call)
+    url, pattern = (v.strip() if isinstance(v, str) else "" for v in (args.get("url"), args.get("pattern")))
+    if call.get("name") == plan.fetch_name:
+        return {"type": "open_page", "url": url} if url else {"type": "open_page"}
+    if call.get("name") == plan.find_name:
+        return {"type": "find_in_page", "url": url, "pattern": pattern}
+    return {"type": "search", "query": parse_arguments(call.get("arguments"))[0] or ""}
+
+
+def web_search_item(call: dict, outcome, plan: Plan) -> dict:
+    """The client's record of one call: failed only when SearXNG gave no usable answer, or
+    the page could not be read."""
+    if isinstance(outcome, SearchOutcome):
+        action: dict[str, object] = {"type": "search", "query": outcome.query}
+        if plan.sources:
+            action["sources"] = [{"type": "url", "url": h.url} for h in outcome.hits]
+        failed = outcome.status == "failed"
+    else:
+        action = call_action(call, plan)
+        failed = not (outcome.fetched if isinstance(outcome, FindResult) else outcome).ok
+    return {"id": ws_id(call), "type": "web_search_call", "status": "failed" if failed else "completed", "action": action}
+
+
+def pending_item(call: dict, plan: Plan) -> dict:
+    """A call's web_search_call as a stream announces it, before it has run. Pure."""
+    return {"id": ws_id(call), "type": "web_search_call", "status": "in_progress", "action": call_action(call, plan)}
+
+
+def visible_output(turn_output: list, plan: Plan, outcomes: dict) -> list:
+    """A search turn's items as the client sees them: each internal call replaced by its
+    web_search_call; the client's own calls of that turn were not run, so they go."""
+    out = []
+    for item in turn_output or []:
+        if is_internal_call(item, plan):
+            out.append(web_search_item(item, outcomes[item.get("call_id")], plan))
+        elif not is_client_call(item):
+            out.append(item)
+    return out
+
+
+def add_usage(total, turn):
+    """Sum two usage objects: counts add, per-turn lists concatenate, the rest is the latest."""
+    if not turn:
+        return total
+    if not total:
+        return copy.deepcopy(turn)
+    return _sum(total, turn)
+
+
+def _sum(a, b):
+    if isinstance(a, bool) or isinstance(b, bool):
+        return b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a + b
+    if isinstance(a, dict) and isinstance(b, dict):
+        merged = {k: (_sum(a[k], v) if k in a else v) for k, v in b.items()}
+        return {**{k: v for k, v in a.items() if k not in b}, **merged}
+    if isinstance(a, list) and isinstance(b, list):
+        return a + b
+    return b if b is not None else a
+
+
+def complete_usage(usage):
+    """Usage with every count openai 3.57's ResponseUsage requires (0 where vLLM left one out: builds
+    without prompt caching omit input_tokens_details.cache_write_tokens), so a strict typed client
+    loads it; None (no usage) stays None. Pure."""
+    if not isinstance(usage, dict):
+        return usage
+    out = {"input_tokens": 0, "output_tokens": 0, **usage}
+    out.setdefault("total_tokens", (out["input_tokens"] or 0) + (out["output_tokens"] or 0))
+    out["input_tokens_details"] = {"cached_tokens": 0, "cache_write_tokens": 0, **as_dict(usage.get("input_tokens_details"))}
+    out["output_tokens_details"] = {"reasoning_tokens": 0, **as_dict(usage.get("output_tokens_details"))}
+    return out
+
+
+def client_view(response: dict, plan: Plan) -> dict:
+    """A response object as the client should see it: its own tools echoed, not the function."""
+    out = dict(response)
+    if plan.hosted:
+        out["tools"] = plan.client_tools
+        if plan.client_tool_choice is not None:
+            out["tool_choice"] = plan.client_tool_choice
+    return out
+
+
+def final_response(last: dict, first: dict, output: list, usage, plan: Plan) -> dict:
+    """The one response the client receives: the first turn's id and created_at, the last
+    turn's status, every visible item, usage summed over the turns."""
+    out = client_view(last, plan)
+    out["id"], out["created_at"] = first.get("id"), first.get("created_at")
+    out["output"] = output
+    out["usage"] = complete_usage(usage)
+    return out
+
+
+def failed_response(base: dict, output: list, usage, plan: Plan, code: str, message: str) -> dict:
+    out = client_view(base, plan)
+    out.update(status="failed", output=output, usage=complete_usage(usage), error={"code": code, "message": message})
+    return out
+

@@ -1,0 +1,78 @@
+"""Error bodies in the shapes clients parse: OpenAI's (vLLM and the openai SDK speak it) and,
+on /v1/messages, Anthropic's.
+
+Used by the handlers and the search loop; not run on its own.
+"""
+from __future__ import annotations
+
+from flask import Response
+
+from proxy.core import codec
+from proxy.transport.vllm import UpstreamError
+
+# The type names OpenAI's API uses; the SDK only reads message/status, humans read type.
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+         413: "invalid_request_error", 422: "invalid_request_error", 502: "bad_gateway",
+         503: "service_unavailable", 504: "gateway_timeout"}
+
+
+def error_body(status: int, message: str, type_: str | None = None, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_ or TYPES.get(status, "server_error"),
+                      "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, type_: str | None = None, param: str | None = None) -> Response:
+    return Response(codec.dumps(error_body(status, message, type_, param)), status=status,
+                    mimetype="application/json")
+
+
+def upstream_error_status(e: UpstreamError) -> tuple[int, str]:
+    """Map a backend failure to the gateway status and the message the client reads."""
+    if e.kind == "timeout":
+        return 504, f"vLLM timed out: {e}"
+    msg = f"vLLM is unreachable: {e}"
+    if e.refused:
+        msg += " (the model may still be loading: check `docker compose logs -f vllm`)"
+    return 502, msg
+
+
+def sse_error(status: int, message: str, type_: str | None = None) -> bytes:
+    """An error inside a stream that already answered 200, framed as vLLM frames it."""
+    return codec.data(error_body(status, message, type_)) + codec.DONE
+
+
+# Anthropic's error types by status, which the Anthropic SDK maps to its exception classes.
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error",
+                   429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error_bytes(status: int, message: str, type_: str | None = None) -> bytes:
+    return codec.dumps({"type": "error", "error": {"type": type_ or ANTHROPIC_TYPES.get(status, "api_error"),
+                                                   "message": message}})
+
+
+def as_anthropic_error(status: int, raw: bytes) -> bytes:
+    """vLLM's error body in Anthropic's shape; one already in that shape is left as it is."""
+    try:
+        data = codec.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return anthropic_error_bytes(status, raw.decode("utf-8", "replace").strip()[:4000] or f"vLLM answered HTTP {status}")
+    if isinstance(data, dict) and data.get("type") == "error" and isinstance(data.get("error"), dict):
+        return raw
+    err = data.get("error") if isinstance(data, dict) else None
+    message = err.get("message") if isinstance(err, dict) else (err if isinstance(err, str) else None)
+    return anthropic_error_bytes(status, str(message or raw.decode("utf-8", "replace"))[:4000])
+
+
+def anthropic_error(status: int, message: str, type_: str | None = None) -> Response:
+    """Anthropic's error shape, which the Anthropic SDK and Claude Code parse."""
+    return Response(anthropic_error_bytes(status, message, type_), status=status, mimetype="application/json")
+
+
+def error_for_path(path: str, status: int, message: str, type_: str | None = None) -> Response:
+    """The proxy's own error in the shape the route's clients parse: Anthropic's under
+    /v1/messages (Claude Code, the Anthropic SDK), OpenAI's everywhere else."""
+    if path.startswith("/v1/messages"):
+        return anthropic_error(status, message, type_ if type_ in ANTHROPIC_TYPES.values() else None)
+    return error_response(status, message, type_)

@@ -1,0 +1,323 @@
+"""One client request on its way through the proxy: its calls to vLLM, each abortable by a
+watch on the client's socket until that call is over, and the transparent relay. Made by proxy.http.app
+for every route, used by each API and proxy.engine.loop (the search loop); not run on its own.
+"""
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+from flask import Response
+
+from proxy.backends.fetcher import Fetcher
+from proxy.backends.searxng import SearXNG
+from proxy.core import codec
+from proxy.core.config import Config
+from proxy.core.errors import error_for_path, upstream_error_status
+from proxy.engine.services import Services
+from proxy.observe import metrics
+from proxy.runtime import concurrency as runtime
+from proxy.tools.session import ToolSession
+from proxy.transport.http1 import end_to_end_headers
+from proxy.transport.vllm import UpstreamError, UpstreamResponse
+
+log = logging.getLogger("proxy")
+
+
+class Abortable(Protocol):
+    """What a watch can stop: a call to vLLM (Call), or a fetch or search (proxy.runtime.cancel.Cancel)."""
+
+    def abort(self) -> None: ...
+
+
+class ClientWatch:
+    """Notices a client that hangs up while the proxy waits on vLLM, and aborts the calls to
+    vLLM that are live for it (each call attaches itself, and detaches when it is over).
+
+    WSGI has no disconnect signal, so the proxy watches the client socket for readability:
+    a peek that returns b"" means the client closed. Anything else (a pipelined request)
+    ends the watch without consuming a byte. Under gunicorn's gevent worker (the shipped
+    one) the watch is a bare event-loop callback; under its thread-based workers, a thread
+    polling select(). Flask's development server gives no socket, so nothing is watched.
+    """
+
+    def __init__(self, environ):
+        self._sock = environ.get("gunicorn.socket")
+        self._environ = environ
+        self._calls: set[Abortable] = set()
+        self._stop = threading.Event()
+        self.gone = False
+        self._io = None
+        if self._sock is None:
+            return
+        # Peek through the OS socket, never gevent's wrapper: a gevent recv that finds nothing
+        # parks on the socket's single read event, the one gunicorn waits on for the client's
+        # next keep-alive request, and the two waiters collide (ConcurrentObjectUseError, a
+        # 500 for that next request; scripts/load_test.py found it). MSG_DONTWAIT never parks.
+        self._raw = getattr(self._sock, "_sock", self._sock)
+        # Under gevent a read watcher of its own on the loop: no greenlet to spawn, switch to and kill
+        # per request (a spawned watcher cost every request a hub round trip).
+        self._io = runtime.on_readable(self._raw.fileno(), self._check)
+        if self._io is None:
+            threading.Thread(target=self._poll, daemon=True, name="client-watch").start()
+
+    def _check(self) -> bool:
+        """The socket turned readable: True when the watch is over (client gone or not)."""
+        if self._stop.is_set():
+            return True  # the request is over: what arrived is the client's next request
+        try:
+            data = self._raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False  # nothing there after all (gunicorn read it first)
+        except (OSError, ValueError):
+            data = b""
+        if data:
+            self._end()
+            return True
+        self.gone = True
+        self._end()
+        log.info("client went away; aborting the backend request and its fetches and searches")
+        calls = list(self._calls)
+        metrics.client_left(self._environ, len(calls))
+        for call in calls:
+            call.abort()
+        return True
+
+    def _poll(self):
+        while not self._stop.is_set():
+            try:
+                readable, _, _ = select.select([self._raw], [], [], 0.5)
+            except (OSError, ValueError):
+                readable = [self._raw]  # a socket select() refuses is closed: _check finds that out
+            if readable and self._check():
+                return
+
+    def attach(self, call: Abortable):
+        """Watch over a live call; it is aborted at once if the client already left."""
+        self._calls.add(call)
+        if self.gone:
+            metrics.client_left(self._environ, 1)
+            call.abort()
+
+    def detach(self, call: Abortable):
+        self._calls.discard(call)
+
+    def _end(self):
+        if self._io is not None:
+            self._io()  # may run inside the watcher's own callback: it stops, it does not close
+            self._io = None
+
+    def stop(self):
+        self._stop.set()
+        self._end()
+
+
+class Call:
+    """One request to vLLM for one client, from before its socket exists until it is over.
+
+    The client's watch aborts it through here and nowhere else. Before vLLM has answered,
+    the connection is this call's alone (taken from the pool, or new), so cutting its socket
+    is safe; after, the abort is UpstreamResponse.abort, which leaves a finished response's
+    connection alone: once back in the pool it may be serving another client. end() takes
+    the call off the watch, so nothing of this request holds the connection afterwards.
+    """
+
+    __slots__ = ("_response", "_conn", "_aborted", "_watch")
+
+    def __init__(self, watch: ClientWatch | None):
+        self._response: UpstreamResponse | None = None  # set by Exchange.call once vLLM's head is in
+        self._conn = None
+        self._aborted = False
+        self._watch = watch
+        if watch is not None:
+            watch.attach(self)
+
+    @property
+    def response(self) -> UpstreamResponse:
+        """vLLM's answer; every Call that Exchange.call returns has one."""
+        if self._response is None:
+            raise RuntimeError("Call.response read before vLLM answered")
+        return self._response
+
+    def opened(self, conn):
+        """Backend.request's on_open: the socket exists and nothing has been sent yet."""
+        self._conn = conn
+        if self._aborted:
+            _cut(conn)  # the client left while it connected: the send fails, vLLM gets nothing
+
+    def abort(self):
+        """Stop vLLM's work for this call now; safe from any greenlet or thread."""
+        self._aborted = True
+        if self._response is not None:
+            self._response.abort()
+        elif self._conn is not None:
+            _cut(self._conn)  # still inside Backend.request, which wakes with an error
+
+    def read(self) -> bytes:
+        """The whole body; the call is over after it, whatever happens."""
+        try:
+            return self.response.read()
+        finally:
+            self.end()
+
+    def end(self):
+        """The call is over: off the watch, then its connection back to the pool if vLLM's
+        answer was read to its end, else closed, which is how vLLM learns to stop."""
+        if self._watch is not None:
+            self._watch.detach(self)
+        if self._response is not None:
+            self._response.close()
+
+
+def _cut(conn):
+    """Shut a connection in use by a call from any greenlet; a reader blocked on it wakes."""
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed: the abort has nothing left to do
+
+
+@dataclass
+class Exchange:
+    """One client request: what it sent, as vLLM should get it, and the way to call vLLM for it."""
+
+    services: Services               # what the worker's requests share (proxy/engine/services.py)
+    body: bytes                      # the client's body, as sent
+    headers: list                    # the client's headers as vLLM should see them
+    target: str                      # path and query string, as sent
+    environ: dict
+    watch: ClientWatch | None = None
+
+    @property
+    def cfg(self) -> Config:
+        return self.services.cfg
+
+    @property
+    def searxng(self) -> SearXNG:
+        return self.services.searxng
+
+    @property
+    def fetcher(self) -> Fetcher:
+        return self.services.fetcher
+
+    def relay(self, body: bytes | None = None) -> Response:
+        """Send this request on to vLLM unchanged (or with `body` instead of the client's) and
+        its answer back unchanged."""
+        return relay(self, self.body if body is None else body)
+
+    def watch_client(self) -> ClientWatch:
+        """Start watching the client for the rest of this request (stop() it at the end)."""
+        self.watch = ClientWatch(self.environ)
+        return self.watch
+
+    def session(self) -> ToolSession:
+        def count(n):
+            self.environ["proxy.searches"] = self.environ.get("proxy.searches", 0) + n
+        # The watch starts after the dialect made its session (loop.run), so the session asks for it per call.
+        return ToolSession(self.searxng, self.cfg.max_search_iter, on_search=count, fetcher=self.fetcher,
+                             watch=lambda: self.watch)
+
+    def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:
+        """Send one request to vLLM and wait for its head, the watch able to abort it
+        throughout; raises UpstreamError. The caller ends the call when it is done with it."""
+        call = Call(self.watch)
+        try:
+            call._response = self.services.backend.request(method, target, body, headers, on_open=call.opened)
+        except BaseException:
+            call.end()
+            raise
+        return call
+
+    def post(self, path: str, payload: dict) -> Call:
+        """POST a JSON body to vLLM for one turn of the search loop."""
+        headers = [(n, v) for n, v in self.headers if n.lower() not in ("content-type", "accept-encoding")]
+        # The loop reads every turn itself (JSON, or SSE frames it relays whole), so it asks for the body as it
+        # is: the client's Accept-Encoding would let a compressing gateway in front of vLLM send gzip the loop
+        # cannot parse. What the client gets is written by the proxy, uncompressed, as vLLM's own answers are.
+        headers += [("Content-Type", "application/json"), ("Accept-Encoding", "identity")]
+        call = self.call("POST", path, codec.dumps(payload), headers)
+        try:
+            # A gateway may compress all the same: undone within the body limit, so the loop still reads JSON and SSE.
+            call.response.decode_content(self.cfg.max_body_bytes)
+        except BaseException:
+            call.end()
+            raise
+        return call
+
+
+def response_headers(up: UpstreamResponse) -> list:
+    """vLLM's response headers as the client should get them: end to end only, and no
+    Content-Length, which whoever writes the body next computes."""
+    return [(n, v) for n, v in end_to_end_headers(up.headers) if n.lower() != "content-length"]
+
+
+# ---- the transparent relay ------------------------------------------------------------------------
+
+def relay(ex: Exchange, body: bytes) -> Response:
+    """Send the request on unchanged and the answer back unchanged, streaming if it streams."""
+    method = ex.environ["REQUEST_METHOD"]
+    watch = ex.watch_client()
+    send_body = body if body or method in ("POST", "PUT", "PATCH") else None
+    try:
+        call = ex.call(method, ex.target, send_body, ex.headers)
+    except UpstreamError as e:
+        watch.stop()
+        if watch.gone:
+            # Not vLLM's failure: the watch cut the connection for a client that left.
+            return error_for_path(ex.target, 499, "client closed the request")
+        return gateway_error(e, method, ex.target)
+    up = call.response
+    headers = response_headers(up)
+    if up.header("content-length") and not up.is_event_stream:
+        try:
+            data = call.read()
+        except UpstreamError as e:
+            if watch.gone:
+                return error_for_path(ex.target, 499, "client closed the request")
+            return gateway_error(e, method, ex.target)
+        finally:
+            watch.stop()
+        resp = Response(data, status=up.status, headers=headers)
+        if method == "HEAD":
+            # No body follows a HEAD answer, so vLLM's Content-Length (the GET's) is the one.
+            resp.headers["Content-Length"] = str(up.content_length)
+        return _without_default_type(resp, up)
+
+    def stream():
+        # Bytes go out exactly as they came in.
+        try:
+            yield from up.iter_raw()
+        except UpstreamError as e:
+            if watch.gone:
+                return
+            # The client must see a broken body, not a clean end that looks complete: cut
+            # its connection before the final chunk (gunicorn then ignores the EPIPE quietly,
+            # where a raised error would log a traceback for vLLM's failure).
+            log.warning("%s %s: %s", method, ex.target.split("?", 1)[0], upstream_error_status(e)[1])
+            client = ex.environ.get("gunicorn.socket")
+            if client is None:
+                raise
+            client.shutdown(socket.SHUT_RDWR)
+        finally:
+            watch.stop()
+            call.end()
+    return _without_default_type(Response(stream(), status=up.status, headers=headers, direct_passthrough=True), up)
+
+
+def _without_default_type(resp: Response, up) -> Response:
+    """Flask gives every response a Content-Type; a relayed one has vLLM's or none at all."""
+    if not up.header("content-type"):
+        del resp.headers["Content-Type"]
+    return resp
+
+
+def gateway_error(e: UpstreamError, method: str, target: str) -> Response:
+    status, msg = upstream_error_status(e)
+    log.warning("%s %s: %s", method, target.split("?", 1)[0], msg)
+    return error_for_path(target, status, msg)

@@ -1,0 +1,257 @@
+"""The server-side search loop, written once for every API, plain and streamed: each API's
+handler builds a dialect (proxy.apis.chat.handler, proxy.apis.messages.handler, proxy.apis.responses.handler) and calls run().
+
+The loop: vLLM answers a turn; when the turn calls the search tool, the searches run against
+SearXNG (a stream kept alive meanwhile), their results go into the conversation and vLLM is
+asked again; the first turn without a search is the client's answer, and MAX_SEARCH_ITER
+rounds end it with an error that names the limit. Every call to vLLM is on the client's
+watch while it lasts, so a client that leaves stops vLLM's work at once, and no turn starts
+for a client that has gone.
+
+The dialect frames everything the client sees: its steps give what the client gets (a
+stream's event bytes; for a plain request, its one Response at the end), the reading and
+finishing steps as generators, and the loop passes it on untouched.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator, Iterable
+from typing import Any, Protocol, cast
+
+from flask import Response
+
+from proxy.apis.citations import Sources
+from proxy.core import codec
+from proxy.core.codec import comment
+from proxy.core.errors import upstream_error_status
+from proxy.engine.exchange import Call, ClientWatch, Exchange, response_headers
+from proxy.observe import metrics
+from proxy.runtime.concurrency import run_with_keepalive
+from proxy.tools.session import ToolSession
+from proxy.transport.vllm import UpstreamError, UpstreamResponse
+
+log = logging.getLogger("proxy")
+
+CAP_TYPE = "search_iterations_exceeded"  # the error type (OpenAI) or code (Responses) of the cap
+GONE = "client closed the request"
+
+
+class Dialect(Protocol):
+    """What one API supplies to the loop: one object per client request, holding that request's state (the
+    conversation so far, usage, what the client has been shown). The loop owns the flow and calls these; an
+    API's plain and streamed dialects are two small classes over one shared base of its own (chat.py,
+    messages.py, responses.py), never subclasses of the loop's.
+    """
+
+    name: str                    # what log lines call this loop
+    path: str                    # where every turn is POSTed
+    stream: bool
+    first_turn: Any              # a turn the proxy made itself, in place of vLLM's first (or None)
+    headers: list                # a stream's headers when no vLLM turn opened it
+    session: ToolSession         # rounds, repeats, the cap (Exchange.session())
+    request: dict                # the next request to send: the first, then each next one
+    sources: Sources | None      # the request's numbered sources (proxy.apis.citations); None with CITATIONS=off
+
+    def own_calls(self, turn) -> list:
+        """The turn's calls of the proxy's own tools; none means the turn is the answer."""
+
+    def run_tools(self, calls: list) -> list:
+        """Run one round on self.session (blocking; the calls of one round run together)."""
+
+    def error_reply(self, status: int, message: str, type_: str | None = None) -> Response:
+        """The proxy's own error as a whole HTTP answer, in the API's shape."""
+
+    def error(self, status: int, message: str, type_: str | None = None) -> Any:
+        """The proxy's error as the last thing the client gets: a Response, or a stream's last events."""
+
+    def finish(self, turn) -> Iterable:
+        """The client's answer, from the last turn."""
+
+    def announce(self, calls: list) -> Iterable:
+        """The round's calls shown starting (nothing, for a plain request)."""
+
+    def record(self, turn, calls: list, outcomes: list) -> Iterable:
+        """The round's results shown, and added to self.request for the next turn."""
+
+    def vllm_reply(self, up: UpstreamResponse, raw: bytes) -> Response:
+        """vLLM's own answer (an error on a plain turn, or a first turn it did not stream) as the client's HTTP
+        answer; usually vllm_answer."""
+
+
+class PlainDialect(Dialect, Protocol):
+    """A request answered with one JSON body: turns are read whole, and errors are HTTP answers."""
+
+    def parse(self, up: UpstreamResponse, raw: bytes, data: dict) -> Any:
+        """The turn in vLLM's JSON object, or a Response to end with when it is not one."""
+
+
+class StreamDialect(Dialect, Protocol):
+    """A request answered with one event stream over every turn: vLLM's events relayed as they come,
+    searches shown while they run, errors as the stream's last events."""
+
+    def stream_turn(self, up: UpstreamResponse) -> Generator[bytes, None, Any]:
+        """Relay one turn's events, returning the turn gathered (None once what ends the loop was yielded)."""
+
+    def refused(self, status: int, raw: bytes) -> bytes:
+        """A later turn that vLLM answered with an error (or without a stream), as the stream's end."""
+
+    def keepalive(self, calls: list) -> bytes:
+        """What keeps the client's idle timeouts away while a round runs; usually searching_comment."""
+
+
+AnyDialect = PlainDialect | StreamDialect
+
+
+def sources_for(ex: Exchange) -> Sources | None:
+    """A request's numbered sources, or None when CITATIONS is off."""
+    return Sources() if ex.cfg.citations else None
+
+
+def vllm_answer(up: UpstreamResponse, raw: bytes) -> Response:
+    """vLLM's own answer, sent on as the client's HTTP answer (its errors, on any plain turn)."""
+    return Response(raw, status=up.status, headers=response_headers(up))
+
+
+def searching_comment(queries: list) -> bytes:
+    """A stream's keep-alive while a round runs: an SSE comment naming what is being looked up."""
+    return comment("searching " + ", ".join(repr(q) for q, _ in queries if q))
+
+
+def _read(d: AnyDialect, call: Call):
+    """A generator: what the client gets of one turn, returning the turn (None once what ends the loop was
+    yielded)."""
+    if d.stream:
+        return (yield from _read_stream(cast(StreamDialect, d), call))
+    return (yield from _read_plain(cast(PlainDialect, d), call))
+
+
+def _read_plain(d: PlainDialect, call: Call):
+    """One turn from vLLM's whole body."""
+    raw = call.read()
+    up = call.response
+    if up.status != 200:
+        yield d.vllm_reply(up, raw)  # vLLM's own error, on any turn, as vLLM wrote it
+        return None
+    try:
+        data = codec.loads(raw)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        log.warning("%s turn %d: vLLM answered 200 with a body that is not a JSON object", d.name, d.session.rounds + 1)
+        yield d.error(502, "vLLM answered 200 with a body that is not a JSON object.")
+        return None
+    turn = d.parse(up, raw, data)
+    if isinstance(turn, Response):
+        yield turn
+        return None
+    return turn
+
+
+def _read_stream(d: StreamDialect, call: Call):
+    """Relay one turn's events, gathering the turn."""
+    up = call.response
+    if not streaming(up):
+        yield d.refused(up.status, call.read())
+        return None
+    return (yield from d.stream_turn(up))
+
+
+def streaming(up: UpstreamResponse) -> bool:
+    return up.status == 200 and up.is_event_stream
+
+
+def run(ex: Exchange, d: AnyDialect) -> Response:
+    """Serve one searching request the dialect's way: a plain Response, or a streamed one."""
+    watch = ex.watch_client()
+    if not d.stream:
+        rounds = _rounds(ex, d, None, watch)
+        try:
+            answer = next(rounds, None)
+        finally:
+            rounds.close()  # the loop's own cleanup: every call it made is ended
+            watch.stop()
+        return answer if answer is not None else d.error(499, GONE)
+    call, headers = None, d.headers
+    if d.first_turn is None:
+        # The first turn opens before the client's answer does: until vLLM streams, its
+        # status and body are still the client's to get.
+        opened = _open_first_turn(ex, d, watch)
+        if isinstance(opened, Response):
+            watch.stop()
+            return opened
+        call = opened
+        headers = response_headers(call.response)
+    return Response(_streamed(ex, d, call, watch), status=200, headers=headers, direct_passthrough=True)
+
+
+def _open_first_turn(ex: Exchange, d: AnyDialect, watch: ClientWatch) -> Call | Response:
+    """The first turn's call once vLLM streams it, or the whole answer when vLLM did not."""
+    try:
+        call = ex.post(d.path, d.request)
+        return call if streaming(call.response) else d.vllm_reply(call.response, call.read())
+    except UpstreamError as e:
+        return d.error_reply(499, GONE) if watch.gone else _gateway_error(d, e, d.error_reply)
+
+
+def _streamed(ex: Exchange, d: AnyDialect, call, watch: ClientWatch):
+    try:
+        yield from _rounds(ex, d, call, watch)
+    finally:
+        watch.stop()
+
+
+def _rounds(ex: Exchange, d: AnyDialect, call, watch: ClientWatch):
+    """The loop itself; yields what the client gets. `call` is the first turn when already open."""
+    session = d.session
+    turn = d.first_turn
+    try:
+        while True:
+            if turn is None:
+                if call is None:
+                    if watch.gone:
+                        return  # no turn starts for a client that has gone
+                    call = ex.post(d.path, d.request)
+                turn = yield from _read(d, call)
+                call.end()
+                call = None
+                if turn is None:
+                    return
+            calls = d.own_calls(turn)
+            if not calls:
+                yield from d.finish(turn)
+                return
+            if session.exhausted:
+                metrics.cap_hit(ex.environ, "search_rounds")
+                yield d.error(422, session.cap_message(), CAP_TYPE)
+                return
+            yield from d.announce(calls)
+            outcomes = yield from _run_round(ex, d, calls, watch)
+            if outcomes is not None:
+                metrics.tool_calls(ex.environ, outcomes)
+            if watch.gone or outcomes is None:
+                return
+            yield from d.record(turn, calls, outcomes)
+            turn = None
+    except UpstreamError as e:
+        if not watch.gone:  # else it is the watch's doing, not vLLM's failure
+            yield _gateway_error(d, e, d.error)
+    finally:
+        if call is not None:
+            call.end()
+
+
+def _run_round(ex: Exchange, d: AnyDialect, calls: list, watch: ClientWatch):
+    """A generator running one round of the proxy's tool calls, returning their outcomes (None when a stream's
+    client left meanwhile); a stream is kept alive while it runs."""
+    if not d.stream:
+        return d.run_tools(calls)
+    keepalive = cast(StreamDialect, d).keepalive(calls)
+    return (yield from run_with_keepalive(lambda: d.run_tools(calls), ex.cfg.keepalive_interval, keepalive,
+                                          should_stop=lambda: watch.gone))
+
+
+def _gateway_error(d: AnyDialect, e: UpstreamError, frame):
+    """vLLM unreachable or silent: 502 or 504 in the API's shape, and one log line."""
+    status, msg = upstream_error_status(e)
+    log.warning("%s turn %d: %s", d.name, d.session.rounds + 1, msg)
+    return frame(status, msg)

@@ -1,0 +1,224 @@
+"""The Flask app: routes, the transparent relay, auth, request limits and the access log.
+
+Built by create_app(config); proxy-passthrough.py reads the environment and serves it.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+import urllib.parse
+
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from proxy.apis.alpha_search import handler as alpha_search
+from proxy.apis.chat import handler as chat
+from proxy.apis.messages import handler as messages
+from proxy.apis.responses import handler as responses
+from proxy.core.config import Config
+from proxy.core.errors import error_for_path
+from proxy.engine.exchange import Exchange
+from proxy.engine.services import Services
+from proxy.observe import metrics
+from proxy.transport.http1 import end_to_end_headers
+
+log = logging.getLogger("proxy")
+
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+# Paths a load balancer or compose healthcheck may probe without a key.
+OPEN_PATHS = frozenset({"/health", "/proxy/health"})
+# Client credentials are for the proxy; vLLM gets BACKEND_API_KEY or nothing in their place.
+CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key"})
+
+
+class AccessLog:
+    """WSGI wrapper: one log line per request, written when its body has been sent.
+
+    Never logs prompt or completion text; handlers add the number of searches to the environ.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        started = time.monotonic()
+        environ["proxy.searches"] = 0
+        state = {"status": "-"}
+
+        def sr(status, headers, exc_info=None):
+            state["status"] = status.split(" ", 1)[0]
+            return start_response(status, headers, exc_info)
+
+        body = self.app(environ, sr)
+        return _CountingIterable(body, lambda sent: log.info(
+            "%s %s %s %.0fms searches=%d bytes=%d", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"),
+            state["status"], (time.monotonic() - started) * 1000, environ["proxy.searches"], sent))
+
+
+class WholePath:
+    """WSGI wrapper: the path routed and guarded by the key is the whole path the client sent.
+
+    The proxy is never mounted under a prefix, so a SCRIPT_NAME can only come from a server told to
+    trust a client's header (gunicorn.conf.py tells gunicorn not to); folded back into PATH_INFO, it
+    cannot make the key check read "/health" while the relay sends RAW_URI's "/metrics/health".
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        script = environ.get("SCRIPT_NAME", "")
+        if script:
+            # WSGI paths are percent-decoded and latin-1 strings; gunicorn leaves SCRIPT_NAME encoded.
+            environ["PATH_INFO"] = urllib.parse.unquote_to_bytes(script).decode("latin-1") + environ.get("PATH_INFO", "")
+            environ["SCRIPT_NAME"] = ""
+        return self.app(environ, start_response)
+
+
+class _CountingIterable:
+    def __init__(self, body, done):
+        self._body = body
+        self._done = done
+        self._sent = 0
+
+    def __iter__(self):
+        for chunk in self._body:
+            self._sent += len(chunk)
+            yield chunk
+
+    def close(self):
+        try:
+            if hasattr(self._body, "close"):
+                self._body.close()
+        finally:
+            self._done(self._sent)
+
+
+def outbound_headers(headers, cfg: Config) -> list[tuple[str, str]]:
+    """The client's headers as vLLM should see them. Pure.
+
+    Hop-by-hop and Host belong to the client's connection. Credentials: with BACKEND_API_KEY
+    the proxy's own key replaces the client's; with PROXY_API_KEY the client's key was for
+    the proxy and stays here; with neither the proxy is transparent and passes it on.
+    """
+    out = [(n, v) for n, v in end_to_end_headers(headers)
+           if n.lower() not in ("host", "content-length")]
+    if cfg.backend_api_key or cfg.proxy_api_keys:
+        out = [(n, v) for n, v in out if n.lower() not in CREDENTIAL_HEADERS]
+    if cfg.backend_api_key:
+        out.append(("Authorization", f"Bearer {cfg.backend_api_key}"))
+    return out
+
+
+def presented_key(headers) -> str | None:
+    """The key a client sent: `Authorization: Bearer K` (OpenAI) or `x-api-key: K` (Anthropic)."""
+    auth = headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return headers.get("x-api-key") or None
+
+
+def key_ok(key: str | None, keys: tuple[str, ...]) -> bool:
+    """Constant-time check against every configured key (no early exit on a match)."""
+    if key is None:
+        return False
+    ok = False
+    for k in keys:
+        ok |= hmac.compare_digest(key.encode(), k.encode())
+    return ok
+
+
+def create_app(cfg: Config) -> Flask:
+    """The proxy as a Flask app for `cfg`: its own routes, each API's, and the relay for everything else."""
+    app = Flask("proxy")
+    app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
+    services = Services.build(cfg)  # one per worker, shared by its requests
+    _install_guards(app, cfg)
+
+    @app.route("/proxy/health")
+    def proxy_health():
+        # The proxy's own liveness, independent of vLLM's four-minute boot.
+        return Response('{"status":"ok"}', mimetype="application/json")
+
+    def exchange() -> Exchange:
+        return Exchange(services, request_body(cfg), outbound_headers(request.headers.items(), cfg), raw_target(),
+                        request.environ)
+
+    @app.route("/v1/chat/completions", methods=["POST"])
+    def chat_completions():
+        return chat.handle(exchange())
+
+    @app.route("/v1/messages", methods=["POST"])
+    @app.route("/v1/messages/count_tokens", methods=["POST"])
+    def anthropic_messages():
+        return messages.handle(exchange())
+
+    @app.route("/v1/responses", methods=["POST"])
+    def openai_responses():
+        return responses.handle(exchange())
+
+    # Codex's standalone web search (supports_standalone_web_search); answered here, never by vLLM.
+    # One per worker: its ref store, and the page cache it shares with every API.
+    codex_search = alpha_search.AlphaSearch(services)
+
+    @app.route(alpha_search.PATH, methods=["POST"])
+    def alpha_web_search():
+        return codex_search.handle(request_body(cfg), request.environ)
+
+    @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
+    @app.route("/<path:path>", methods=ALL_METHODS)
+    def passthrough(path):
+        return exchange().relay()
+
+    app.wsgi_app = WholePath(AccessLog(app.wsgi_app))  # type: ignore[method-assign]  # Flask's documented way to add WSGI middleware
+    metrics.install(app, cfg)  # GET /proxy/metrics, and the request metrics around everything
+    return app
+
+
+def _install_guards(app: Flask, cfg: Config) -> None:
+    """The key check before every route, and the proxy's own errors in each path's API shape."""
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def too_large(_e):
+        return error_for_path(request.path, 413, f"Request body is larger than the proxy's limit of {cfg.max_body_bytes} bytes (MAX_BODY_BYTES).")
+
+    @app.errorhandler(RecursionError)
+    def nested_too_deeply(_e):
+        # json.loads of `[[[[...` thousands deep raises this, not ValueError, in any handler
+        # (chat, messages, responses); the proxy's own code does not recurse that deep.
+        return error_for_path(request.path, 400, "Request body is not valid JSON: it is nested too deeply.")
+
+    @app.errorhandler(HTTPException)
+    def http_error(e):
+        return error_for_path(request.path, e.code or 400, e.description or e.name)
+
+    @app.before_request
+    def check_key():
+        if cfg.proxy_api_keys and request.path not in OPEN_PATHS:
+            if not key_ok(presented_key(request.headers), cfg.proxy_api_keys):
+                return error_for_path(request.path, 401, "Missing or invalid API key: send it as `Authorization: Bearer <key>` "
+                                      "(or `x-api-key: <key>`) with a key from PROXY_API_KEY.", "authentication_error")
+        return None
+
+
+def request_body(cfg: Config) -> bytes:
+    """The whole body of the current request, or RequestEntityTooLarge (a 413): every route reads it here."""
+    # get_data reads at most MAX_CONTENT_LENGTH bytes; a Content-Length over it raises 413.
+    body = request.get_data(cache=False)
+    if len(body) >= cfg.max_body_bytes and request.content_length is None:
+        # A chunked body is cut at the limit without an error (Werkzeug 3.1's LimitedStream),
+        # and the cut body went to vLLM as if whole: one byte more means it was too large.
+        if request.environ["wsgi.input"].read(1):
+            raise RequestEntityTooLarge()
+    return body
+
+
+def raw_target() -> str:
+    """The current request's path and query as the client wrote them (gunicorn's RAW_URI keeps the exact
+    encoding), so the relay sends vLLM what the client sent."""
+    raw = request.environ.get("RAW_URI")
+    if raw and raw.startswith("/"):
+        return raw
+    qs = request.environ.get("QUERY_STRING", "")
+    return request.path + ("?" + qs if qs else "")

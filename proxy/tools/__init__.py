@@ -1,0 +1,1 @@
+"""The server-side tools as plug-ins: each tool one module (its name, definition, argument parsing, run, the text the model reads, its citation sources), the registry that lists them, and ToolSession, which runs one request's calls round by round."""
