@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from proxy.backends.invisible import visible_html
 from proxy.core import codec
 from proxy.runtime.cancel import Cancel
 
@@ -167,8 +168,9 @@ def _child_main(cpu_seconds: int, memory_bytes: int) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (soft, cpu_hard))
         try:
             job = codec.loads(frame)
-            title, text, cut = extract_page(job["html"], job["url"], job.get("max_chars"))
-            answer: dict = {"title": title, "text": text, "cut": cut}
+            html, hidden = visible_html(job["html"])
+            title, text, cut = extract_page(html, job["url"], job.get("max_chars"))
+            answer: dict = {"title": title, "text": text, "cut": cut, "hidden": hidden}
         except MemoryError:
             answer = {"error": "memory"}
         data = codec.dumps(answer)
@@ -268,8 +270,9 @@ class ExtractPool:
             return pool
 
     def extract(self, html: str, url: str, cancel: Cancel | None = None,
-                max_chars: int | None = None) -> tuple[str | None, str, bool]:
-        """(title, Markdown, cut) of a page, about max_chars of it; raises ExtractError naming the limit a page went over."""
+                max_chars: int | None = None) -> tuple[str | None, str, bool, int]:
+        """(title, Markdown, cut, hidden elements dropped) of a page, about max_chars of it; raises ExtractError naming
+        the limit a page went over."""
         with self._lock:
             if self._waiting >= self.queue_size:
                 raise ExtractError("unavailable", f"the proxy is extracting {len(self._children)} pages and has "
@@ -291,7 +294,7 @@ class ExtractPool:
                 undo()
             self._idle.put(child)
 
-    def _run(self, child: _Child, html: str, url: str, max_chars: int | None) -> tuple[str | None, str, bool]:
+    def _run(self, child: _Child, html: str, url: str, max_chars: int | None) -> tuple[str | None, str, bool, int]:
         deadline = time.monotonic() + self.wall_seconds
         try:
             proc = child.ensure()
@@ -310,7 +313,9 @@ class ExtractPool:
         if not isinstance(reply, dict) or "error" in reply or not isinstance(reply.get("text"), str):
             return self._failed(child, timed_out=False, reported=str(reply.get("error")) if isinstance(reply, dict) else "")
         title = reply.get("title")
-        return (title if isinstance(title, str) else None), reply["text"], reply.get("cut") is True
+        hidden = reply.get("hidden")
+        return ((title if isinstance(title, str) else None), reply["text"], reply.get("cut") is True,
+                hidden if isinstance(hidden, int) and not isinstance(hidden, bool) else 0)
 
     def _failed(self, child: _Child, timed_out: bool, reported: str = ""):
         """The child did not answer: stop it (the next page starts a fresh one) and say which limit was hit."""

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from proxy.backends import netguard
 from proxy.backends.cache import TTLCache
 from proxy.backends.extract import ExtractError, ExtractPool
+from proxy.backends.invisible import strip_invisible
 from proxy.backends.pagetext import CHARS_PER_TOKEN, cut_to_budget, decode_text, kind_of, media_type, sniff_type
 from proxy.core.config import Config
 from proxy.runtime import concurrency as runtime
@@ -300,15 +301,22 @@ class Fetcher:
             raise FetchError("unsupported_content_type", f"{body.url} sent no Content-Type and does not look like text.")
         text = decode_text(body.data, body.charset, kind == "html")
         title: str | None = None
-        cut = body.cut
+        cut, hidden = body.cut, 0
         if kind == "html":
             try:
                 # Only what the largest budget can hold is written as Markdown (the cache keeps that much).
-                title, text, trimmed = self.extractor.extract(text, body.url, cancel, self.max_tokens * CHARS_PER_TOKEN)
+                title, text, trimmed, hidden = self.extractor.extract(text, body.url, cancel,
+                                                                      self.max_tokens * CHARS_PER_TOKEN)
             except ExtractError as e:
                 raise self._interrupted(body.url, cancel) or FetchError(e.code, f"{body.url}: {e.message}") from None
             cut = cut or trimmed
-        return Page(url=body.url, title=title, text=text, content_type=mime, retrieved_at=now_iso(), truncated=cut)
+        # Plain text and JSON carry invisible code points as well as HTML does; the title is read too.
+        text, invisible = strip_invisible(text)
+        if title is not None:
+            title, in_title = strip_invisible(title)
+            invisible += in_title
+        return Page(url=body.url, title=title, text=text, content_type=mime, retrieved_at=now_iso(), truncated=cut,
+                    invisible=invisible, hidden=hidden)
 
     def _read_body(self, target: netguard.Target, opened: webclient.Opened, started: float, cancel: Cancel,
                    ) -> tuple[bytes, bool]:

@@ -13,7 +13,7 @@ from proxy.apis import citations
 from proxy.backends.searxng import NOT_EXECUTED, Hit, SearchOutcome, format_for_model
 from proxy.core import codec
 from proxy.core.codec import as_dict, as_list
-from proxy.tools.web_fetch import FetchOutcome
+from proxy.tools.web_fetch import FetchOutcome, removed_note
 
 SERVER_NAME = "web_search"          # the name Anthropic gives the server tool's blocks
 FETCH_NAME = "web_fetch"
@@ -144,6 +144,9 @@ def model_text(outcome) -> str:
     if not isinstance(outcome, FetchOutcome):
         return format_for_model(outcome)
     text = fetch_text(fetch_content(outcome), outcome.message or None)
+    if outcome.page is not None and removed_note(outcome.page):
+        head, _, rest = text.partition("\n\n")  # on the head, as in the other APIs: the page text follows
+        text = f"{head}\n{removed_note(outcome.page)}\n\n{rest}"
     return text + CUT_NOTE if outcome.page is not None and outcome.page.truncated else text
 
 
