@@ -228,3 +228,9 @@ def test_earlier_search_and_fetch_results_give_their_urls(api, url, expected):
     assert reason(ledger, url) == expected
     if url.endswith("/next"):
         assert ledger.link_fetches == 1
+
+
+@pytest.mark.parametrize("status, expected", [("completed", None), ("failed", NOT_GIVEN)])
+def test_a_responses_page_read_earlier_is_given_only_if_it_was_read(status, expected):
+    item = {"type": "web_search_call", "status": status, "action": {"type": "open_page", "url": "https://read.test/p"}}
+    assert reason(Ledger(given=responses_given({"input": [item]})), "https://read.test/p") == expected

@@ -144,6 +144,11 @@ class Rules:
     link_depth: int = 2
     link_budget: int = 2
 
+    @classmethod
+    def of(cls, cfg) -> Rules:
+        """The rules a proxy.core.config.Config sets."""
+        return cls(cfg.web_fetch_urls, cfg.web_fetch_link_depth, cfg.web_fetch_link_budget)
+
 
 class Ledger:
     """The URLs one client request may fetch. Built from the conversation (given()), it learns the URLs of search
@@ -155,6 +160,7 @@ class Ledger:
         self._entries: dict[str, Entry] = {}
         self._written: set[str] = set()  # keys the model wrote before anything gave them
         self.link_fetches = 0
+        self._followed: set[str] = set()  # links already fetched: reading one again (a find after an open) is free
         self._lock = threading.Lock()
         for g in given:
             self.add(g)
@@ -212,7 +218,7 @@ class Ledger:
                     "URLs exactly as the user gave them or as a tool result, a web_search result or a page read in "
                     "this request showed them (a changed path or query is another URL). If you need this page, ask "
                     "the user for its URL."))
-            if entry.depth == 0:
+            if entry.depth == 0 or k in self._followed:
                 return None
             if entry.depth > self.rules.link_depth:
                 return Refusal(LINK_DEPTH, (
@@ -225,6 +231,7 @@ class Ledger:
                     f"most one request may (WEB_FETCH_LINK_BUDGET). Read URLs the user, a tool or a search gave, "
                     "or ask the user for this one."))
             self.link_fetches += 1
+            self._followed.add(k)
             return None
 
     def learn_page(self, requested: str, final: str, text: str) -> None:

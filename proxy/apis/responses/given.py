@@ -30,9 +30,15 @@ def input_given(items) -> list[Given]:
         elif kind.endswith("_output"):  # function_call_output, custom_tool_call_output, local_shell_call_output, ...
             out.append(Given("tool", item.get("output")))
         elif kind == "web_search_call":
-            # What the proxy's searches found, as it showed them; the action's own query and URL are the model's.
-            sources = as_dict(item.get("action")).get("sources")
+            # What the proxy's searches found, as it showed them, and the pages it read (an earlier web_fetch result,
+            # which Anthropic's rule allows too); a search's query and a failed read's URL are only the model's words.
+            action = as_dict(item.get("action"))
+            sources = action.get("sources")
             out.append(Given("search", [as_dict(s).get("url") for s in sources] if isinstance(sources, list) else []))
+            if action.get("type") in ("open_page", "find_in_page") and item.get("status") == "completed":
+                out.append(Given("search", action.get("url")))
+            else:
+                out.append(Given(MODEL, action))
         else:
             out.append(Given(MODEL, {k: v for k, v in item.items() if k != "content"} if kind == "message" else item))
             if kind == "message":
@@ -42,8 +48,9 @@ def input_given(items) -> list[Given]:
 
 def _citations(message: dict) -> list[Given]:
     """The url_citation annotations the proxy put on an earlier answer (the text they sit on is the model's)."""
-    parts = message.get("content") if isinstance(message.get("content"), list) else []
-    out = [Given(MODEL, [as_dict(p).get("text") for p in parts] or message.get("content"))]
+    content = message.get("content")
+    parts: list = content if isinstance(content, list) else []
+    out = [Given(MODEL, [as_dict(p).get("text") for p in parts] or content)]
     for part in parts:
         notes = as_dict(part).get("annotations")
         if isinstance(notes, list):
