@@ -92,6 +92,11 @@ WEB_FETCH_EXTRACT_QUEUE = _int("WEB_FETCH_EXTRACT_QUEUE", "16")
 # web_fetch calls run per model turn and per client request; the model reads that it hit the cap.
 WEB_FETCH_MAX_PER_TURN = _int("WEB_FETCH_MAX_PER_TURN", "10")
 WEB_FETCH_MAX_PER_REQUEST = _int("WEB_FETCH_MAX_PER_REQUEST", "50")
+# "given": web_fetch (and Codex's open) reads only URLs the conversation gave it, never one the model built (README,
+# Security); "any" lets the model fetch any URL. Links of pages read are followed at most DEPTH deep, BUDGET per request.
+WEB_FETCH_URLS = os.environ.get("WEB_FETCH_URLS", "").strip().lower() or "given"
+WEB_FETCH_LINK_DEPTH = _int("WEB_FETCH_LINK_DEPTH", "2")
+WEB_FETCH_LINK_BUDGET = _int("WEB_FETCH_LINK_BUDGET", "2")
 # Largest SearXNG answer read (4 MiB; five results are a few kB); a bigger one is a failed search.
 SEARXNG_MAX_BYTES = _int("SEARXNG_MAX_BYTES", "4194304")
 # Seconds a search answer with results is reused (agents repeat queries within minutes); 0 turns the cache off.
@@ -147,6 +152,9 @@ try:
         web_fetch_extract_queue=WEB_FETCH_EXTRACT_QUEUE,
         web_fetch_max_per_turn=WEB_FETCH_MAX_PER_TURN,
         web_fetch_max_per_request=WEB_FETCH_MAX_PER_REQUEST,
+        web_fetch_urls=WEB_FETCH_URLS,
+        web_fetch_link_depth=WEB_FETCH_LINK_DEPTH,
+        web_fetch_link_budget=WEB_FETCH_LINK_BUDGET,
         searxng_max_bytes=SEARXNG_MAX_BYTES,
     )
 except ValueError as e:  # Config checks every value once, and its message names the variable

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from proxy.backends.netguard import parse_networks
 
 STREAM_SEARCH_MODES = ("server", "client")
+WEB_FETCH_URL_MODES = ("given", "any")  # proxy/tools/provenance.py: only URLs the conversation gave, or any URL
 # Fields that must be above zero (a count of zero or a timeout of zero would make the proxy useless, not safer);
 # caches and caps take 0 to mean off, so they only may not be negative.
 _POSITIVE = ("searxng_results", "searxng_timeout", "max_search_iter", "connect_timeout", "read_timeout",
@@ -63,11 +64,18 @@ class Config:
     # Caps on web_fetch calls (proxy/tools/session.py's ToolSession): per model turn and per client request.
     web_fetch_max_per_turn: int = 10
     web_fetch_max_per_request: int = 50
+    # URL provenance (proxy/tools/provenance.py): "given" fetches only URLs the conversation gave, following links of
+    # pages read at most web_fetch_link_depth deep and web_fetch_link_budget times per request; "any" fetches any URL.
+    web_fetch_urls: str = "given"
+    web_fetch_link_depth: int = 2
+    web_fetch_link_budget: int = 2
     searxng_max_bytes: int = 4 * 1024 * 1024  # a SearXNG answer's decoded bytes; a bigger one is a failed search
 
     def __post_init__(self):
         if self.stream_search not in STREAM_SEARCH_MODES:
             raise ValueError(f"STREAM_SEARCH must be 'server' or 'client', not {self.stream_search!r}")
+        if self.web_fetch_urls not in WEB_FETCH_URL_MODES:
+            raise ValueError(f"WEB_FETCH_URLS must be 'given' or 'any', not {self.web_fetch_urls!r}")
         # frozen: the one place a field is replaced by its working form
         object.__setattr__(self, "web_fetch_allowed_networks", parse_networks(self.web_fetch_allowed_networks))
         for f in fields(self):

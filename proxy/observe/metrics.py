@@ -65,6 +65,9 @@ FETCH_BYTES = Counter("proxy_page_fetch_bytes", "Page body bytes read from web s
                       registry=REGISTRY)
 CAP_HITS = Counter("proxy_cap_hits", "Limits reached, by API and cap: search_rounds (MAX_SEARCH_ITER), "
                    "max_uses (a request's own), page_size (a page cut short).", ["api", "cap"], registry=REGISTRY)
+PROVENANCE_REFUSALS = Counter("proxy_url_refusals", "web_fetch, open and find calls refused before any lookup by URL "
+                              "provenance (WEB_FETCH_URLS), by API and reason: not_given, link_depth, link_budget.",
+                              ["api", "reason"], registry=REGISTRY)
 DISCONNECTS = Counter("proxy_client_disconnects", "Clients that left before their answer was complete, by API.",
                       ["api"], registry=REGISTRY)
 ABORTS = Counter("proxy_backend_aborts", "Calls to vLLM cut because their client left, by API.",
@@ -147,9 +150,22 @@ def tool_calls(environ, outcomes) -> None:
         TOOL_CALLS.labels(api, tool_of(o, api), outcome).inc()
         if outcome == "capped":
             CAP_HITS.labels(api, "max_uses").inc()
+        refusal = getattr(getattr(o, "fetched", o), "refusal", None)
+        if refusal:
+            url_refused(environ, refusal)
         page = getattr(getattr(o, "fetched", o), "page", None)
         if page is not None and page.truncated:
             CAP_HITS.labels(api, "page_size").inc()
+
+
+def url_refused(environ, reason: str) -> None:
+    """A fetch refused by URL provenance (proxy/tools/provenance.py's reasons); the link limits count as caps too."""
+    if not environ.get(ON):
+        return
+    api = api_of(environ.get("PATH_INFO", ""))
+    PROVENANCE_REFUSALS.labels(api, reason).inc()
+    if reason in ("link_depth", "link_budget"):
+        CAP_HITS.labels(api, reason).inc()
 
 
 def tool_call(environ, tool: str, outcome: str) -> None:

@@ -50,6 +50,7 @@ class FetchOutcome:
     page: Page | None = None
     error_code: str | None = None
     message: str = ""
+    refusal: str | None = None  # why URL provenance refused it (proxy/tools/provenance.py's REASONS), for the metrics
 
     @property
     def ok(self) -> bool:
