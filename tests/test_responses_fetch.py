@@ -186,7 +186,7 @@ def test_replayed_page_actions(item, names, function, arguments, output_has):
 @pytest.fixture
 def fetching(start_proxy):
     """A proxy that may fetch from loopback, as a LAN allow-list would let it."""
-    return start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8")
+    return start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", WEB_FETCH_URLS="any")
 
 
 def client(proxy) -> openai.OpenAI:
@@ -288,6 +288,7 @@ def test_a_refused_page_is_a_failed_item_and_a_result_the_model_reads(start_prox
                                                                      allow_loopback, route, tool, phrase, fetched):
     ws = openai.types.responses.response_function_web_search  # the SDK's own types
     env = {"WEB_FETCH_ALLOWED_NETWORKS": "127.0.0.0/8"} if allow_loopback else {}
+    env["WEB_FETCH_URLS"] = "any"  # the fetcher's own refusals; which URLs may be read is tests/test_exfiltration.py's
     proxy = start_proxy(KEEPALIVE_INTERVAL="0.2", **env)
     path = fresh_path()
     if route is not None:

@@ -21,6 +21,7 @@ from proxy.core.errors import error_for_path, upstream_error_status
 from proxy.engine.services import Services
 from proxy.observe import metrics
 from proxy.runtime import concurrency as runtime
+from proxy.tools.provenance import Ledger, Rules
 from proxy.tools.session import ToolSession
 from proxy.transport.http1 import end_to_end_headers
 from proxy.transport.vllm import UpstreamError, UpstreamResponse
@@ -193,6 +194,7 @@ class Exchange:
     target: str                      # path and query string, as sent
     environ: dict
     watch: ClientWatch | None = None
+    ledger: Ledger | None = None     # the URLs its fetches may read, from the client's body (each API's handler)
 
     @property
     def cfg(self) -> Config:
@@ -220,8 +222,9 @@ class Exchange:
         def count(n):
             self.environ["proxy.searches"] = self.environ.get("proxy.searches", 0) + n
         # The watch starts after the dialect made its session (loop.run), so the session asks for it per call.
+        # No ledger (a handler that gathered nothing) fetches nothing but search results: it fails closed.
         return ToolSession(self.searxng, self.cfg.max_search_iter, on_search=count, fetcher=self.fetcher,
-                             watch=lambda: self.watch)
+                             watch=lambda: self.watch, ledger=self.ledger or Ledger(Rules.of(self.cfg)))
 
     def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:
         """Send one request to vLLM and wait for its head, the watch able to abort it

@@ -16,6 +16,7 @@ from proxy.backends.fetcher import Fetcher
 from proxy.backends.searxng import SearchOutcome, SearXNG, format_for_model
 from proxy.runtime.cancel import Cancel, watched
 from proxy.runtime.concurrency import run_together
+from proxy.tools.provenance import Ledger
 from proxy.tools.web_fetch import FetchOutcome, FetchRequest, format_page_for_model
 
 log = logging.getLogger("proxy.tools")
@@ -37,9 +38,11 @@ class ToolSession:
     """
 
     def __init__(self, searxng: SearXNG, max_rounds: int, on_search=None, fetcher: Fetcher | None = None,
-                 watch=None):
+                 watch=None, ledger: Ledger | None = None):
         self.searxng = searxng
         self.fetcher = fetcher
+        # The URLs this request may fetch (proxy/tools/provenance.py); none given means none allowed, not all.
+        self.ledger = ledger if ledger is not None else Ledger()
         self.fetches = 0
         self.fetched = 0    # web_fetch calls run (not refused before fetching): what the caps count
         self.max_rounds = max_rounds
@@ -81,12 +84,26 @@ class ToolSession:
             out.append(item)
         return out
 
+    def _provenance(self, items: list) -> list:
+        """The round's fetches of URLs the conversation did not give (or links past the chain limits) replaced by
+        the outcome that says so, before the fetcher looks up any name: a URL the model built is a message to the
+        server or name server it names (issue 33). After the caps, so a capped call spends no link budget."""
+        out = []
+        for item in items:
+            if isinstance(item, FetchRequest) and item.early is None:
+                refusal = self.ledger.admit(item.url)
+                if refusal is not None:
+                    item = replace(item, early=FetchOutcome(item.url, error_code="url_not_allowed", refusal=refusal.reason,
+                                                            message=f"Fetch failed: {refusal.message}"))
+            out.append(item)
+        return out
+
     def run(self, queries: list, limit: int | None = None, language: str | None = None) -> list:
         """Run one round: each item is a parse_arguments() result (a search, giving a SearchOutcome)
         or a fetch.FetchRequest (giving a FetchOutcome); outcomes in the items' order, all run
         concurrently. Never raises: every failure is an outcome the model reads."""
         self.rounds += 1
-        queries = self._capped(queries)
+        queries = self._provenance(self._capped(queries))
 
         def one(item):
             # On the client's watch: its leaving ends the fetch or search at once.
@@ -108,7 +125,10 @@ class ToolSession:
         for o in outcomes:
             if isinstance(o, FetchOutcome):
                 self.fetches += 1
+                if o.page is not None:  # its links, as the model reads them, may be followed (within the limits)
+                    self.ledger.learn_page(o.url, o.page.url, o.page.text)
                 continue
+            self.ledger.allow([h.url for h in o.hits], "search")
             if o.repeated:
                 self.repeated += 1
                 continue

@@ -27,6 +27,7 @@ from proxy.apis.messages.blocks import (
     turn_calls,
     with_searches,
 )
+from proxy.apis.messages.given import given
 from proxy.apis.messages.request import (
     FetchPlan,
     Plan,
@@ -46,6 +47,7 @@ from proxy.core.codec import as_dict
 from proxy.core.errors import anthropic_error, as_anthropic_error, upstream_error_status
 from proxy.engine import loop
 from proxy.engine.exchange import Exchange, response_headers
+from proxy.tools.provenance import Ledger, Rules
 from proxy.tools.web_fetch import FetchOutcome
 from proxy.transport.vllm import UpstreamError
 
@@ -70,6 +72,10 @@ def handle(ex: Exchange) -> Response:
     if problem:
         return anthropic_error(400, problem)
     vbody, plan = rewrite(body, ex.cfg.citations)
+    parts, pages = given(body)
+    ex.ledger = Ledger(Rules.of(ex.cfg), parts)
+    for url, text in pages:  # links of pages read in earlier requests: links, within this request's budget
+        ex.ledger.learn_page(url, url, text)
     if ex.target.split("?", 1)[0].rstrip("/").endswith("/count_tokens"):
         return count_tokens(ex, vbody)
     query = subrequest_query(body) if SUBREQUEST_SHORTCUT else None
