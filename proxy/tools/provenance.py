@@ -160,7 +160,6 @@ class Ledger:
         self._entries: dict[str, Entry] = {}
         self._written: set[str] = set()  # keys the model wrote before anything gave them
         self.link_fetches = 0
-        self._followed: set[str] = set()  # links already fetched: reading one again (a find after an open) is free
         self._lock = threading.Lock()
         for g in given:
             self.add(g)
@@ -218,7 +217,7 @@ class Ledger:
                     "URLs exactly as the user gave them or as a tool result, a web_search result or a page read in "
                     "this request showed them (a changed path or query is another URL). If you need this page, ask "
                     "the user for its URL."))
-            if entry.depth == 0 or k in self._followed:
+            if entry.depth == 0:
                 return None
             if entry.depth > self.rules.link_depth:
                 return Refusal(LINK_DEPTH, (
@@ -230,8 +229,8 @@ class Ledger:
                     f"not fetched: this request already followed {self.link_fetches} links of pages it read, the "
                     f"most one request may (WEB_FETCH_LINK_BUDGET). Read URLs the user, a tool or a search gave, "
                     "or ask the user for this one."))
+            # Every link fetch counts, a repeat too: how often a link is read is a signal as well as which.
             self.link_fetches += 1
-            self._followed.add(k)
             return None
 
     def learn_page(self, requested: str, final: str, text: str) -> None:
