@@ -494,7 +494,7 @@ def test_domain_matches(target, domains, matches):
     ("https://evil.com/?q=example.com", ["example.com"], False),
 ])
 def test_search_filters_use_the_fetch_rule(target, domains, kept):
-    from proxy.backends.searxng import Hit, SearchOutcome, filter_domains
+    from proxy.backends.search import Hit, SearchOutcome, filter_domains
     outcome = filter_domains(SearchOutcome("q", "ok", hits=[Hit("t", target)]), allowed=domains)
     assert bool(outcome.hits) is kept is domain_matches(target, domains)
 

@@ -27,8 +27,9 @@ from proxy.apis.messages.request import (
     subrequest_query,
     validate,
 )
-from proxy.backends.searxng import QUERY_SCHEMA, TOOL_DESCRIPTION, Hit, SearchOutcome, format_for_model
+from proxy.backends.search import Hit, SearchOutcome
 from proxy.core.errors import as_anthropic_error
+from proxy.tools.web_search import QUERY_SCHEMA, TOOL_DESCRIPTION, format_for_model
 from standins import anthropic_wire as W
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply

@@ -41,20 +41,22 @@ from proxy.apis.alpha_search.rules import (
     within_cap,
 )
 from proxy.apis.responses.given import input_given
-from proxy.backends.searxng import SearchOutcome, clean_query, filter_domains
-from proxy.core import codec
+from proxy.backends.fetcher import FetchError, Page
+from proxy.backends.search import SearchOutcome, filter_domains
+from proxy.core import codec, routes
 from proxy.core.errors import error_response
+from proxy.engine.events import TOOL_CALL, TOOLS_RAN, URL_REFUSED
 from proxy.engine.exchange import ClientWatch
 from proxy.engine.services import Services
-from proxy.observe import metrics
 from proxy.runtime.cancel import Watch, watched
 from proxy.runtime.concurrency import run_together
 from proxy.tools.provenance import Ledger, Rules
-from proxy.tools.web_fetch import FetchError, Page
+from proxy.tools.web_fetch import FetchOutcome
+from proxy.tools.web_search import clean_query
 
 log = logging.getLogger("proxy.alpha_search")
 
-PATH = "/v1/alpha/search"
+PATH = routes.ALPHA_SEARCH
 
 
 @dataclass
@@ -75,7 +77,7 @@ class SearchCall:
 
 class AlphaSearch:
     def __init__(self, services: Services):
-        self.cfg, self.searxng, self.fetcher = services.cfg, services.searxng, services.fetcher
+        self.cfg, self.search, self.fetcher, self.events = services.cfg, services.search, services.fetcher, services.events
         self.refs = RefStore()
         # One ledger per thread and user turn: Codex sends each web.run call alone, so the links a page showed in
         # one call are followed in the next, and the link budget is per turn of the user, as it is per request
@@ -107,7 +109,7 @@ class AlphaSearch:
         if cleaned is None:  # clean_query gives exactly one of the two
             return early or SearchOutcome(str(query.q), "failed", error_code="invalid_tool_input")
         with watched(watch) as cancel:
-            outcome = self.searxng.search(cleaned, limit=limit, time_range=time_range(query.recency), cancel=cancel)
+            outcome = self.search.search(cleaned, limit=limit, time_range=time_range(query.recency), cancel=cancel)
         # Domains are enforced on the results, as on /v1/responses; the query is sent unchanged.
         domains = tuple(query.domains) + tuple(allowed)
         return filter_domains(outcome, allowed=domains or None)
@@ -119,13 +121,14 @@ class AlphaSearch:
 
     def _run_searches(self, call: SearchCall):
         """All queries at once (a few at a time); their sections in the order they were asked."""
-        parsed, limit = call.parsed, call.parsed.results or self.searxng.results
+        parsed, limit = call.parsed, call.parsed.results or self.search.results
         outcomes = run_together(lambda query: self._search(query, limit, parsed.allowed, call.watch),
                                 list(parsed.queries), at_most=4)
+        self.events.emit(TOOLS_RAN, call.environ, outcomes)
         for outcome in outcomes:
-            metrics.tool_call(call.environ, "web_search", metrics.outcome_of(outcome))
+            self.events.emit(TOOL_CALL, call.environ, ("web_search", outcome))
             if outcome.status == "failed":
-                call.failures.append(Failure(outcome.error_code or "unavailable", outcome.message))
+                call.failures.append(Failure(outcome.error_code or "unavailable", outcome.message, outcome.timed_out))
             else:
                 call.succeeded += 1
             text, got = format_search(outcome, call.turn, len(call.new_refs))
@@ -141,17 +144,19 @@ class AlphaSearch:
         if url is None:
             failure = unknown_ref(command, ref_id)
         elif refusal is not None:  # before any lookup: a URL the model built never reaches a server or the DNS
-            metrics.url_refused(call.environ, refusal.reason)
+            self.events.emit(URL_REFUSED, call.environ, refusal.reason)
             failure = Failure("url_not_allowed", refusal.message[0].upper() + refusal.message[1:])
         else:
             try:
                 page = self._fetch(url, call.parsed, call.watch)
-                metrics.tool_call(call.environ, command, "ok")
+                self.events.emit(TOOL_CALL, call.environ, (command, FetchOutcome(url, page=page)))
                 call.ledger.learn_page(url, page.url, page.text)
                 return page
             except FetchError as e:
-                failure = Failure(e.code, e.message)
-        metrics.tool_call(call.environ, command, metrics.failure_outcome(failure.code, failure.message))
+                failure = Failure(e.code, e.message, e.timed_out)
+        self.events.emit(TOOL_CALL, call.environ, (command, FetchOutcome(url or ref_id, error_code=failure.code,
+                                                                        message=failure.message,
+                                                                        timed_out=failure.timed_out)))
         call.failures.append(failure)
         call.sections.append(format_failure(command, ref_id, failure))
         return None
@@ -204,12 +209,11 @@ class AlphaSearch:
             parsed = parse_request(body)
         except BadRequest as e:
             return error_response(400, e.message, param=e.param)
-        watch = ClientWatch(environ)
+        watch = ClientWatch(environ, self.events)
         try:
             sections, failures, succeeded, searches = self.run(parsed, environ, watch, body.get("input"))
         finally:
             watch.stop()
-        environ["proxy.searches"] = searches
         if watch.gone:
             # Nobody reads the answer; 499 (nginx's "client closed request") is what the access log shows.
             return error_response(499, "The client closed the connection before the search finished.")

@@ -5,14 +5,17 @@ tested by tests/run.sh tests/test_messages.py tests/test_messages_fetch.py.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from proxy.apis import citations
 from proxy.apis.messages.blocks import FETCH_NAME, SERVER_BLOCKS, SERVER_NAME
 from proxy.apis.messages.history import rewrite_history
-from proxy.backends.searxng import QUERY_SCHEMA, TOOL_DESCRIPTION
 from proxy.core import validate as V
-from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchRequest, parse_fetch_arguments
+from proxy.tools import registry
+from proxy.tools.base import Limits, Request
+from proxy.tools.registry import WEB_FETCH, WEB_SEARCH
+from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA
+from proxy.tools.web_search import QUERY_SCHEMA, TOOL_DESCRIPTION
 
 SERVER_TOOL_PREFIX = "web_search_"
 # Every web_fetch_* version is served as web_fetch_20250910: the later ones (the SDK knows
@@ -252,10 +255,14 @@ def _client_has(tools, name) -> bool:
 
 # ---- the calls the proxy runs and the turns after the first ---------------------------------
 
-def fetch_request(arguments, fp: FetchPlan) -> FetchRequest:
-    """A web_fetch call as the fetch core runs it, with the tool's limits. Pure."""
-    return replace(parse_fetch_arguments(arguments), max_tokens=fp.max_tokens,
-                   allowed_domains=fp.allowed, blocked_domains=fp.blocked)
+def fetch_request(arguments, fp: FetchPlan) -> Request:
+    """A web_fetch call as the fetch tool runs it, with the client's options for the tool. Pure."""
+    return registry.parse(WEB_FETCH, arguments, Limits(fp.allowed, fp.blocked, fp.max_tokens))
+
+
+def search_request(arguments, plan: Plan) -> Request:
+    """A web_search call as the search tool runs it, with the client's domain filters. Pure."""
+    return registry.parse(WEB_SEARCH, arguments, Limits(tuple(plan.allowed), tuple(plan.blocked)))
 
 
 def next_request(body: dict, messages: list[dict], plan: Plan) -> dict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from flask import Response
 
 from proxy.apis import citations
-from proxy.apis.responses.calls import call_outcome, internal_calls, next_request, tool_request
+from proxy.apis.responses.calls import internal_calls, next_request, tool_request
 from proxy.apis.responses.given import given
 from proxy.apis.responses.output import (
     add_usage,
@@ -27,13 +27,13 @@ from proxy.apis.responses.output import (
 )
 from proxy.apis.responses.request import Plan, first_request, make_plan, needs_rewrite, refusal, validate
 from proxy.apis.responses.stream import ClientStream, Turn
-from proxy.core import codec
+from proxy.core import codec, routes
 from proxy.core.errors import error_response
 from proxy.engine import loop
 from proxy.engine.exchange import Exchange
 from proxy.tools.provenance import Ledger, Rules
 
-PATH = "/v1/responses"
+PATH = routes.RESPONSES
 
 
 def handle(ex: Exchange) -> Response:
@@ -84,16 +84,11 @@ class _Responses:
     def own_calls(self, turn) -> list:
         return internal_calls(turn.output, self.plan)
 
-    def queries(self, calls: list) -> list:
-        """(what the keep-alive names, None) per call: the query, or the page's URL."""
-        return [r if isinstance(r, tuple) else (r.url, None) for r in (tool_request(c, self.plan) for c in calls)]
-
     def run_tools(self, calls: list) -> list:
         """One round: every internal call of the turn (searches and page reads), concurrently."""
         plan = self.plan
-        outcomes = self.session.run([tool_request(c, plan) for c in calls], limit=plan.search_limit,
-                                    language=plan.language)
-        return [call_outcome(c, o, plan) for c, o in zip(calls, outcomes, strict=True)]
+        return self.session.run([tool_request(c, plan) for c in calls], limit=plan.search_limit,
+                                language=plan.language)
 
     def follow(self, turn, calls: list, outcomes: list) -> dict:
         """The next request: the turn's items and their outputs appended; the outcomes by call_id."""
@@ -155,7 +150,7 @@ class StreamedResponses(_Responses):
     stream = True
 
     def keepalive(self, calls: list) -> bytes:
-        return loop.searching_comment(self.queries(calls))
+        return loop.searching_comment([tool_request(c, self.plan).shown for c in calls])
 
     def __init__(self, ex, request, plan):
         super().__init__(ex, request, plan)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import copy
 import uuid
 
-from proxy.apis.responses.calls import FindResult, arguments_of, is_internal_call
+from proxy.apis.responses.calls import arguments_of, is_internal_call
 from proxy.apis.responses.request import Plan
 from proxy.apis.responses.stream import is_client_call
-from proxy.backends.searxng import SearchOutcome, parse_arguments
 from proxy.core.codec import as_dict
+from proxy.tools import registry
+from proxy.tools.registry import WEB_SEARCH
+from proxy.tools.web_search import parse_arguments
 
 
 def ws_id(call: dict) -> str:
@@ -34,14 +36,14 @@ def call_action(call: dict, plan: Plan) -> dict:
 def web_search_item(call: dict, outcome, plan: Plan) -> dict:
     """The client's record of one call: failed only when SearXNG gave no usable answer, or
     the page could not be read."""
-    if isinstance(outcome, SearchOutcome):
+    if outcome.tool == WEB_SEARCH:
+        # What was searched, as the session cleaned it; and what was found, which the hosted tool calls sources.
         action: dict[str, object] = {"type": "search", "query": outcome.query}
         if plan.sources:
-            action["sources"] = [{"type": "url", "url": h.url} for h in outcome.hits]
-        failed = outcome.status == "failed"
+            action["sources"] = [{"type": "url", "url": c.url} for c in registry.sources(outcome)]
     else:
         action = call_action(call, plan)
-        failed = not (outcome.fetched if isinstance(outcome, FindResult) else outcome).ok
+    failed = outcome.status == "failed"
     return {"id": ws_id(call), "type": "web_search_call", "status": "failed" if failed else "completed", "action": action}
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.apis import citations
-from proxy.backends.searxng import QUERY_SCHEMA, TOOL_DESCRIPTION
 from proxy.core import codec
 from proxy.core import validate as V
 from proxy.core.codec import as_dict, as_list
 from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA
+from proxy.tools.web_search import QUERY_SCHEMA, TOOL_DESCRIPTION
 
 HOSTED_TYPES = frozenset({"web_search", "web_search_2025_08_26", "web_search_preview",
                           "web_search_preview_2025_03_11"})
