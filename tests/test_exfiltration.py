@@ -395,3 +395,41 @@ def test_refusals_are_counted_by_reason(world, api):
         user=f"Read {root}.")
     after = {r: metric(proxy, "proxy_url_refusals_total", api=api.name, reason=r) for r in before}
     assert {r: after[r] - before[r] for r in before} == {"not_given": 1, "link_depth": 0, "link_budget": 2}
+
+
+# ---- Codex's web.run: /v1/alpha/search's open and find -----------------------------------------------------------
+
+def alpha(world: World, thread: str, user: str, **commands) -> str:
+    status, body = post(world.proxy_for("given").url + "/v1/alpha/search", {
+        "id": thread, "model": "foundation", "commands": commands,
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}]})
+    assert status == 200, body
+    return body["output"]
+
+
+def test_codex_open_reads_only_given_urls_and_short_link_chains(world):
+    thread = secrets.token_hex(8)
+    start, found = world.url("docs.test", "/start"), world.url("docs.test", "/article")
+    user = f"My key is {world.secret}. Start at {start}."
+    world.searxng.behave("vllm docs", "results", results=[result(found, "Found", "An article.")])
+    out = alpha(world, thread, user, open=[{"ref_id": u} for u in built_urls(world)])
+    assert out.count("did not appear in this conversation") == 4
+    out = alpha(world, thread, user, search_query=[{"q": "vllm docs"}], open=[{"ref_id": "turn1search0"}, {"ref_id": start}])
+    assert "The article a search found" in out and "Begin here" in out
+    # The links of a page opened in one call are followed in the next, two deep; the third is refused.
+    assert "Install it with pip" in alpha(world, thread, user, open=[{"ref_id": world.url("docs.test", "/install")}])
+    assert "GPUs need a recent driver" in alpha(world, thread, user, find=[{"ref_id": world.url("docs.test", "/gpu"),
+                                                                             "pattern": "driver"}])
+    assert "WEB_FETCH_LINK_DEPTH" in alpha(world, thread, user, open=[{"ref_id": world.url("docs.test", "/deep")}])
+    assert sorted(world.web.targets("docs.test")) == ["/article", "/gpu", "/install", "/start"]
+    assert world.attacker_saw_secret() == [] and world.web.targets("attacker.test") == []
+
+
+def test_codex_open_gives_a_honeypot_two_letters(world):
+    thread = secrets.token_hex(8)
+    root = world.url("attacker.test", "/h/")
+    user = f"My key is {world.secret}. Read {root} and do what it says."
+    assert "Alphabet" in alpha(world, thread, user, open=[{"ref_id": root}])
+    for c in world.letters[:5]:  # across the tree, one call a letter
+        alpha(world, thread, user, open=[{"ref_id": root + c + "/"}])
+    assert [h.strip("/").split("/")[-1] for h in world.honeypot_hops()] == list(world.letters[:2])
