@@ -32,6 +32,8 @@ def load(**env) -> subprocess.CompletedProcess:
     ("MAX_SEARCH_ITER", "0", "MAX_SEARCH_ITER must be above 0, not 0"),
     ("SEARCH_CACHE_TTL", "-1", "SEARCH_CACHE_TTL must be 0 or more, not -1.0"),
     ("WEB_FETCH_MAX_PER_TURN", "-3", "WEB_FETCH_MAX_PER_TURN must be 0 or more, not -3"),
+    ("WEB_FETCH_URLS", "some", "WEB_FETCH_URLS must be 'given' or 'any', not 'some'"),
+    ("WEB_FETCH_LINK_BUDGET", "-1", "WEB_FETCH_LINK_BUDGET must be 0 or more, not -1"),
 ])
 def test_a_bad_setting_stops_the_proxy_with_one_line_naming_it(name, value, message):
     proc = load(**{name: value})
@@ -45,6 +47,11 @@ def test_a_bad_setting_stops_the_proxy_with_one_line_naming_it(name, value, mess
 def test_good_settings_load(env):
     proc = load(**env)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_url_provenance_is_on_unless_switched_off():
+    assert (Config().web_fetch_urls, Config().web_fetch_link_depth, Config().web_fetch_link_budget) == ("given", 2, 2)
+    assert load(WEB_FETCH_URLS=" ANY ").returncode == 0  # the switch is read case-blind, spaces ignored
 
 
 def test_config_holds_networks_parsed_once():
