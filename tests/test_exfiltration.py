@@ -285,8 +285,8 @@ def test_built_urls_reach_no_server_and_no_name_server(world, api, mode):
     docs = world.url("docs.test", "/start")
     answer, codes, read = run(world, api, mode, steps([*urls]), user=f"Summarise {docs} please.")
     assert answer == "done"
-    if mode == "any":  # the suite sees a leak when there is one
-        assert world.web.saw(world.letters) and world.dns.saw(world.letters)
+    if mode == "any":  # the suite sees a leak when there is one: all four requests, and the key as a host name
+        assert len(world.web.saw(world.letters)) == 4 and world.dns.saw(world.letters)
         return
     assert world.attacker_saw_secret() == []
     assert world.web.seen == [] and not any("attacker" in n for n in world.dns.asked)  # nothing at all was fetched
