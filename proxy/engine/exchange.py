@@ -225,7 +225,7 @@ class Exchange:
         return ToolSession(self.services.tool_backends, cfg.max_search_iter, cfg.web_fetch_max_per_turn,
                            cfg.web_fetch_max_per_request, watch=lambda: self.watch,
                            on_round=lambda outcomes: self.emit(TOOLS_RAN, outcomes),
-                           ledger=self.ledger or Ledger(Rules.of(cfg)),
+                           ledger=self.ledger if self.ledger is not None else Ledger(Rules.of(cfg)),
                            on_refused=lambda reason: self.emit(URL_REFUSED, reason))
 
     def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:
