@@ -234,3 +234,21 @@ def test_earlier_search_and_fetch_results_give_their_urls(api, url, expected):
 def test_a_responses_page_read_earlier_is_given_only_if_it_was_read(status, expected):
     item = {"type": "web_search_call", "status": status, "action": {"type": "open_page", "url": "https://read.test/p"}}
     assert reason(Ledger(given=responses_given({"input": [item]})), "https://read.test/p") == expected
+
+
+@pytest.mark.parametrize("written, fetched", [
+    ("https://de.wikipedia.org/wiki/Straße", "https://de.wikipedia.org/wiki/Stra%C3%9Fe"),
+    ("https://de.wikipedia.org/wiki/Stra%C3%9Fe", "https://de.wikipedia.org/wiki/Straße"),
+    ("https://xn--bcher-kva.example/", "https://bücher.example/"),
+])
+def test_the_same_url_spelled_as_it_goes_on_the_wire_is_the_same(written, fetched):
+    assert reason(Ledger(given=[Given("user", written)]), fetched) is None
+
+
+def test_the_conversation_is_read_at_the_first_check_and_only_once():
+    parts = [Given("user", "https://a.example/")]
+    ledger = Ledger(given=parts)
+    parts.append(Given("user", "https://b.example/"))  # the ledger took its own copy
+    assert ledger._pending is not None  # nothing scanned until a fetch is checked
+    assert reason(ledger, "https://a.example/") is None and reason(ledger, "https://b.example/") == NOT_GIVEN
+    assert ledger._pending is None

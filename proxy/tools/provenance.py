@@ -11,6 +11,7 @@ the links it follows (README, Security, has the bound in bits).
 from __future__ import annotations
 
 import re
+import string
 import threading
 import urllib.parse
 from collections.abc import Iterable
@@ -99,12 +100,17 @@ def links_in_page(text: str, base: str) -> list[str]:
     return found
 
 
+# What a URL may hold unescaped; anything else (a page's raw "ß", a space a model escaped) is compared %-escaped.
+_URL_SAFE = "!#$%&'()*+,-./:;=?@[]~_" + string.ascii_letters + string.digits
+
+
 def key(url) -> str | None:
     """The URL as the fetcher will fetch it (netguard.parse_url's normal form: scheme and host lower-case, default
-    port dropped, dot segments resolved, no fragment; the query exactly as written), or None when it is not one.
-    Two URLs are the same only when their keys are."""
+    port dropped, dot segments resolved, no fragment; the query exactly as written), with characters a URL cannot
+    carry raw %-escaped as they go on the wire, or None when it is not a URL. Two URLs are the same only when their
+    keys are."""
     target, _ = parse_url(url, max_chars=KEY_CHARS)
-    return target.url if target is not None else None
+    return urllib.parse.quote(target.url, safe=_URL_SAFE) if target is not None else None
 
 
 def site(url_key: str) -> str:
@@ -161,15 +167,31 @@ class Ledger:
         self._written: set[str] = set()  # keys the model wrote before anything gave them
         self.link_fetches = 0
         self._lock = threading.Lock()
-        for g in given:
-            self.add(g)
+        # Read at the first check, not here: most requests never fetch, and a long conversation takes milliseconds.
+        self._pending: list[Given] | None = list(given)
+        self._reading = threading.Lock()  # a round's calls wait for the one reading it
 
     @property
     def checking(self) -> bool:
         return self.rules.mode != "any"
 
+    def _read_conversation(self) -> None:
+        """Take in the conversation given at construction, once, before anything else happens to the ledger."""
+        if self._pending is None:
+            return
+        with self._reading:
+            if self._pending is None:
+                return  # another call read it while this one waited
+            for g in self._pending:
+                self._add(g)
+            self._pending = None
+
     def add(self, given: Given) -> None:
         """Take in one part of the conversation, in the conversation's order."""
+        self._read_conversation()
+        self._add(given)
+
+    def _add(self, given: Given) -> None:
         if not self.checking:
             return  # WEB_FETCH_URLS=any: nothing to check against, so nothing to gather
         # Scheme-less host names count only where people write them (messages, tool output), not in page links.
@@ -187,6 +209,7 @@ class Ledger:
         """URLs given outright (a search's results, a ref id's URL): each at depth 0."""
         if not self.checking:
             return
+        self._read_conversation()
         with self._lock:
             for k in filter(None, map(key, urls)):
                 self._put(k, Entry(origin, 0))
@@ -197,6 +220,7 @@ class Ledger:
             self._entries[k] = entry
 
     def entry(self, url) -> Entry | None:
+        self._read_conversation()
         k = key(url)
         with self._lock:
             return self._entries.get(k) if k else None
@@ -206,6 +230,7 @@ class Ledger:
         does not parse is admitted here: the fetcher refuses it with its own sentence, before any lookup."""
         if not self.checking:
             return None
+        self._read_conversation()
         k = key(url)
         if k is None:
             return None
@@ -238,6 +263,7 @@ class Ledger:
         did, and its links are one page further away."""
         if not self.checking:
             return
+        self._read_conversation()
         kr, kf = key(requested), key(final)
         with self._lock:
             entry = self._entries.get(kr) if kr else None
@@ -248,5 +274,6 @@ class Ledger:
                 self._put(k, Entry(LINK, depth + 1))
 
     def __len__(self) -> int:
+        self._read_conversation()
         with self._lock:
             return len(self._entries)
