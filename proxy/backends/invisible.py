@@ -116,8 +116,15 @@ def drop_hidden(root) -> int:
     return len(found)
 
 
-# Every rule above needs one of these words in the page, so a page with none of them is not parsed for nothing.
-_MAYBE_HIDDEN = re.compile(r"hidden|display|font-size|opacity|clip|:\s*-\s*\d{3}", re.IGNORECASE)
+# Every rule above needs one of these words, or a negative offset, in the page, so a page with none of them is not
+# parsed for nothing. Substring tests on the lower-cased page, not one regex: 8 ms for 2 MiB instead of 95.
+_HIDDEN_WORDS = ("hidden", "display", "font-size", "opacity", "clip")
+_NEGATIVE_OFFSET = re.compile(r":\s*-\s*\d{3}")
+
+
+def _maybe_hidden(html: str) -> bool:
+    low = html.lower()
+    return any(w in low for w in _HIDDEN_WORDS) or _NEGATIVE_OFFSET.search(low) is not None
 
 
 def visible_html(html: str) -> tuple[str, int]:
@@ -126,7 +133,7 @@ def visible_html(html: str) -> tuple[str, int]:
     writes them. The page comes back unchanged, not re-serialised, when nothing is hidden or it does not parse."""
     import lxml.etree
     import lxml.html
-    if not html.strip() or not _MAYBE_HIDDEN.search(html):
+    if not html.strip() or not _maybe_hidden(html):
         return html, 0  # most pages: a scan of a few ms instead of a parse of a tenth of a second a MB
     try:
         root = lxml.html.document_fromstring(html)
