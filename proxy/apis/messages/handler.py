@@ -27,7 +27,7 @@ from proxy.apis.messages.blocks import (
     with_searches,
 )
 from proxy.apis.messages.request import (
-    Plan,
+    MessagesPlan,
     fetch_request,
     needs_rewrite,
     next_request,
@@ -119,7 +119,7 @@ class _Messages:
 
     headers: list = []
 
-    def __init__(self, ex: Exchange, body: dict, plan: Plan, first: _Blocks | None):
+    def __init__(self, ex: Exchange, body: dict, plan: MessagesPlan, first: _Blocks | None):
         self.session = ex.session()
         self.request = body
         self.sources = loop.sources_for(ex)

@@ -1,5 +1,5 @@
 """Which /v1/messages requests the proxy plays server tools for, the checks they must pass, and
-the request vLLM gets instead (the Plan, the tools as ordinary ones, each following turn); pure,
+the request vLLM gets instead (the MessagesPlan, the tools as ordinary ones, each following turn); pure,
 tested by tests/run.sh tests/test_messages.py tests/test_messages_fetch.py.
 """
 from __future__ import annotations
@@ -171,7 +171,7 @@ class FetchPlan:
 
 
 @dataclass
-class Plan:
+class MessagesPlan:
     """How one rewritten request searches and fetches."""
     name: str                        # the search tool's name on the vLLM side
     server: bool                     # the web_search tool is in `tools` (else only history is rewritten)
@@ -197,7 +197,7 @@ def internal_name(tools, base: str = SERVER_NAME) -> str:
     return name
 
 
-def search_tool(name: str, plan: Plan) -> dict:
+def search_tool(name: str, plan: MessagesPlan) -> dict:
     desc = TOOL_DESCRIPTION
     if plan.allowed:
         desc += " Only results from these domains are shown: " + ", ".join(map(str, plan.allowed)) + "."
@@ -222,13 +222,13 @@ def fetch_tool_for_vllm(name: str, fp: FetchPlan) -> dict:
     return {"name": name, "description": desc, "input_schema": URL_SCHEMA}
 
 
-def rewrite(body: dict, cite: bool = True) -> tuple[dict, Plan]:
+def rewrite(body: dict, cite: bool = True) -> tuple[dict, MessagesPlan]:
     """The request as vLLM accepts it: the server tool as an ordinary tool, server blocks in
     history as tool_use/tool_result; every other field unchanged. Pure."""
     spec, fspec = server_tool(body), fetch_tool(body)
     tools = body.get("tools")
     name = internal_name(tools)
-    plan = Plan(name=name, server=spec is not None,
+    plan = MessagesPlan(name=name, server=spec is not None,
                 max_uses=(spec or {}).get("max_uses"),
                 allowed=list((spec or {}).get("allowed_domains") or []),
                 blocked=list((spec or {}).get("blocked_domains") or []),
@@ -260,12 +260,12 @@ def fetch_request(arguments, fp: FetchPlan) -> Request:
     return registry.parse(WEB_FETCH, arguments, Limits(fp.allowed, fp.blocked, fp.max_tokens))
 
 
-def search_request(arguments, plan: Plan) -> Request:
+def search_request(arguments, plan: MessagesPlan) -> Request:
     """A web_search call as the search tool runs it, with the client's domain filters. Pure."""
     return registry.parse(WEB_SEARCH, arguments, Limits(tuple(plan.allowed), tuple(plan.blocked)))
 
 
-def next_request(body: dict, messages: list[dict], plan: Plan) -> dict:
+def next_request(body: dict, messages: list[dict], plan: MessagesPlan) -> dict:
     """The following turn: longer history; a choice that forces searching is relaxed after the
     first round so the model writes its answer instead of searching forever."""
     out = {**body, "messages": messages}
@@ -276,7 +276,7 @@ def next_request(body: dict, messages: list[dict], plan: Plan) -> dict:
     return out
 
 
-def shortcut_turn(query: str, plan: Plan) -> list[dict]:
+def shortcut_turn(query: str, plan: MessagesPlan) -> list[dict]:
     """The tool call the model would have written for Claude Code's sub-request."""
     return [{"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": plan.name, "input": {"query": query}}]
 

@@ -1,5 +1,5 @@
 """The pure rules of what vLLM gets for a /v1/responses request with the hosted web_search tool
-(which requests, validation, the Plan, the internal tool definitions, replayed history, the first
+(which requests, validation, the ResponsesPlan, the internal tool definitions, replayed history, the first
 request), tested without a network by tests/test_responses.py and tests/test_responses_fetch.py."""
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ COUNTRY_LANGUAGE = {
 
 
 @dataclass(frozen=True)
-class Plan:
+class ResponsesPlan:
     """What the client's hosted tool asked for, read once from the request. Pure data."""
     name: str                       # the internal function tool's name
     hosted: bool                    # a hosted tool is offered (the loop runs); else replay only
@@ -201,7 +201,7 @@ def result_count(size, default: int) -> int:
     return CONTEXT_RESULTS.get(size, default) if isinstance(size, str) else default
 
 
-def make_plan(body: dict, default_results: int, fetch: bool = True) -> Plan:
+def make_plan(body: dict, default_results: int, fetch: bool = True) -> ResponsesPlan:
     """`fetch`: whether the hosted tool may read pages here (INJECT_WEB_FETCH)."""
     tools = body.get("tools") or []
     hosted = next((t for t in tools if is_hosted(t)), None)
@@ -209,7 +209,7 @@ def make_plan(body: dict, default_results: int, fetch: bool = True) -> Plan:
     filters = as_dict(spec.get("filters"))
     allowed = filters.get("allowed_domains") or ()
     fetch_name, find_name = page_tools(tools, fetch and hosted is not None)
-    return Plan(name=internal_name(tools), hosted=hosted is not None,
+    return ResponsesPlan(name=internal_name(tools), hosted=hosted is not None,
                 results=result_count(spec.get("search_context_size"), default_results),
                 language=language_for(spec.get("user_location")),
                 allowed=tuple(str(d) for d in allowed if d),
@@ -222,7 +222,7 @@ def function_tool(name: str) -> dict:
     return {"type": "function", "name": name, "description": TOOL_DESCRIPTION, "parameters": QUERY_SCHEMA}
 
 
-def internal_tools(plan: Plan) -> list[dict]:
+def internal_tools(plan: ResponsesPlan) -> list[dict]:
     """The functions vLLM sees for the hosted tool: search, and reading pages when offered."""
     out = [function_tool(plan.name)]
     if plan.fetch_name:
@@ -234,7 +234,7 @@ def internal_tools(plan: Plan) -> list[dict]:
     return out
 
 
-def rewrite_tools(tools: list, plan: Plan) -> list:
+def rewrite_tools(tools: list, plan: ResponsesPlan) -> list:
     """The hosted tool becomes the internal functions, in its place; further hosted entries go."""
     out, done = [], False
     for t in tools:
@@ -326,7 +326,7 @@ def replay(items: list, name: str, fetch_name: str | None = None, find_name: str
     return out
 
 
-def first_request(body: dict, plan: Plan) -> dict:
+def first_request(body: dict, plan: ResponsesPlan) -> dict:
     """The body vLLM gets on the first turn; every field not named here as the client sent it."""
     out = dict(body)
     if isinstance(body.get("input"), list):
