@@ -66,6 +66,13 @@ def test_promtool_accepts_the_profiles_config(tmp_path):
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
 
 
+def test_the_prometheus_here_is_the_release_run_sh_pins():
+    pin = re.search(r'^PROMETHEUS_PACKAGE="prometheus=([^"+~-]+)', (REPO / "tests" / "run.sh").read_text(), re.M)[1]
+    for name in ("prometheus", "promtool"):
+        out = subprocess.run([binary(name), "--version"], capture_output=True, text=True, timeout=60)
+        assert f"version {pin}" in out.stdout + out.stderr, (name, out.stdout + out.stderr)
+
+
 def test_promtool_refuses_a_broken_config(tmp_path):
     broken = tmp_path / "prometheus.yml"
     broken.write_text(CONFIG.read_text().replace("metrics_path:", "metric_path:"))
