@@ -161,7 +161,8 @@ def monitored(real_vllm, _proxies, _searxng_server, tmp_path_factory):
         # round is what moves them from one sample to the next (a rate above 0, a percentile that is a number).
         for round_ in (1, 2):
             requests = [
-                forced(real_vllm, "web_search", "query", "hello"),  # the second and third: the search cache's hits
+                forced(real_vllm, "web_search", "query", "hello"),
+                forced(real_vllm, "web_search", "query", "hello"),  # the search cache's hit, in both rounds
                 forced(real_vllm, "web_search", "query", EMPTY_QUERY),  # an empty answer is never cached
                 forced(real_vllm, "web_fetch", "url", f"http://127.0.0.1:{site.port}/notes{round_}"),
                 forced(real_vllm, "web_fetch", "url", "ftp://files.example/notes"),  # refused: not http(s)
