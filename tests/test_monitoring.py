@@ -27,7 +27,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import Dashboard
 from prometheus_client.metrics_core import Metric
 
-from proxy import metrics as proxy_metrics
+from proxy.observe import metrics as proxy_metrics
 from standins import dashboards
 from standins.rawhttp import raw_request
 
