@@ -34,6 +34,12 @@ def load(**env) -> subprocess.CompletedProcess:
     ("WEB_FETCH_MAX_PER_TURN", "-3", "WEB_FETCH_MAX_PER_TURN must be 0 or more, not -3"),
     ("WEB_FETCH_URLS", "some", "WEB_FETCH_URLS must be 'given' or 'any', not 'some'"),
     ("WEB_FETCH_LINK_BUDGET", "-1", "WEB_FETCH_LINK_BUDGET must be 0 or more, not -1"),
+    # A URL setting that cannot work is refused at start, not discovered as "an internal error" in every search.
+    ("SEARXNG_URL", "searxng:8080", "SEARXNG_URL must be an http:// or https:// URL"),
+    ("SEARXNG_URL", "http://a:8080,http://b:8080", "SEARXNG_URL must be an http:// or https:// URL (one URL)"),
+    ("SEARXNG_URL", "http://:8080/", "SEARXNG_URL must be an http:// or https:// URL (a host)"),
+    ("BACKEND_URL", "http://vllm:80000", "BACKEND_URL must be an http:// or https:// URL (a valid port)"),
+    ("BACKEND_URL", "ftp://vllm:8000", "BACKEND_URL must be an http:// or https:// URL (http or https)"),
 ])
 def test_a_bad_setting_stops_the_proxy_with_one_line_naming_it(name, value, message):
     proc = load(**{name: value})
@@ -49,9 +55,18 @@ def test_good_settings_load(env):
     assert proc.returncode == 0, proc.stderr
 
 
+def test_from_env_reads_each_variable_with_its_reader_and_default():
+    cfg = Config.from_env({"SEARXNG_RESULTS": "7", "CITATIONS": "off", "PROXY_API_KEY": " a, ,b ", "STREAM_SEARCH": " Client ",
+                           "WEB_FETCH_CACHE_TTL": "30", "FETCH_CACHE_TTL": "", "MAX_SEARCH_ITER": ""})
+    assert (cfg.searxng_results, cfg.citations, cfg.proxy_api_keys, cfg.stream_search) == (7, False, ("a", "b"), "client")
+    assert cfg.web_fetch_cache_ttl == 30.0 and cfg.max_search_iter == Config().max_search_iter  # empty: the default
+    assert Config.from_env({"FETCH_CACHE_TTL": "5", "WEB_FETCH_CACHE_TTL": "30"}).web_fetch_cache_ttl == 5.0
+    assert Config.from_env({}) == Config()
+
+
 def test_url_provenance_is_on_unless_switched_off():
     assert (Config().web_fetch_urls, Config().web_fetch_link_depth, Config().web_fetch_link_budget) == ("given", 2, 2)
-    assert load(WEB_FETCH_URLS=" ANY ").returncode == 0  # the switch is read case-blind, spaces ignored
+    assert Config.from_env({"WEB_FETCH_URLS": " ANY "}).web_fetch_urls == "any"  # read case-blind, spaces ignored
 
 
 def test_config_holds_networks_parsed_once():

@@ -19,8 +19,8 @@ import pytest
 from proxy.backends.cache import TTLCache
 from proxy.backends.extract import html_to_text
 from proxy.backends.fetcher import Fetched, Fetcher, fetched_size
-from proxy.backends.netguard import address_refusal, domain_matches, parse_networks, parse_url
-from proxy.core.config import Config
+from proxy.backends.netguard import address_refusal, domain_matches, parse_url
+from proxy.core.config import Config, parse_networks
 from proxy.runtime.concurrency import run_together
 from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchError, Page
 from standins.web_pages import WebSite

@@ -17,7 +17,7 @@ from clients import openai
 from proxy.apis.responses.calls import next_request, tool_request
 from proxy.apis.responses.output import add_usage, web_search_item
 from proxy.apis.responses.request import (
-    Plan,
+    ResponsesPlan,
     first_request,
     internal_name,
     make_plan,
@@ -188,10 +188,10 @@ def test_usage_sums_every_turn():
                                                "tool_output_tokens_per_turn": []}, "total_tokens": 260}
 
 
-def plan(**kw) -> Plan:
+def plan(**kw) -> ResponsesPlan:
     base = dict(name="web_search", hosted=True, results=5, language=None, allowed=(), sources=False,
                 client_tools=[HOSTED], client_tool_choice=None)
-    return Plan(**{**base, **kw})
+    return ResponsesPlan(**{**base, **kw})
 
 
 def ok(query, urls=("https://a.example/1",)) -> SearchOutcome:

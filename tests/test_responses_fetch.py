@@ -16,7 +16,14 @@ from test_faults import access_lines, post_raw, read_until
 
 from proxy.apis.responses.calls import tool_request
 from proxy.apis.responses.output import call_action, pending_item, web_search_item
-from proxy.apis.responses.request import Plan, first_request, make_plan, page_tools, replay, rewrite_tool_choice
+from proxy.apis.responses.request import (
+    ResponsesPlan,
+    first_request,
+    make_plan,
+    page_tools,
+    replay,
+    rewrite_tool_choice,
+)
 from proxy.backends.search import SearchOutcome
 from proxy.tools.find_in_page import FIND_MATCHES, FIND_USAGE, FindRequest, FindResult, find_in_text
 from proxy.tools.registry import text as tool_output
@@ -39,10 +46,10 @@ def fresh_path() -> str:
     return f"/page-{next(_paths)}"
 
 
-def plan(**kw) -> Plan:
+def plan(**kw) -> ResponsesPlan:
     base = dict(name="web_search", hosted=True, results=5, language=None, allowed=(), sources=False,
                 client_tools=[HOSTED], client_tool_choice=None, fetch_name="web_fetch", find_name="find_in_page")
-    return Plan(**{**base, **kw})
+    return ResponsesPlan(**{**base, **kw})
 
 
 def page(text="alpha beta", url="https://a.example/p", truncated=False) -> FetchOutcome:

@@ -32,7 +32,7 @@ from proxy.transport.vllm import UpstreamError, UpstreamResponse, gateway_status
 log = logging.getLogger("proxy")
 
 CAP_TYPE = "search_iterations_exceeded"  # the error type (OpenAI) or code (Responses) of the cap
-GONE = "client closed the request"
+CLIENT_CLOSED = "client closed the request"
 
 
 class Dialect(Protocol):
@@ -169,7 +169,7 @@ def run(ex: Exchange, d: AnyDialect) -> Response:
         finally:
             rounds.close()  # the loop's own cleanup: every call it made is ended
             watch.stop()
-        return answer if answer is not None else d.error(499, GONE)
+        return answer if answer is not None else d.error(499, CLIENT_CLOSED)
     call, headers = None, d.headers
     if d.first_turn is None:
         # The first turn opens before the client's answer does: until vLLM streams, its
@@ -189,7 +189,7 @@ def _open_first_turn(ex: Exchange, d: AnyDialect, watch: ClientWatch) -> Call | 
         call = ex.post(d.path, d.request)
         return call if streaming(call.response) else d.vllm_reply(call.response, call.read())
     except UpstreamError as e:
-        return d.error_reply(499, GONE) if watch.gone else _gateway_error(d, e, d.error_reply)
+        return d.error_reply(499, CLIENT_CLOSED) if watch.gone else _gateway_error(d, e, d.error_reply)
 
 
 def _streamed(ex: Exchange, d: AnyDialect, call, watch: ClientWatch):

@@ -40,7 +40,7 @@ from proxy.apis.alpha_search.rules import (
     view_ref,
     within_cap,
 )
-from proxy.apis.responses.given import input_given
+from proxy.apis.given import input_given
 from proxy.backends.fetcher import FetchError, Page
 from proxy.backends.search import SearchOutcome, filter_domains
 from proxy.core import codec, routes

@@ -28,7 +28,7 @@ from proxy.apis.messages.blocks import (
 )
 from proxy.apis.messages.given import given
 from proxy.apis.messages.request import (
-    Plan,
+    MessagesPlan,
     fetch_request,
     needs_rewrite,
     next_request,
@@ -125,7 +125,7 @@ class _Messages:
 
     headers: list = []
 
-    def __init__(self, ex: Exchange, body: dict, plan: Plan, first: _Blocks | None):
+    def __init__(self, ex: Exchange, body: dict, plan: MessagesPlan, first: _Blocks | None):
         self.session = ex.session()
         self.request = body
         self.sources = loop.sources_for(ex)

@@ -4,7 +4,7 @@ tests/test_responses_fetch.py."""
 from __future__ import annotations
 
 from proxy.apis import citations
-from proxy.apis.responses.request import Plan
+from proxy.apis.responses.request import ResponsesPlan
 from proxy.core import codec
 from proxy.core.codec import as_dict
 from proxy.tools import registry
@@ -17,16 +17,16 @@ def is_call_of(item, name: str) -> bool:
             and item.get("name") == name and not item.get("namespace"))
 
 
-def is_internal_call(item, plan: Plan) -> bool:
+def is_internal_call(item, plan: ResponsesPlan) -> bool:
     """A call of one of the proxy's functions (search, open a page, find in a page): the proxy runs it."""
     return any(is_call_of(item, n) for n in plan.internal)
 
 
-def internal_calls(output, plan: Plan) -> list[dict]:
+def internal_calls(output, plan: ResponsesPlan) -> list[dict]:
     return [i for i in output or [] if is_internal_call(i, plan)]
 
 
-def tool_name(call: dict, plan: Plan) -> str:
+def tool_name(call: dict, plan: ResponsesPlan) -> str:
     """The proxy tool a call of the model's runs: its vLLM-side names are the plan's."""
     return {plan.fetch_name: WEB_FETCH, plan.find_name: FIND_IN_PAGE}.get(call.get("name"), WEB_SEARCH)
 
@@ -39,7 +39,7 @@ def arguments_of(call: dict) -> dict:
         return {}
 
 
-def tool_request(call: dict, plan: Plan) -> Request:
+def tool_request(call: dict, plan: ResponsesPlan) -> Request:
     """A call of the proxy's as ToolSession.run takes it, limited to the hosted tool's allowed_domains (which
     OpenAI's tool applies to opened pages too) and, for a search, its result count: the session searches for
     more (plan.search_limit), so the domain filter still leaves enough."""
@@ -52,7 +52,7 @@ def numbered_output(outcome: Outcome, sources: citations.Sources | None) -> str:
     return citations.numbered(sources, outcome, registry.text(outcome))
 
 
-def call_outputs(turn_output: list, plan: Plan, outcomes: dict, sources: citations.Sources | None = None) -> list:
+def call_outputs(turn_output: list, plan: ResponsesPlan, outcomes: dict, sources: citations.Sources | None = None) -> list:
     """One output item per call of the turn, in order: results, or the not-executed stub."""
     out = []
     for item in turn_output or []:
@@ -81,7 +81,7 @@ def forces_a_call(choice, name: str) -> bool:
     return False
 
 
-def next_request(request: dict, turn_output: list, plan: Plan, outcomes: dict,
+def next_request(request: dict, turn_output: list, plan: ResponsesPlan, outcomes: dict,
                  sources: citations.Sources | None = None) -> dict:
     """The following turn: the turn's items and their outputs appended to `input`."""
     out = {**request, "input": input_items(request["input"]) + list(turn_output) + call_outputs(turn_output, plan, outcomes, sources)}

@@ -25,8 +25,8 @@ from proxy.apis.responses.output import (
     visible_output,
     web_search_item,
 )
-from proxy.apis.responses.request import Plan, first_request, make_plan, needs_rewrite, refusal, validate
-from proxy.apis.responses.stream import ClientStream, Turn
+from proxy.apis.responses.request import ResponsesPlan, first_request, make_plan, needs_rewrite, refusal, validate
+from proxy.apis.responses.stream import ClientStream, ResponsesTurn
 from proxy.core import codec, routes
 from proxy.core.errors import error_response
 from proxy.engine import loop
@@ -74,7 +74,7 @@ class _Responses:
     first_turn = None
     headers: list = []
 
-    def __init__(self, ex: Exchange, request: dict, plan: Plan):
+    def __init__(self, ex: Exchange, request: dict, plan: ResponsesPlan):
         self.session = ex.session()
         self.request = request
         self.sources = loop.sources_for(ex)
@@ -157,11 +157,11 @@ class StreamedResponses(_Responses):
         self.out = ClientStream(lambda response: client_view(response, plan))
         if self.sources is not None:
             self.out.citer = citations.Citer(self.sources, citations.url_citation)
-        self.turn: Turn | None = None  # the latest turn: a failure shows its response
+        self.turn: ResponsesTurn | None = None  # the latest turn: a failure shows its response
         self.placed: list = []         # (call, client output_index) of the round's searches
 
     def stream_turn(self, up):
-        turn = self.turn = Turn(self.session.rounds == 0)
+        turn = self.turn = ResponsesTurn(self.session.rounds == 0)
         yield from self.out.stream_turn(up, turn)
         if turn.error is not None:
             yield self.error(502, turn.error)
@@ -174,7 +174,7 @@ class StreamedResponses(_Responses):
         self.out.adopt(turn.output)
         return turn
 
-    def finish(self, turn: Turn):
+    def finish(self, turn: ResponsesTurn):
         yield from turn.flush(self.out)
         response = turn.response or {}  # relay returns a turn only once its response.completed came
         items = citations.cited_items(list(self.out.items), self.sources, self.out.citer.found if self.out.citer else None)
@@ -195,7 +195,7 @@ class StreamedResponses(_Responses):
                                            ("response.web_search_call.searching", {"item_id": item["id"]}))]
         return shown
 
-    def record(self, turn: Turn, calls, outcomes):
+    def record(self, turn: ResponsesTurn, calls, outcomes):
         """Each search's result shown: completed (unless it failed), then its item done."""
         self.follow(turn, calls, outcomes)
         shown = []
