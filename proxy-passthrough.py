@@ -42,7 +42,8 @@ def _float(name: str, default: str) -> float:
 BACKEND_URL = os.environ.get("BACKEND_URL", "http://localhost:18080")
 # Sent to vLLM as `Authorization: Bearer ...` when vLLM runs with --api-key.
 BACKEND_API_KEY = os.environ.get("BACKEND_API_KEY", "")
-# The SearXNG instance the searches go to; it must allow format=json.
+# The SearXNG instances the searches go to, comma- or space-separated, asked in this order (the next when one fails);
+# each must allow format=json.
 SEARXNG_URL = os.environ.get("SEARXNG_URL", "http://host.docker.internal:8889")
 SEARXNG_RESULTS = _int("SEARXNG_RESULTS", "5")
 SEARXNG_TIMEOUT = _float("SEARXNG_TIMEOUT", "15")
@@ -99,6 +100,13 @@ SEARCH_CACHE_TTL = _float("SEARCH_CACHE_TTL", "600")
 # Bounds of the search cache, per gunicorn worker: answers kept, and their bytes (16 MiB).
 SEARCH_CACHE_ENTRIES = _int("SEARCH_CACHE_ENTRIES", "1000")
 SEARCH_CACHE_BYTES = _int("SEARCH_CACHE_BYTES", "16777216")
+# A Brave Search API key turns on the keyed fallback search; empty: SearXNG only. Never logged.
+BRAVE_SEARCH_API_KEY = os.environ.get("BRAVE_SEARCH_API_KEY", "").strip()
+# "fallback": Brave is asked only when every SearXNG instance failed; "always": Brave first, SearXNG when it fails.
+BRAVE_SEARCH_MODE = os.environ.get("BRAVE_SEARCH_MODE", "fallback").strip().lower() or "fallback"
+# Brave's Web Search endpoint; another only for a relay in front of it (or the tests' stand-in).
+BRAVE_SEARCH_URL = (os.environ.get("BRAVE_SEARCH_URL", "https://api.search.brave.com/res/v1/web/search")
+                    or "https://api.search.brave.com/res/v1/web/search")
 # The proxy's own metrics at /proxy/metrics; off, nothing is recorded.
 PROXY_METRICS = _flag("PROXY_METRICS", True)
 # Where gunicorn's workers keep their metric values so one scrape sums them all (prometheus_client's
@@ -148,6 +156,9 @@ try:
         web_fetch_max_per_turn=WEB_FETCH_MAX_PER_TURN,
         web_fetch_max_per_request=WEB_FETCH_MAX_PER_REQUEST,
         searxng_max_bytes=SEARXNG_MAX_BYTES,
+        brave_search_api_key=BRAVE_SEARCH_API_KEY,
+        brave_search_mode=BRAVE_SEARCH_MODE,
+        brave_search_url=BRAVE_SEARCH_URL,
     )
 except ValueError as e:  # Config checks every value once, and its message names the variable
     _die(str(e))

@@ -32,6 +32,13 @@ def load(**env) -> subprocess.CompletedProcess:
     ("MAX_SEARCH_ITER", "0", "MAX_SEARCH_ITER must be above 0, not 0"),
     ("SEARCH_CACHE_TTL", "-1", "SEARCH_CACHE_TTL must be 0 or more, not -1.0"),
     ("WEB_FETCH_MAX_PER_TURN", "-3", "WEB_FETCH_MAX_PER_TURN must be 0 or more, not -3"),
+    ("SEARXNG_URL", "http://searxng:8080,http://b:8080/search?q=x", "SEARXNG_URL: 'http://b:8080/search?q=x' has a query"),
+    ("SEARXNG_URL", "http://a:8080 searxng:8080", "SEARXNG_URL: 'searxng:8080' is not an http:// or https:// URL"),
+    ("SEARXNG_URL", " , ", "SEARXNG_URL names no URL"),
+    ("SEARXNG_URL", "http://a:port", "SEARXNG_URL: 'http://a:port' has a bad port"),
+    ("SEARXNG_URL", "http://me:hunter2@a:8080", "SEARXNG_URL: 'http://***@a:8080' carries a user name or password"),
+    ("BRAVE_SEARCH_MODE", "sometimes", "BRAVE_SEARCH_MODE must be 'fallback' or 'always', not 'sometimes'"),
+    ("BRAVE_SEARCH_URL", "api.search.brave.com", "BRAVE_SEARCH_URL: 'api.search.brave.com' is not an http://"),
 ])
 def test_a_bad_setting_stops_the_proxy_with_one_line_naming_it(name, value, message):
     proc = load(**{name: value})
@@ -45,6 +52,26 @@ def test_a_bad_setting_stops_the_proxy_with_one_line_naming_it(name, value, mess
 def test_good_settings_load(env):
     proc = load(**env)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("text, urls", [
+    ("http://searxng:8080", ("http://searxng:8080",)),
+    ("http://a:8080/, https://b.example/searx  http://c:8888,,http://a:8080",
+     ("http://a:8080", "https://b.example/searx", "http://c:8888")),
+    ("\thttp://[::1]:8888\n", ("http://[::1]:8888",)),
+])
+def test_searxng_url_is_a_list_in_order(text, urls):
+    assert Config(searxng_url=text).searxng_urls == urls
+
+
+def test_a_password_in_a_url_or_a_bad_key_is_refused_without_showing_it():
+    with pytest.raises(ValueError) as e:
+        Config(searxng_url="http://a:8080,https://me:hunter2@b.example")
+    assert "hunter2" not in str(e.value) and "https://***@b.example" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        Config(brave_search_api_key="abc def\r\nX-Injected: 1")
+    assert "abc" not in str(e.value) and "BRAVE_SEARCH_API_KEY" in str(e.value)
+    assert "sekrit-key" not in repr(Config(brave_search_api_key="sekrit-key"))
 
 
 def test_config_holds_networks_parsed_once():

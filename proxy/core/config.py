@@ -6,11 +6,15 @@ again; a bad value is a ValueError that names its variable, which proxy-passthro
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import re
+import urllib.parse
+from dataclasses import dataclass, field, fields
 
 from proxy.backends.netguard import parse_networks
 
 STREAM_SEARCH_MODES = ("server", "client")
+# When the Brave Search API is asked (BRAVE_SEARCH_MODE): only after every SearXNG instance failed, or first.
+BRAVE_SEARCH_MODES = ("fallback", "always")
 # Fields that must be above zero (a count of zero or a timeout of zero would make the proxy useless, not safer);
 # caches and caps take 0 to mean off, so they only may not be negative.
 _POSITIVE = ("searxng_results", "searxng_timeout", "max_search_iter", "connect_timeout", "read_timeout",
@@ -64,12 +68,25 @@ class Config:
     web_fetch_max_per_turn: int = 10
     web_fetch_max_per_request: int = 50
     searxng_max_bytes: int = 4 * 1024 * 1024  # a SearXNG answer's decoded bytes; a bigger one is a failed search
+    # The keyed fallback search (proxy/backends/brave.py): off without a key; the key never shows in a repr.
+    brave_search_api_key: str = field(default="", repr=False)
+    brave_search_mode: str = "fallback"
+    brave_search_url: str = "https://api.search.brave.com/res/v1/web/search"
+    # SEARXNG_URL's instances in the order they are asked (proxy/backends/failover.py), each checked; set from it.
+    searxng_urls: tuple[str, ...] = field(init=False, default=())
 
     def __post_init__(self):
         if self.stream_search not in STREAM_SEARCH_MODES:
             raise ValueError(f"STREAM_SEARCH must be 'server' or 'client', not {self.stream_search!r}")
+        if self.brave_search_mode not in BRAVE_SEARCH_MODES:
+            raise ValueError(f"BRAVE_SEARCH_MODE must be 'fallback' or 'always', not {self.brave_search_mode!r}")
         # frozen: the one place a field is replaced by its working form
         object.__setattr__(self, "web_fetch_allowed_networks", parse_networks(self.web_fetch_allowed_networks))
+        object.__setattr__(self, "searxng_urls", parse_urls("SEARXNG_URL", self.searxng_url))
+        parse_urls("BRAVE_SEARCH_URL", self.brave_search_url, one=True)
+        if self.brave_search_api_key and not re.fullmatch(r"[\x21-\x7e]+", self.brave_search_api_key):
+            # Said without the key itself, which must not reach a log.
+            raise ValueError("BRAVE_SEARCH_API_KEY has spaces or characters an HTTP header cannot carry")
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -77,6 +94,36 @@ class Config:
             if value < 0 or (value == 0 and f.name in _POSITIVE):
                 least = "above 0" if f.name in _POSITIVE else "0 or more"
                 raise ValueError(f"{_variable(f.name)} must be {least}, not {value}")
+
+
+def parse_urls(variable: str, text: str, one: bool = False) -> tuple[str, ...]:
+    """The http(s) URLs in a comma- or space-separated list, in order, each once and without a trailing slash; a
+    ValueError naming the first that cannot be asked (another scheme, no host, a bad port, credentials the proxy
+    would not send, a query) and the variable. Pure."""
+    urls: list[str] = []
+    for item in re.split(r"[,\s]+", text.strip()):
+        if not item:
+            continue
+        try:
+            parts = urllib.parse.urlsplit(item)
+            _ = parts.port  # raises ValueError for a port that is not a number or out of range
+        except ValueError:
+            raise ValueError(f"{variable}: {item!r} has a bad port or address") from None
+        if parts.username is not None or parts.password is not None:
+            hidden = parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
+            raise ValueError(f"{variable}: {hidden!r} carries a user name or password, which the proxy does not send")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{variable}: {item!r} is not an http:// or https:// URL with a host")
+        if parts.query or parts.fragment:
+            raise ValueError(f"{variable}: {item!r} has a query or fragment; give the instance's base URL")
+        url = item.rstrip("/")
+        if url not in urls:
+            urls.append(url)
+    if not urls:
+        raise ValueError(f"{variable} names no URL")
+    if one and len(urls) > 1:
+        raise ValueError(f"{variable} takes one URL, not {len(urls)}")
+    return tuple(urls)
 
 
 def _variable(field: str) -> str:

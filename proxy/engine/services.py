@@ -66,6 +66,6 @@ class Services:
     @classmethod
     def build(cls, cfg: Config) -> Services:
         backend = Backend(cfg.backend_url, cfg.connect_timeout, cfg.read_timeout, cfg.backend_api_key)
-        searxng = SearXNG(cfg.searxng_url, cfg.searxng_results, cfg.searxng_timeout, cfg.searxng_max_bytes)
+        searxng = SearXNG(cfg.searxng_urls[0], cfg.searxng_results, cfg.searxng_timeout, cfg.searxng_max_bytes)
         searxng, fetcher = metrics.instrument(cfg, searxng, Fetcher(cfg))
         return cls(cfg, backend, searxng, fetcher)
