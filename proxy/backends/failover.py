@@ -132,8 +132,8 @@ class FailoverSearch:
         retried = False
         while steps:
             remaining = deadline - self._clock()
-            if cancel.fired or remaining < MIN_ATTEMPT:
-                break
+            if cancel.fired or (tried and remaining < MIN_ATTEMPT):
+                break  # the first attempt always runs, with the whole deadline when it is that short
             step = steps.pop(0)
             budget = remaining * step.weight / (step.weight + sum(s.weight for s in steps))
             with _attempt(cancel) as attempt:
@@ -206,7 +206,8 @@ class FailoverSearch:
         """The answer, with a note when it did not come the usual way (the first instance, all its engines)."""
         outcome, step = done.outcome, done.step
         if step.kind == "retry":
-            dead = ", ".join(f"{f.engine} ({f.message})" for f in tried[-2].failures[:6]) if len(tried) > 1 else ""
+            first_try = next(t for t in tried if t.step.kind == "instance" and t.step.url == step.url)
+            dead = ", ".join(f"{f.engine} ({f.message})" for f in first_try.failures[:6])
             note = (f"Every engine of the usual search failed{': ' + dead if dead else ''}; these results come from "
                     f"a retry on {_retried(step)}, so general web pages may be missing.")
             self._fallback("retry")
@@ -230,9 +231,9 @@ class FailoverSearch:
         return outcome
 
     def _all_failed(self, query: str, tried: list[_Tried]) -> SearchOutcome:
-        if not tried:
+        if not tried:  # only when the client had left before the search started
             return SearchOutcome(query, "failed", error_code="unavailable",
-                                 message=f"Search failed: no search answered within {self.timeout:g} s.")
+                                 message="Search failed: the client closed the request.")
         if len(tried) == 1:
             return tried[0].outcome
         parts = []
