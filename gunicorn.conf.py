@@ -3,6 +3,8 @@
 Run: gunicorn --config gunicorn.conf.py proxy-passthrough:app
 """
 import os
+import shutil
+import tempfile
 
 bind = os.environ.get("PROXY_BIND", "0.0.0.0:11433")
 # An evented worker: every open stream is a cheap greenlet, not a thread, so 64 agents
@@ -30,6 +32,16 @@ forwarded_allow_ips = ""
 forwarder_headers = ""
 secure_scheme_headers: dict = {}
 
+# Several workers each keep their own metrics; without a shared folder every scrape would show the one worker
+# that answered it (four searches read as 4, 4, 0). The image sets PROMETHEUS_MULTIPROC_DIR; anywhere else this
+# run makes a private one, here in the master before any worker imports prometheus_client (which picks its
+# storage at import), and removes it at exit. Empty means unset: prometheus_client would take "" as a folder.
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    if workers > 1:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="proxy-metrics-")
+        _private_metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+
 
 def when_ready(server):
     # Small SSE events must leave at once: with Nagle's algorithm a second small write waits
@@ -45,6 +57,17 @@ def post_fork(server, worker):
     # before a streamed answer's first event (proxy/http/gunicorn_response.py has the figures).
     from proxy.http.gunicorn_response import install
     install()
+
+
+def on_starting(server):
+    if "_private_metrics_dir" in globals():
+        server.log.info("metrics: %d workers and no PROMETHEUS_MULTIPROC_DIR: they sum their metrics through %s, "
+                        "removed at exit", workers, _private_metrics_dir)
+
+
+def on_exit(server):
+    if "_private_metrics_dir" in globals():
+        shutil.rmtree(_private_metrics_dir, ignore_errors=True)
 
 
 def child_exit(server, worker):

@@ -468,9 +468,10 @@ def phase_big(backend, proxy, proxy_noinject, n: int, size: int) -> dict:
 def record_search_loop(backend, searxng_url: str, searches: int):
     """The exact wire exchanges the proxy makes for one search loop, built once with the proxy's
     own pure functions, so the direct replay times wire + stand-ins and nothing else."""
-    from proxy.apis.chat import rules as chat_wire
-    from proxy.backends import searxng as search  # noqa: PLC0415 (only the benchmark's client needs it)
-    body = chat_wire.with_web_search(SMALL)
+    from proxy.apis.chat import rules as chat_wire  # noqa: PLC0415 (only the benchmark's client needs these)
+    from proxy.backends import searxng  # noqa: PLC0415
+    from proxy.tools import web_search  # noqa: PLC0415
+    body = chat_wire.with_tools(SMALL, (chat_wire.WEB_SEARCH,))
     messages = list(body["messages"])
     hdr = [("X-Bench-Mode", "search"), ("X-Bench-Searches", str(searches))]
     c, request = Client(backend.url), body
@@ -484,15 +485,15 @@ def record_search_loop(backend, searxng_url: str, searches: int):
             break
         outcomes = []
         for call in msg["tool_calls"]:
-            q, _ = search.parse_arguments(call["function"]["arguments"])
+            q, _ = web_search.parse_arguments(call["function"]["arguments"])
             assert q, "the stand-in's searches always carry a query"
-            url = search.search_url(searxng_url, q)
+            url = searxng.search_url(searxng_url, q)
             target = url[len(searxng_url):]
             steps.append(("searxng", target))
             s = Client(searxng_url)  # the proxy opens one connection per search, and so does this
             sr, _ = s.retrying("GET", target, keep_body=True)
             s.close()
-            outcomes.append(search.outcome_from_response(q, searxng_url, 200, b"".join(sr.body), 5))
+            outcomes.append(searxng.outcome_from_response(q, searxng_url, 200, b"".join(sr.body), 5))
         messages = messages + [chat_wire.assistant_turn(msg)] + chat_wire.tool_results(msg["tool_calls"], outcomes)
         request = chat_wire.next_request(body, messages)
     c.close()

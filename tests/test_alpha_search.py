@@ -19,7 +19,8 @@ import pytest
 from proxy.apis.alpha_search import rules as W
 from proxy.apis.alpha_search.handler import PATH
 from proxy.backends.fetcher import Fetcher
-from proxy.backends.searxng import Hit, SearchOutcome, SearXNG
+from proxy.backends.search import Hit, SearchOutcome
+from proxy.backends.searxng import SearXNG
 from proxy.core.config import Config
 from proxy.tools.web_fetch import FetchError, Page
 from standins.searxng import result
@@ -180,11 +181,12 @@ def test_find_lists_matching_lines(pattern, expected):
 
 @pytest.mark.parametrize("failures,ok,status", [
     ([], 1, 200),
-    ([W.Failure("unavailable", "Search failed: x did not answer within 15 s.")], 0, 504),
-    ([W.Failure("url_not_accessible", "https://a did not answer within 20 s."),
-      W.Failure("unavailable", "Search failed: x did not answer within 15 s.")], 0, 504),
+    ([W.Failure("unavailable", "Search failed: x did not answer within 15 s.", timed_out=True)], 0, 504),
+    ([W.Failure("url_not_accessible", "https://a did not answer within 20 s.", timed_out=True),
+      W.Failure("unavailable", "Search failed: x did not answer within 15 s.", timed_out=True)], 0, 504),
     ([W.Failure("unavailable", "Search failed: cannot reach SearXNG at x")], 0, 502),
-    ([W.Failure("too_many_requests", "x answered 429"), W.Failure("unavailable", "y did not answer within 1 s.")], 0, 502),
+    ([W.Failure("too_many_requests", "x answered 429"),
+      W.Failure("unavailable", "y did not answer within 1 s.", timed_out=True)], 0, 502),
     ([W.Failure("unavailable", "Search failed: cannot reach SearXNG at x")], 1, 200),   # something else worked
     ([W.Failure("url_not_allowed", "Not fetched: private address")], 0, 200),           # a refusal the model reads
     ([W.Failure("invalid_tool_input", "Unknown ref_id")], 0, 200),
@@ -242,7 +244,7 @@ def test_ref_store_is_bounded_and_counts_turns():
     assert store.begin("") == (0, {}) and store.begin("") == (0, {})
 
 
-def test_both_cores_say_timeouts_in_the_words_504_depends_on():
+def test_both_cores_mark_the_timeouts_504_depends_on():
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)  # connections complete in the backlog and are never answered
@@ -254,8 +256,10 @@ def test_both_cores_say_timeouts_in_the_words_504_depends_on():
                 f"http://127.0.0.1:{port}/slow")
     finally:
         silent.close()
-    assert W.TIMEOUT_WORDS in slow.message and W.Failure(slow.error_code, slow.message).timeout
-    assert W.TIMEOUT_WORDS in e.value.message and W.Failure(e.value.code, e.value.message).upstream
+    assert slow.timed_out and "did not answer within" in slow.message
+    assert W.Failure(slow.error_code, slow.message, slow.timed_out).timeout
+    assert e.value.timed_out and "did not answer within" in e.value.message
+    assert W.Failure(e.value.code, e.value.message, e.value.timed_out).upstream
 
 
 # ---- the real proxy under gunicorn ----------------------------------------------------------

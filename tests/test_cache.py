@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from proxy.backends.cache import TTLCache
-from proxy.backends.searxng import Hit, SearchOutcome, outcome_size, search_key
+from proxy.backends.search import Hit, SearchOutcome, outcome_size, search_key
 
 
 class Clock:

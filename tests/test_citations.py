@@ -14,7 +14,8 @@ from clients import anthropic, openai
 from test_sdk_types import post, sse_data, strict, strict_event
 
 from proxy.apis import citations as C
-from proxy.backends.searxng import Hit, SearchOutcome, format_for_model
+from proxy.backends.search import Hit, SearchOutcome
+from proxy.tools.web_search import format_for_model
 from standins import anthropic_wire as W
 from standins import responses_wire as w
 from standins.searxng import default_results

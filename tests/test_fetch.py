@@ -19,8 +19,8 @@ import pytest
 from proxy.backends.cache import TTLCache
 from proxy.backends.extract import html_to_text
 from proxy.backends.fetcher import Fetched, Fetcher, fetched_size
-from proxy.backends.netguard import address_refusal, domain_matches, parse_networks, parse_url
-from proxy.core.config import Config
+from proxy.backends.netguard import address_refusal, domain_matches, parse_url
+from proxy.core.config import Config, parse_networks
 from proxy.runtime.concurrency import run_together
 from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchError, Page
 from standins.web_pages import WebSite
@@ -494,7 +494,7 @@ def test_domain_matches(target, domains, matches):
     ("https://evil.com/?q=example.com", ["example.com"], False),
 ])
 def test_search_filters_use_the_fetch_rule(target, domains, kept):
-    from proxy.backends.searxng import Hit, SearchOutcome, filter_domains
+    from proxy.backends.search import Hit, SearchOutcome, filter_domains
     outcome = filter_domains(SearchOutcome("q", "ok", hits=[Hit("t", target)]), allowed=domains)
     assert bool(outcome.hits) is kept is domain_matches(target, domains)
 

@@ -19,7 +19,7 @@ from clients import anthropic
 from proxy.apis.messages.blocks import add_usage, encode_content, outcome_from_block, result_block, with_searches
 from proxy.apis.messages.history import rewrite_history
 from proxy.apis.messages.request import (
-    Plan,
+    MessagesPlan,
     internal_name,
     needs_rewrite,
     next_request,
@@ -27,8 +27,9 @@ from proxy.apis.messages.request import (
     subrequest_query,
     validate,
 )
-from proxy.backends.searxng import QUERY_SCHEMA, TOOL_DESCRIPTION, Hit, SearchOutcome, format_for_model
+from proxy.backends.search import Hit, SearchOutcome
 from proxy.core.errors import as_anthropic_error
+from proxy.tools.web_search import QUERY_SCHEMA, TOOL_DESCRIPTION, format_for_model
 from standins import anthropic_wire as W
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
@@ -236,7 +237,7 @@ def test_claude_code_subrequest_detection(body, expected):
     ({"type": "auto"}, False, {"type": "auto"}),
 ])
 def test_forced_choice_applies_to_the_first_turn_only(tool_choice, client_tools, expected):
-    plan = Plan(name="web_search", server=True, client_tools=client_tools)
+    plan = MessagesPlan(name="web_search", server=True, client_tools=client_tools)
     assert next_request({"tool_choice": tool_choice}, [], plan)["tool_choice"] == expected
 
 

@@ -237,12 +237,10 @@ def _pids_with(directory: Path, kind: str) -> set[int]:
     return {int(m.group(1)) for f in directory.iterdir() if (m := re.fullmatch(kind + r"_(\d+)\.db", f.name))}
 
 
-def test_two_workers_sum_into_one_scrape(start_proxy, backend):
-    p = start_proxy(PROXY_WORKERS="2", **CACHE_ON)
-    backend.responder = lambda received: json_reply({"object": "list", "data": []})
-    before = scrape(p)
+def spread_over_workers(p, metrics_dir: Path) -> int:
+    """Relayed GETs on fresh connections until both workers have served some (which one accepts is the kernel's
+    choice); how many were sent."""
     sent = 0
-    # Fresh connections until both workers have served some: which one accepts is the kernel's choice.
     for _ in range(40):
         threads = [threading.Thread(target=lambda: raw_request(p.url, "GET", "/v1/models")) for _ in range(8)]
         for t in threads:
@@ -250,11 +248,46 @@ def test_two_workers_sum_into_one_scrape(start_proxy, backend):
         for t in threads:
             t.join(30)
         sent += len(threads)
-        if len(_pids_with(p.metrics_dir, "histogram")) >= 2:
+        if len(_pids_with(metrics_dir, "histogram")) >= 2:
             break
-    assert len(_pids_with(p.metrics_dir, "histogram")) >= 2, "one worker served every request"
-    after = scrape(p)
-    assert delta(before, after, "proxy_requests_total", api="relay", status=200) == sent
+    assert len(_pids_with(metrics_dir, "histogram")) >= 2, "one worker served every request"
+    return sent
+
+
+def counted_relays(p, before, sent: int) -> float:
+    """The relayed requests a scrape counts once it counts all `sent` (or after 10 s, what it counts then): a
+    request is counted when its body is closed, just after the client has read its answer."""
+    deadline = time.monotonic() + 10
+    while True:
+        got = delta(before, scrape(p), "proxy_requests_total", api="relay", status=200)
+        if got >= sent or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+def test_two_workers_sum_into_one_scrape(start_proxy, backend):
+    p = start_proxy(PROXY_WORKERS="2", **CACHE_ON)
+    backend.responder = lambda received: json_reply({"object": "list", "data": []})
+    before = scrape(p)
+    sent = spread_over_workers(p, p.metrics_dir)
+    assert counted_relays(p, before, sent) == sent
+
+
+def test_several_workers_without_a_metrics_folder_still_sum_into_every_scrape(start_proxy, backend):
+    """Outside the image nobody sets PROMETHEUS_MULTIPROC_DIR; with two workers the server makes a private folder,
+    so every scrape, whichever worker answers it, counts every worker's requests; the folder goes with the server."""
+    p = start_proxy(PROXY_WORKERS="2", PROMETHEUS_MULTIPROC_DIR="", **CACHE_ON)
+    found = re.search(r"sum their metrics through (\S+),", p.log())
+    assert found, p.log()
+    private = Path(found.group(1))
+    backend.responder = lambda received: json_reply({"object": "list", "data": []})
+    before = scrape(p)
+    sent = spread_over_workers(p, private)
+    assert counted_relays(p, before, sent) == sent
+    scrapes = [scrape(p) for _ in range(6)]  # answered by either worker: each must show the whole count
+    assert {delta(before, after, "proxy_requests_total", api="relay", status=200) for after in scrapes} == {sent}
+    p.stop()
+    assert not private.exists(), "the private metrics folder outlived the server"
 
 
 def test_a_dead_workers_live_gauges_leave_the_sum(start_proxy, backend, searxng):

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from clients import openai
 
-from proxy.apis.responses.calls import apply_search_filters, next_request
+from proxy.apis.responses.calls import next_request, tool_request
 from proxy.apis.responses.output import add_usage, web_search_item
 from proxy.apis.responses.request import (
-    Plan,
+    ResponsesPlan,
     first_request,
     internal_name,
     make_plan,
@@ -26,7 +26,8 @@ from proxy.apis.responses.request import (
     replay,
     rewrite_tool_choice,
 )
-from proxy.backends.searxng import NOT_EXECUTED, Hit, SearchOutcome
+from proxy.backends.search import Hit, SearchOutcome
+from proxy.tools.web_search import NOT_EXECUTED, shaped
 from standins import responses_wire as w
 from standins.rawhttp import raw_request
 from standins.searxng import result
@@ -187,10 +188,10 @@ def test_usage_sums_every_turn():
                                                "tool_output_tokens_per_turn": []}, "total_tokens": 260}
 
 
-def plan(**kw) -> Plan:
+def plan(**kw) -> ResponsesPlan:
     base = dict(name="web_search", hosted=True, results=5, language=None, allowed=(), sources=False,
                 client_tools=[HOSTED], client_tool_choice=None)
-    return Plan(**{**base, **kw})
+    return ResponsesPlan(**{**base, **kw})
 
 
 def ok(query, urls=("https://a.example/1",)) -> SearchOutcome:
@@ -215,8 +216,9 @@ def test_web_search_call_item(outcome, sources, status, action):
     (("c.example",), 5, []),
 ])
 def test_domain_filter_and_count(allowed, results, kept):
-    o = apply_search_filters(ok("q", ("https://a.example/1", "https://b.example/2", "https://docs.a.example/3")),
-                plan(allowed=allowed, results=results))
+    request = tool_request({"type": "function_call", "name": "web_search", "arguments": '{"query": "q"}'},
+                           plan(allowed=allowed, results=results))
+    o = shaped(ok("q", ("https://a.example/1", "https://b.example/2", "https://docs.a.example/3")), request)
     assert [h.url for h in o.hits] == kept
     assert o.status == ("ok" if kept else "empty")
 

@@ -14,11 +14,21 @@ from test_chat_fetch import FACT, PAGE
 from test_client_leaving import logged
 from test_faults import access_lines, post_raw, read_until
 
-from proxy.apis.responses.calls import FIND_MATCHES, FIND_USAGE, FindResult, find_in_text, tool_output, tool_request
+from proxy.apis.responses.calls import tool_request
 from proxy.apis.responses.output import call_action, pending_item, web_search_item
-from proxy.apis.responses.request import Plan, first_request, make_plan, page_tools, replay, rewrite_tool_choice
-from proxy.backends.searxng import SearchOutcome
+from proxy.apis.responses.request import (
+    ResponsesPlan,
+    first_request,
+    make_plan,
+    page_tools,
+    replay,
+    rewrite_tool_choice,
+)
+from proxy.backends.search import SearchOutcome
+from proxy.tools.find_in_page import FIND_MATCHES, FIND_USAGE, FindRequest, FindResult, find_in_text
+from proxy.tools.registry import text as tool_output
 from proxy.tools.web_fetch import FetchOutcome, FetchRequest, Page
+from proxy.tools.web_search import SearchRequest
 from standins import responses_wire as w
 
 HOSTED = {"type": "web_search"}
@@ -36,10 +46,10 @@ def fresh_path() -> str:
     return f"/page-{next(_paths)}"
 
 
-def plan(**kw) -> Plan:
+def plan(**kw) -> ResponsesPlan:
     base = dict(name="web_search", hosted=True, results=5, language=None, allowed=(), sources=False,
                 client_tools=[HOSTED], client_tool_choice=None, fetch_name="web_fetch", find_name="find_in_page")
-    return Plan(**{**base, **kw})
+    return ResponsesPlan(**{**base, **kw})
 
 
 def page(text="alpha beta", url="https://a.example/p", truncated=False) -> FetchOutcome:
@@ -88,8 +98,8 @@ def test_tool_choice_allows_the_page_functions(choice, expected):
 @pytest.mark.parametrize("call,expected", [
     (fn("web_fetch", {"url": " https://a.example/p "}), FetchRequest("https://a.example/p", allowed_domains=("a.example",))),
     (fn("find_in_page", {"url": "https://a.example/p", "pattern": "x"}),
-     FetchRequest("https://a.example/p", allowed_domains=("a.example",))),
-    (fn("web_search", {"query": "q"}), ("q", None)),
+     FindRequest(FetchRequest("https://a.example/p", allowed_domains=("a.example",)), "x")),
+    (fn("web_search", {"query": "q"}), SearchRequest("q", allowed_domains=("a.example",), results=5)),
 ])
 def test_calls_become_what_the_session_runs(call, expected):
     assert tool_request(call, plan(allowed=("a.example",))) == expected

@@ -9,24 +9,18 @@ import json
 import pytest
 
 from proxy.apis.chat import rules as chat_wire
-from proxy.backends.pagetext import Decoder
-from proxy.backends.searxng import (
-    NOT_EXECUTED,
-    Hit,
-    SearchOutcome,
-    filter_domains,
-    format_for_model,
-    outcome_from_response,
-    parse_arguments,
-    search_url,
-)
+from proxy.backends.search import Hit, SearchOutcome, filter_domains
+from proxy.backends.searxng import outcome_from_response, search_url
 from proxy.core.codec import data_of, event_and_data, iter_frame_batches, iter_frames
 from proxy.core.config import Config
-from proxy.core.errors import upstream_error_status
 from proxy.http.app import key_ok, outbound_headers, presented_key
+from proxy.tools import registry
+from proxy.tools.base import Backends
 from proxy.tools.session import ToolSession
+from proxy.tools.web_search import NOT_EXECUTED, format_for_model, parse_arguments
+from proxy.transport.decoding import Decoder
 from proxy.transport.http1 import end_to_end_headers
-from proxy.transport.vllm import UpstreamError
+from proxy.transport.vllm import UpstreamError, gateway_status
 from standins.searxng import default_results, page, result
 
 USER = [{"role": "user", "content": "hi"}]
@@ -46,14 +40,14 @@ CLIENT_WEB_SEARCH = {"type": "function", "function": {"name": "web_search", "par
     ({"messages": USER, "n": 1}, True, True),
     ({"messages": USER}, False, False),
 ])
-def test_should_inject(body, enabled, expected):
-    assert chat_wire.should_inject(body, enabled) is expected
+def test_web_search_is_injected(body, enabled, expected):
+    assert (chat_wire.WEB_SEARCH in chat_wire.tools_to_inject(body, search=enabled, fetch=False)) is expected
 
 
-def test_with_web_search_keeps_every_other_field():
+def test_with_tools_keeps_every_other_field():
     body = {"messages": USER, "tools": [CLIENT_TOOL], "temperature": 0.3, "chat_template_kwargs": {"enable_thinking": False},
             "structured_outputs": {"regex": "x"}, "stream_options": {"include_usage": True}, "vendor_x": [1]}
-    out = chat_wire.with_web_search(body)
+    out = chat_wire.with_tools(body, (chat_wire.WEB_SEARCH,))
     assert out["tools"] == [CLIENT_TOOL, chat_wire.WEB_SEARCH_TOOL]
     assert {k: v for k, v in out.items() if k != "tools"} == {k: v for k, v in body.items() if k != "tools"}
     assert body["tools"] == [CLIENT_TOOL]  # the client's request is not mutated
@@ -185,29 +179,35 @@ def test_filter_domains(allowed, blocked, urls, status):
 
 
 class FakeSearxng:
-    """Counts calls; stands in for the HTTP side of SearXNG in session bookkeeping tests."""
+    """A search backend (proxy/backends/search.py's protocol) that counts calls; stands in for the HTTP side of
+    SearXNG in session bookkeeping tests."""
     base_url = "http://s"
+    results, timeout = 5, 1.0
 
     def __init__(self, status="ok"):
         self.calls = []
         self.status = status
 
-    def search(self, query, language=None, limit=None, cancel=None):
+    def search(self, query, language=None, limit=None, time_range=None, cancel=None):
         self.calls.append(query)
         return SearchOutcome(query, self.status, hits=[Hit("t", "https://u")] if self.status == "ok" else [],
                              message="No results" if self.status != "ok" else "")
 
 
+def search(query: str):
+    return registry.parse("web_search", {"query": query})
+
+
 def test_session_repeats_are_not_searched_again_and_counts_add_up():
     s = FakeSearxng()
-    session = ToolSession(s, max_rounds=3)
-    first = session.run([("rust", None), ("Rust", None), parse_arguments("{bad")])
+    session = ToolSession(Backends(s, None), max_rounds=3)
+    first = session.run([search("rust"), search("Rust"), registry.parse("web_search", "{bad")])
     assert s.calls.count("rust") + s.calls.count("Rust") == 1 and session.rounds == 1
     assert sum(o.repeated for o in first) == 1 and first[2].status == "failed"
-    again = session.run([("rust", None)])
+    again = session.run([search("rust")])
     assert again[0].repeated and len(s.calls) == 1
     assert not session.exhausted
-    session.run([("go", None)])
+    session.run([search("go")])
     assert session.exhausted and session.searches == 3 and session.failed == 1
 
 
@@ -219,9 +219,9 @@ def test_session_repeats_are_not_searched_again_and_counts_add_up():
     ("ok", [["a", "b"], ["A", "b", "c"], []], "3 of 3 search rounds used (3 searches, 2 repeated, 0 empty)"),
 ])
 def test_cap_message(status, rounds, expected):
-    session = ToolSession(FakeSearxng(status), max_rounds=len(rounds))
+    session = ToolSession(Backends(FakeSearxng(status), None), max_rounds=len(rounds))
     for queries in rounds:
-        session.run([(q, None) for q in queries])
+        session.run([search(q) for q in queries])
     assert session.cap_message() == expected
 
 
@@ -303,8 +303,8 @@ def test_key_ok(key, keys, ok):
     (UpstreamError("unreachable", "x", refused=True), 502, "still be loading"),
     (UpstreamError("unreachable", "x"), 502, "unreachable"),
 ])
-def test_upstream_error_status(error, status, phrase):
-    got, msg = upstream_error_status(error)
+def test_gateway_status(error, status, phrase):
+    got, msg = gateway_status(error)
     assert got == status and phrase in msg
 
 

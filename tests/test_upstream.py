@@ -16,10 +16,9 @@ import urllib.parse
 
 import pytest
 
-from proxy.core.errors import upstream_error_status
 from proxy.transport import vllm as upstream
 from proxy.transport.http1 import ProtocolError, body_framing, may_retry, request_head
-from proxy.transport.vllm import Backend, Connection, UpstreamError
+from proxy.transport.vllm import Backend, Connection, UpstreamError, gateway_status
 from standins.keepalive_server import DROP, OK, KeepAliveServer
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
@@ -447,7 +446,7 @@ def test_a_request_the_server_read_and_dropped_is_not_replayed(keepalive_server,
     else:
         with pytest.raises(UpstreamError, match="closed the connection") as e:
             chat(backend, method)
-        assert upstream_error_status(e.value)[0] == 502
+        assert gateway_status(e.value)[0] == 502
     assert [s.method for s in server.seen if s.path == "/v1/chat/completions"] == [method] * times
     if pooled_first:
         assert server.seen[1].connection == 0  # the dropped request did go on the pooled connection

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from proxy.core import codec
+from proxy.tools.sources import CITE_NOTE, Source, Sources, numbered  # noqa: F401 (the APIs' and tests' names for them)
 
 # [3], [3, 4], [3][4] (two markers). Three digits at most: a request never has a thousand sources, and "[2026]"
 # in a sentence is a year, not a citation.
@@ -29,86 +30,10 @@ MARKER = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
 # What may still grow into a marker at the end of a stream's text so far: "[", "[1", "[1, 2". Bounded, so the
 # scanner never holds more than a few characters.
 PARTIAL = re.compile(r"\[[\d,\s]{0,15}\Z")
-HIT_LINE = re.compile(r"^\[(\d+)\] ", re.MULTILINE)  # "[1] Title" in search.format_for_model's results
-CITE_NOTE = "Cite what you use from these sources in your answer with their numbers in brackets, like [{n}]."
 CITED_CHARS = 150   # Anthropic's cited_text of a search result is at most 150 characters
 SENTENCE_CHARS = 500  # the longest char_location range cut from a page
 WORD = re.compile(r"\w{3,}")
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")  # "0.32" is no sentence end; ". " and a new line are
-
-
-@dataclass(frozen=True)
-class Source:
-    """One numbered source: a search hit (its snippet) or a fetched page (its text, one document)."""
-    n: int
-    url: str
-    title: str | None
-    text: str                   # the snippet, or the page's text as the client's document holds it
-    document: int | None = None  # a page's place among the request's fetched documents (0, 1, ...)
-
-
-class Sources:
-    """The sources of one request, numbered in the order the model read them; a URL read again keeps its number."""
-
-    def __init__(self):
-        self.by_n: dict[int, Source] = {}
-        self._by_url: dict[str, Source] = {}
-        self.documents = 0
-
-    def get(self, n: int) -> Source | None:
-        return self.by_n.get(n)
-
-    def _add(self, url: str, title: str | None, text: str, page: bool) -> Source:
-        known = self._by_url.get(url)
-        if known is not None and (known.document is not None) == page:
-            return known
-        document = None
-        if page:
-            document, self.documents = self.documents, self.documents + 1
-        src = Source(len(self.by_n) + 1, url, title, text, document)
-        self.by_n[src.n] = src
-        self._by_url.setdefault(url, src)
-        return src
-
-    def number_hits(self, hits, text: str) -> str:
-        """A search result's text (search.format_for_model) with its hits numbered over the whole request, and the
-        sentence asking the model to cite them. The local "[1] Title" lines are renumbered when they are all
-        there, in order; otherwise the numbers are listed after the text."""
-        numbered = [self._add(h.url, h.title, h.snippet, page=False) for h in hits]
-        if not numbered:
-            return text
-        lines = list(HIT_LINE.finditer(text))
-        if [int(m.group(1)) for m in lines] == list(range(1, len(numbered) + 1)):
-            out, at = [], 0
-            for m, src in zip(lines, numbered, strict=True):
-                out += [text[at:m.start()], f"[{src.n}] "]
-                at = m.end()
-            text = "".join(out) + text[at:]
-        else:
-            text += "\n\n" + "\n".join(f"[{s.n}] {s.url}" for s in numbered)
-        return text + "\n\n" + CITE_NOTE.format(n=numbered[0].n)
-
-    def number_page(self, page, text: str) -> str:
-        """A fetched page's text with its number in front and the sentence asking the model to cite it."""
-        return text if page is None else self.number_document(page.url, page.title, page.text, text)
-
-    def number_document(self, url: str, title: str | None, document: str, text: str) -> str:
-        """number_page for a page known by its parts (a replayed document)."""
-        src = self._add(url, title, document, page=True)
-        return f"[{src.n}] {text}\n\n" + CITE_NOTE.format(n=src.n)
-
-
-def numbered(sources: Sources | None, outcome, text: str, pages: bool = True) -> str:
-    """The tool result text the model reads, its sources numbered (as it was when citations are off: `sources`
-    None). `outcome` is a search.SearchOutcome (hits) or a fetch.FetchOutcome (page); `pages`: whether pages are
-    cited here (Anthropic's web_fetch only with citations enabled)."""
-    if sources is None:
-        return text
-    if hasattr(outcome, "hits"):
-        return sources.number_hits(outcome.hits, text) if outcome.status == "ok" else text
-    if pages and hasattr(outcome, "page"):
-        return sources.number_page(outcome.page, text)
-    return text
 
 
 # ---- finding markers ------------------------------------------------------------------------------

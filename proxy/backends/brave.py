@@ -13,7 +13,8 @@ import re
 import time
 import urllib.parse
 
-from proxy.backends.searxng import SNIPPET_CHARS, USER_AGENT, Hit, SearchOutcome
+from proxy.backends.search import Hit, SearchOutcome
+from proxy.backends.searxng import SNIPPET_CHARS, USER_AGENT
 from proxy.core import codec
 from proxy.runtime.cancel import GONE, TIMEOUT, Cancel
 from proxy.transport import webclient
@@ -96,8 +97,8 @@ def _error_code(body: bytes) -> str:
     return code if isinstance(code, str) and _ERROR_CODE.fullmatch(code) else ""
 
 
-def _failed(query: str, message: str, code: str = "unavailable") -> SearchOutcome:
-    return SearchOutcome(query, "failed", error_code=code, message=message)
+def _failed(query: str, message: str, code: str = "unavailable", timed_out: bool = False) -> SearchOutcome:
+    return SearchOutcome(query, "failed", error_code=code, message=message, timed_out=timed_out)
 
 
 def _text(value) -> str:
@@ -157,7 +158,8 @@ class BraveSearch:
             if cancel.reason == GONE:
                 outcome = _failed(query, "Search failed: the client closed the request.")
             elif cancel.reason == TIMEOUT or e.kind == "timeout":
-                outcome = _failed(query, f"Search failed: the {SOURCE} did not answer within {seconds:g} s.")
+                outcome = _failed(query, f"Search failed: the {SOURCE} did not answer within {seconds:g} s.",
+                                  timed_out=True)
             else:
                 outcome = _failed(query, f"Search failed: cannot reach the {SOURCE}: {e.detail}")
         finally:

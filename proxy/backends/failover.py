@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from proxy.backends.search import SearchOutcome
 from proxy.backends.search_health import (
     EngineFailure,
     Engines,
@@ -21,7 +22,7 @@ from proxy.backends.search_health import (
     answering_engines,
     engine_failures,
 )
-from proxy.backends.searxng import Answer, SearchOutcome
+from proxy.backends.searxng import Answer
 from proxy.runtime.cancel import GONE, Cancel
 
 log = logging.getLogger("proxy.search")
@@ -63,7 +64,7 @@ class _Tried:
 def short_reason(outcome: SearchOutcome) -> str:
     """A failed attempt in a few words, for the note the model reads. Pure."""
     message = outcome.message
-    if "did not answer within" in message:
+    if outcome.timed_out:
         return "it timed out"
     if "cannot reach" in message:
         return "it is unreachable"
@@ -245,7 +246,7 @@ class FailoverSearch:
                 parts.append(_without_prefix(t.outcome.message))
         codes = {t.outcome.error_code for t in tried}
         return SearchOutcome(query, "failed", error_code="too_many_requests" if codes == {"too_many_requests"}
-                             else "unavailable",
+                             else "unavailable", timed_out=all(t.outcome.timed_out for t in tried),
                              message="Search failed everywhere it was tried: " + " Then: ".join(parts))
 
     def _fallback(self, kind: str) -> None:

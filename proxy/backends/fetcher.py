@@ -23,7 +23,6 @@ from proxy.backends.pagetext import CHARS_PER_TOKEN, cut_to_budget, decode_text,
 from proxy.core.config import Config
 from proxy.runtime import concurrency as runtime
 from proxy.runtime.cancel import GONE, TIMEOUT, Cancel
-from proxy.tools.web_fetch import FetchError, FetchOutcome, FetchRequest, Page
 from proxy.transport import webclient
 
 log = logging.getLogger("proxy.fetch")
@@ -38,6 +37,26 @@ REQUEST_HEADERS = (
 )
 MAX_REDIRECTS = 5
 REDIRECTS = (301, 302, 303, 307, 308)
+
+
+class FetchError(Exception):
+    """A fetch that produced no page; `code` is Anthropic's web_fetch error code, `message` one sentence for the model."""
+
+    def __init__(self, code: str, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.timed_out = timed_out  # the page's server (or its name lookup) did not answer within WEB_FETCH_TIMEOUT
+
+
+@dataclass(frozen=True)
+class Page:
+    url: str            # final URL after redirects
+    title: str | None
+    text: str           # extracted text, already cut to the token budget
+    content_type: str   # "text/html", "text/plain", "application/json", ...
+    retrieved_at: str   # ISO 8601 UTC, e.g. "2026-12-03T16:20:00Z"
+    truncated: bool
 
 
 def status_error(status: int, reason: str, url: str) -> FetchError:
@@ -80,6 +99,20 @@ class Body:
     status: int
 
 
+class FetchObserver:
+    """What a Fetcher tells whoever watches it (proxy/observe/metrics.py counts it); this base hears nothing.
+    Handed to the Fetcher where the worker is put together, so the fetcher knows no meter."""
+
+    def looked_up(self, how: str, age: float | None) -> None:
+        """A page cache lookup: "hit", "miss" or "shared" (waited for an identical download in flight)."""
+
+    def fetched(self, error: FetchError | None, seconds: float) -> None:
+        """A fetch this call made itself (not a cached or shared page): None when it gave a page."""
+
+    def read(self, nbytes: int) -> None:
+        """Body bytes read from a web server (after decompression)."""
+
+
 class Fetcher:
     """Fetches one URL per call; `fetch()` returns a Page or raises FetchError, never anything else.
 
@@ -88,7 +121,8 @@ class Fetcher:
     connected to. urllib3 reads no environment, so nothing has to be switched off.
     """
 
-    def __init__(self, config: Config, resolver=socket.getaddrinfo, extractor: ExtractPool | None = None):
+    def __init__(self, config: Config, resolver=socket.getaddrinfo, extractor: ExtractPool | None = None,
+                 observer: FetchObserver | None = None):
         self.allowed = config.web_fetch_allowed_networks  # parsed once, by Config
         self.timeout = config.web_fetch_timeout
         self.max_bytes = config.web_fetch_max_bytes
@@ -102,6 +136,7 @@ class Fetcher:
         self.extractor = extractor or ExtractPool.from_config(config)
         self.max_per_turn = config.web_fetch_max_per_turn  # the caps ToolSession applies to a request's calls
         self.max_per_request = config.web_fetch_max_per_request
+        self.observer = observer or FetchObserver()
 
     def fetch(self, url: str, *, max_tokens: int | None = None,
               allowed_domains: list[str] | None = None, blocked_domains: list[str] | None = None,
@@ -110,6 +145,8 @@ class Fetcher:
         fetch's deadline over connect, head and body of every redirect."""
         started = time.monotonic()
         host, status, size = "-", "error", 0
+        how = "miss"  # until the cache says otherwise, this call is a download of its own (or a refusal before one)
+        error: FetchError | None = None
         cancel = cancel or Cancel()
         try:
             if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
@@ -120,7 +157,9 @@ class Fetcher:
             found = self.cache.get_or_compute(
                 target.url, lambda: self._fetched(target, started, cancel, allowed_domains, blocked_domains),
                 lambda _: True, wait=self.timeout + 2 * self.extractor.wall_seconds + 5)
-            self.looked_up(found.how, found.age)
+            how = found.how
+            if self.cache.enabled:
+                self.observer.looked_up(how, found.age)
             page = found.value.page
             if found.how == "miss":
                 status = str(found.value.status)
@@ -133,15 +172,18 @@ class Fetcher:
             text, cut = cut_to_budget(page.text, budget)
             return replace(page, text=text, truncated=page.truncated or cut)
         except FetchError as e:
-            status = e.code
+            status, error = e.code, e
             raise
         except Exception:
             # A library's surprise on a hostile page must not end the client's turn: the model reads a
             # failure and the log keeps the traceback (one line per fetch stays the rule otherwise).
             status = "unavailable"
             log.exception("fetch %s: unexpected failure", host)
-            raise FetchError("unavailable", "The proxy could not read this page (an internal error); try another URL.") from None
+            error = FetchError("unavailable", "The proxy could not read this page (an internal error); try another URL.")
+            raise error from None
         finally:
+            if how == "miss":  # a page from the cache, or from another request's download, is no fetch
+                self.observer.fetched(error, time.monotonic() - started)
             # Host and sizes only: the page and the URL's path and query come from the prompt.
             log.info("fetch %s -> %s (%d chars, %.0f ms)", host, status, size, (time.monotonic() - started) * 1000)
 
@@ -153,21 +195,6 @@ class Fetcher:
         finally:
             cancel.disarm()  # extraction has limits of its own (proxy/backends/extract.py)
         return Fetched(self._page(body, cancel), tuple(hops), body.status)
-
-    def looked_up(self, how: str, age: float | None) -> None:
-        """Hears of each cache lookup ("hit", "miss" or "shared"); proxy/observe/metrics.py's MeteredFetcher counts them."""
-
-    def run(self, request: FetchRequest, cancel: Cancel | None = None) -> FetchOutcome:
-        """One web_fetch call of the loop; never raises: every failure is an outcome."""
-        if request.early is not None:
-            return request.early
-        try:
-            page = self.fetch(request.url, max_tokens=request.max_tokens,
-                              allowed_domains=list(request.allowed_domains) or None,
-                              blocked_domains=list(request.blocked_domains) or None, cancel=cancel)
-        except FetchError as e:
-            return FetchOutcome(request.url, error_code=e.code, message=f"Fetch failed: {e.message}")
-        return FetchOutcome(request.url, page=page)
 
     # Each step below raises FetchError with the sentence the model reads.
 
@@ -188,7 +215,7 @@ class Fetcher:
     def _interrupted(self, url: str, cancel: Cancel) -> FetchError | None:
         """The error for a fetch its Cancel ended (the deadline, or the client leaving), else None."""
         if cancel.reason == TIMEOUT:
-            return FetchError("url_not_accessible", f"{url} did not answer within {self.timeout:g} s.")
+            return FetchError("url_not_accessible", f"{url} did not answer within {self.timeout:g} s.", timed_out=True)
         if cancel.reason == GONE:
             return FetchError("url_not_accessible", "Not fetched: the client closed the request.")
         return None
@@ -201,7 +228,7 @@ class Fetcher:
                                   lambda: self.resolver(target.host, target.port, 0, socket.SOCK_STREAM))
         except TimeoutError:  # an OSError: the caller would take it for a failed lookup
             raise FetchError("url_not_accessible",
-                             f"{target.url} did not answer within {self.timeout:g} s (name lookup).") from None
+                             f"{target.url} did not answer within {self.timeout:g} s (name lookup).", timed_out=True) from None
 
     def _addresses(self, target: netguard.Target, started: float, cancel: Cancel) -> list[str]:
         """The addresses to connect to: the host's, every one of which passed the SSRF policy.
@@ -232,7 +259,7 @@ class Fetcher:
             raise stop
         left = self.timeout - (time.monotonic() - started)
         if left <= 0:
-            raise FetchError("url_not_accessible", f"{url} did not answer within {self.timeout:g} s.")
+            raise FetchError("url_not_accessible", f"{url} did not answer within {self.timeout:g} s.", timed_out=True)
         return left
 
     def _open(self, target: netguard.Target, address: str, started: float, cancel: Cancel) -> webclient.Opened:
@@ -253,7 +280,7 @@ class Fetcher:
                 if e.kind == "tls":
                     raise FetchError("url_not_accessible", f"{target.url}: the TLS connection failed ({e.detail}).") from None
                 if e.kind == "timeout":
-                    raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s.") from None
+                    raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s.", timed_out=True) from None
                 # Refused, unreachable, or a head that is not HTTP: try the host's next address (IPv6
                 # is often listed first and unreachable in a container).
                 last = e.detail
@@ -314,8 +341,10 @@ class Fetcher:
                    ) -> tuple[bytes, bool]:
         """At most max_bytes decoded bytes; stops reading (and downloading) once there are more."""
         try:
-            return webclient.read_body(opened, self.max_bytes, cancel,
-                                       before_each=lambda: self._remaining(started, target.url, cancel))
+            body, cut = webclient.read_body(opened, self.max_bytes, cancel,
+                                            before_each=lambda: self._remaining(started, target.url, cancel))
+            self.observer.read(len(body))
+            return body, cut
         except webclient.WebError as e:
             stop = self._interrupted(target.url, cancel)
             if stop is not None:
@@ -325,7 +354,7 @@ class Fetcher:
             if e.kind == "decode":
                 raise FetchError("url_not_accessible", f"{target.url} sent a body that does not decompress ({e.detail}).") from None
             if e.kind == "timeout":
-                raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s.") from None
+                raise FetchError("url_not_accessible", f"{target.url} did not answer within {self.timeout:g} s.", timed_out=True) from None
             raise FetchError("url_not_accessible", f"{target.url}: the connection broke while reading ({e.detail}).") from None
 
 

@@ -72,20 +72,6 @@ _COMPAT = ipaddress.ip_network("::/96")
 _SIIT = ipaddress.ip_network("::ffff:0:0:0/96")  # IPv4-translated (RFC 2765)
 
 
-def parse_networks(text) -> tuple:
-    """WEB_FETCH_ALLOWED_NETWORKS (comma-separated CIDRs, or a sequence of them) -> networks; ValueError names a bad one."""
-    items = text.split(",") if isinstance(text, str) else list(text)
-    networks = []
-    for item in (str(i).strip() for i in items):
-        if not item:
-            continue
-        try:
-            networks.append(ipaddress.ip_network(item, strict=False))
-        except ValueError as e:
-            raise ValueError(f"WEB_FETCH_ALLOWED_NETWORKS: {item!r} is not a network in CIDR form ({e})") from None
-    return tuple(networks)
-
-
 def embedded_ipv4(ip) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv6 address stands for (mapped, compatible, translated, NAT64, 6to4), if any."""
     if ip.version != 6:
@@ -106,7 +92,7 @@ def _in(ip, networks) -> bool:
 def address_refusal(address, allowed=()) -> str | None:
     """None when `address` may be connected to, else why not (a phrase: "a loopback address").
 
-    `allowed` is parse_networks()'s result. An IPv6 form of an IPv4 address is judged as that
+    `allowed` is proxy.core.config.parse_networks()'s result. An IPv6 form of an IPv4 address is judged as that
     IPv4 address (so ::ffff:127.0.0.1 is loopback, and allow-listing 127.0.0.0/8 covers it).
     """
     try:

@@ -1,131 +1,256 @@
-"""The proxy's settings as one immutable value, so tests can build an app for any backend.
-
-proxy-passthrough.py fills it from the environment; nothing else reads the environment. Each field is checked
-and put in its working form once, here (the networks parsed, the mode known), so no module parses a setting
-again; a bad value is a ValueError that names its variable, which proxy-passthrough.py turns into one line.
+"""The proxy's settings as one immutable value, each named once here with its environment variable, its default
+and its reader: Config.from_env(os.environ) is the one place the environment is read (proxy-passthrough.py calls
+it), and Config(...) builds one for tests. Each value is checked and put in its working form once, in
+__post_init__ (URLs validated, networks parsed, the mode known), so no module parses a setting again; a bad value
+is a ValueError whose message names its variable, which proxy-passthrough.py prints as one line.
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 import urllib.parse
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-
-from proxy.backends.netguard import parse_networks
+from typing import Any
 
 STREAM_SEARCH_MODES = ("server", "client")
 # When the Brave Search API is asked (BRAVE_SEARCH_MODE): only after every SearXNG instance failed, or first.
 BRAVE_SEARCH_MODES = ("fallback", "always")
-# Fields that must be above zero (a count of zero or a timeout of zero would make the proxy useless, not safer);
-# caches and caps take 0 to mean off, so they only may not be negative.
-_POSITIVE = ("searxng_results", "searxng_timeout", "max_search_iter", "connect_timeout", "read_timeout",
-             "keepalive_interval", "max_body_bytes", "web_fetch_timeout", "web_fetch_max_bytes", "web_fetch_max_tokens",
-             "web_fetch_extract_processes", "web_fetch_extract_cpu_seconds", "web_fetch_extract_memory_mb",
-             "searxng_max_bytes")
+
+
+# ---- readers: one environment string to a value, or a ValueError naming the variable -------------------
+
+def text(name: str, raw: str) -> str:
+    return raw
+
+
+def lowered(name: str, raw: str) -> str:
+    return raw.strip().lower()
+
+
+def whole(name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, not {raw!r}") from None
+
+
+def number(name: str, raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, not {raw!r}") from None
+
+
+def flag(name: str, raw: str) -> bool:
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def keys(name: str, raw: str) -> tuple[str, ...]:
+    """A comma-separated list, blanks dropped."""
+    return tuple(k.strip() for k in raw.split(",") if k.strip())
+
+
+def items(name: str, raw: str) -> tuple[str, ...]:
+    """A comma-separated list as written: Config checks and parses each item."""
+    return tuple(raw.split(","))
+
+
+def setting(env: str | tuple[str, ...], default: Any, read: Callable[[str, str], Any] = text, *,
+            positive: bool = False, secret: bool = False) -> Any:
+    """A Config field read from `env` (the first of several names that is set wins) with `read`; `positive`:
+    zero is refused too, where a count or a timeout of zero would make the proxy useless rather than safer
+    (caches and caps take 0 to mean off, so they only may not be negative); `secret`: kept out of Config's repr,
+    which a traceback or a test failure may print."""
+    names = (env,) if isinstance(env, str) else env
+    return field(default=default, repr=not secret, metadata={"env": names, "read": read, "positive": positive})
 
 
 @dataclass(frozen=True)
 class Config:
-    backend_url: str = "http://localhost:18080"
-    backend_api_key: str = ""
-    searxng_url: str = "http://host.docker.internal:8889"
-    searxng_results: int = 5
-    searxng_timeout: float = 15.0
-    max_search_iter: int = 10
-    inject_web_search: bool = True
-    inject_web_fetch: bool = True  # web_fetch next to web_search (chat), open_page/find_in_page (Responses)
-    stream_search: str = "server"  # "server": run searches inside streams; "client": pass calls on
-    citations: bool = True  # number the sources the model reads and turn its [n] markers into each API's citations
-    connect_timeout: float = 10.0
-    read_timeout: float = 900.0  # longest silence tolerated from vLLM (a 250k-token prefill)
-    keepalive_interval: float = 5.0  # SSE comment cadence while a search runs
-    max_body_bytes: int = 64 * 1024 * 1024
-    proxy_api_keys: tuple[str, ...] = ()
-    anthropic_any_model: bool = False
-    alpha_search_max_pages: int = 10  # open + find commands run per /v1/alpha/search request; the rest are named, not run
-    # web_fetch (proxy/backends/fetcher.py). Networks exempt from the SSRF refusals (CIDR strings or ipaddress networks, kept as
-    # networks); empty: public addresses only.
-    web_fetch_allowed_networks: tuple = ()
-    # The search cache (proxy/backends/cache.py; 0 in any of the three turns it off) and the proxy's metrics (proxy/observe/metrics.py).
-    search_cache_ttl: float = 600.0
-    search_cache_entries: int = 1000
-    search_cache_bytes: int = 16 * 1024 * 1024
-    proxy_metrics: bool = True
-    metrics_dir: str = ""  # PROMETHEUS_MULTIPROC_DIR: gunicorn's workers sum their metrics through files there
-    web_fetch_timeout: float = 20.0  # whole fetch, redirects included
-    web_fetch_max_bytes: int = 5 * 1024 * 1024  # decoded body bytes read per page; the rest is never downloaded
-    web_fetch_max_tokens: int = 20000  # text handed to the model, ~4 characters a token
-    web_fetch_cache_ttl: float = 300.0
-    web_fetch_cache_entries: int = 500
-    web_fetch_cache_bytes: int = 32 * 1024 * 1024
-    web_fetch_ca_file: str = ""  # a PEM bundle trusted instead of the system's CAs (a private CA; the tests)
-    # Page extraction (proxy/backends/extract.py): child processes per worker, each page's CPU seconds and address space
-    # (MiB), and the pages that may wait for a free child; a page over a limit is a tool error that names it.
-    web_fetch_extract_processes: int = 2
-    web_fetch_extract_cpu_seconds: float = 10.0
-    web_fetch_extract_memory_mb: int = 1024
-    web_fetch_extract_queue: int = 16
-    # Caps on web_fetch calls (proxy/tools/session.py's ToolSession): per model turn and per client request.
-    web_fetch_max_per_turn: int = 10
-    web_fetch_max_per_request: int = 50
-    searxng_max_bytes: int = 4 * 1024 * 1024  # a SearXNG answer's decoded bytes; a bigger one is a failed search
-    # The keyed fallback search (proxy/backends/brave.py): off without a key; the key never shows in a repr.
-    brave_search_api_key: str = field(default="", repr=False)
-    brave_search_mode: str = "fallback"
-    brave_search_url: str = "https://api.search.brave.com/res/v1/web/search"
-    # SEARXNG_URL's instances in the order they are asked (proxy/backends/failover.py), each checked; set from it.
-    searxng_urls: tuple[str, ...] = field(init=False, default=())
+    # Where vLLM listens: http://vllm:8000 inside the compose stack.
+    backend_url: str = setting("BACKEND_URL", "http://localhost:18080")
+    # Sent to vLLM as `Authorization: Bearer ...` when vLLM runs with --api-key.
+    backend_api_key: str = setting("BACKEND_API_KEY", "")
+    # The SearXNG instances the searches go to, comma- or space-separated, asked in this order (the next when one
+    # fails: proxy/backends/failover.py); each must allow format=json.
+    searxng_url: str = setting("SEARXNG_URL", "http://host.docker.internal:8889")
+    searxng_results: int = setting("SEARXNG_RESULTS", 5, whole, positive=True)
+    searxng_timeout: float = setting("SEARXNG_TIMEOUT", 15.0, number, positive=True)
+    # Largest SearXNG answer read (4 MiB; five results are a few kB); a bigger one is a failed search.
+    searxng_max_bytes: int = setting("SEARXNG_MAX_BYTES", 4 * 1024 * 1024, whole, positive=True)
+    # Search rounds one request may run before the client gets an error.
+    max_search_iter: int = setting("MAX_SEARCH_ITER", 10, whole, positive=True)
+    inject_web_search: bool = setting("INJECT_WEB_SEARCH", True, flag)
+    # web_fetch next to web_search (chat), open_page/find_in_page (Responses).
+    inject_web_fetch: bool = setting("INJECT_WEB_FETCH", True, flag)
+    # "server" runs searches inside streams; "client" passes web_search calls to the client.
+    stream_search: str = setting("STREAM_SEARCH", "server", lowered)
+    # Number the sources the model reads and turn its [n] markers into each API's citations (off: neither).
+    citations: bool = setting("CITATIONS", True, flag)
+    connect_timeout: float = setting("CONNECT_TIMEOUT", 10.0, number, positive=True)
+    # Longest silence tolerated from vLLM; a 250k-token prefill is minutes of it.
+    read_timeout: float = setting("READ_TIMEOUT", 900.0, number, positive=True)
+    # SSE comment cadence while a search runs.
+    keepalive_interval: float = setting("KEEPALIVE_INTERVAL", 5.0, number, positive=True)
+    # 64 MiB: a 253,952-token prompt is about 1 MB of JSON, so this is headroom, not a squeeze.
+    max_body_bytes: int = setting("MAX_BODY_BYTES", 64 * 1024 * 1024, whole, positive=True)
+    # Comma-separated keys clients must present; empty leaves the proxy open.
+    proxy_api_keys: tuple[str, ...] = setting("PROXY_API_KEY", (), keys)
+    # Answer unknown model names on /v1/messages (Claude Code's claude-...) with the served model.
+    anthropic_any_model: bool = setting("ANTHROPIC_ANY_MODEL", False, flag)
+    # open + find commands one /v1/alpha/search request may run (each fetches a page); Codex sends one or two.
+    alpha_search_max_pages: int = setting("ALPHA_SEARCH_MAX_PAGES", 10, whole)
+    # web_fetch: comma-separated CIDRs exempt from the SSRF refusals (a LAN wiki: 192.168.1.0/24); empty: public
+    # only. Kept as parsed networks.
+    web_fetch_allowed_networks: tuple = setting("WEB_FETCH_ALLOWED_NETWORKS", (), items)
+    # Seconds one fetch may take, redirects included; an agent is blocked on the tool result meanwhile.
+    web_fetch_timeout: float = setting("WEB_FETCH_TIMEOUT", 20.0, number, positive=True)
+    # 5 MiB of decoded body per page; the rest is never downloaded.
+    web_fetch_max_bytes: int = setting("WEB_FETCH_MAX_BYTES", 5 * 1024 * 1024, whole, positive=True)
+    # Page text handed to the model, in tokens of ~4 characters; a request may ask for less.
+    web_fetch_max_tokens: int = setting("WEB_FETCH_MAX_TOKENS", 20000, whole, positive=True)
+    # FETCH_CACHE_TTL is the same under the name beside SEARCH_CACHE_TTL; when set it wins.
+    web_fetch_cache_ttl: float = setting(("FETCH_CACHE_TTL", "WEB_FETCH_CACHE_TTL"), 300.0, number)
+    # Pages the cache keeps per worker, and their bytes (32 MiB); least recently used out first.
+    web_fetch_cache_entries: int = setting("WEB_FETCH_CACHE_ENTRIES", 500, whole)
+    web_fetch_cache_bytes: int = setting("WEB_FETCH_CACHE_BYTES", 32 * 1024 * 1024, whole)
+    # A PEM bundle trusted instead of the system's CAs, for an allow-listed host with a private CA (the tests).
+    web_fetch_ca_file: str = setting("WEB_FETCH_CA_FILE", "")
+    # HTML extraction runs in child processes of each worker, each page under a CPU-time and a memory limit (MiB)
+    # (a 5 MiB page of ordinary HTML takes a few seconds and a few hundred MiB); a page over one is a tool error.
+    web_fetch_extract_processes: int = setting("WEB_FETCH_EXTRACT_PROCESSES", 2, whole, positive=True)
+    web_fetch_extract_cpu_seconds: float = setting("WEB_FETCH_EXTRACT_CPU_SECONDS", 10.0, number, positive=True)
+    web_fetch_extract_memory_mb: int = setting("WEB_FETCH_EXTRACT_MEMORY_MB", 1024, whole, positive=True)
+    # Pages waiting for a free extraction process; more than this at once are refused as busy.
+    web_fetch_extract_queue: int = setting("WEB_FETCH_EXTRACT_QUEUE", 16, whole)
+    # web_fetch calls run per model turn and per client request; the model reads that it hit the cap.
+    web_fetch_max_per_turn: int = setting("WEB_FETCH_MAX_PER_TURN", 10, whole)
+    web_fetch_max_per_request: int = setting("WEB_FETCH_MAX_PER_REQUEST", 50, whole)
+    # Seconds a search answer with results is reused (agents repeat queries within minutes); 0 turns the cache off.
+    search_cache_ttl: float = setting("SEARCH_CACHE_TTL", 600.0, number)
+    # Bounds of the search cache, per gunicorn worker: answers kept, and their bytes (16 MiB).
+    search_cache_entries: int = setting("SEARCH_CACHE_ENTRIES", 1000, whole)
+    search_cache_bytes: int = setting("SEARCH_CACHE_BYTES", 16 * 1024 * 1024, whole)
+    # The proxy's own metrics at /proxy/metrics; off, nothing is recorded.
+    proxy_metrics: bool = setting("PROXY_METRICS", True, flag)
+    # Where gunicorn's workers keep their metric values so one scrape sums them all (prometheus_client's
+    # multiprocess mode reads the same variable at import); the image sets it, and gunicorn.conf.py makes a
+    # private one when several workers run without it. Empty: one process's own metrics.
+    metrics_dir: str = setting("PROMETHEUS_MULTIPROC_DIR", "")
+    # A Brave Search API key turns on the keyed fallback search (proxy/backends/brave.py); empty: SearXNG only.
+    # Sent to Brave and nowhere else: never logged, never in a repr.
+    brave_search_api_key: str = setting("BRAVE_SEARCH_API_KEY", "", secret=True)
+    # "fallback": Brave is asked only when every SearXNG instance failed; "always": Brave first, SearXNG when it fails.
+    brave_search_mode: str = setting("BRAVE_SEARCH_MODE", "fallback", lowered)
+    # Brave's Web Search endpoint; another only for a relay in front of it (or the tests' stand-in).
+    brave_search_url: str = setting("BRAVE_SEARCH_URL", "https://api.search.brave.com/res/v1/web/search")
+    log_level: str = setting("LOG_LEVEL", "info")
+    # Where Flask's development server listens (`python proxy-passthrough.py`); gunicorn reads it too.
+    bind: str = setting("PROXY_BIND", "0.0.0.0:11433")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Config:
+        """Every setting from the environment: an unset or empty variable keeps its default."""
+        values = {}
+        for f in fields(cls):
+            name = next((n for n in f.metadata["env"] if environ.get(n)), None)
+            if name is not None:
+                values[f.name] = f.metadata["read"](name, environ[name])
+        return cls(**values)
 
     def __post_init__(self):
         if self.stream_search not in STREAM_SEARCH_MODES:
             raise ValueError(f"STREAM_SEARCH must be 'server' or 'client', not {self.stream_search!r}")
+        for name in ("backend_url", "brave_search_url"):
+            problem = url_problem(getattr(self, name))
+            if problem:
+                raise ValueError(f"{variable(name)} must be an http:// or https:// URL ({problem}), "
+                                 f"not {getattr(self, name)!r}")
+        parse_urls("SEARXNG_URL", self.searxng_url)
         if self.brave_search_mode not in BRAVE_SEARCH_MODES:
             raise ValueError(f"BRAVE_SEARCH_MODE must be 'fallback' or 'always', not {self.brave_search_mode!r}")
-        # frozen: the one place a field is replaced by its working form
-        object.__setattr__(self, "web_fetch_allowed_networks", parse_networks(self.web_fetch_allowed_networks))
-        object.__setattr__(self, "searxng_urls", parse_urls("SEARXNG_URL", self.searxng_url))
-        parse_urls("BRAVE_SEARCH_URL", self.brave_search_url, one=True)
         if self.brave_search_api_key and not re.fullmatch(r"[\x21-\x7e]+", self.brave_search_api_key):
             # Said without the key itself, which must not reach a log.
             raise ValueError("BRAVE_SEARCH_API_KEY has spaces or characters an HTTP header cannot carry")
+        # frozen: the one place a field is replaced by its working form
+        object.__setattr__(self, "web_fetch_allowed_networks", parse_networks(self.web_fetch_allowed_networks))
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
-            if value < 0 or (value == 0 and f.name in _POSITIVE):
-                least = "above 0" if f.name in _POSITIVE else "0 or more"
-                raise ValueError(f"{_variable(f.name)} must be {least}, not {value}")
+            if value < 0 or (value == 0 and f.metadata["positive"]):
+                least = "above 0" if f.metadata["positive"] else "0 or more"
+                raise ValueError(f"{variable(f.name)} must be {least}, not {value}")
 
 
-def parse_urls(variable: str, text: str, one: bool = False) -> tuple[str, ...]:
-    """The http(s) URLs in a comma- or space-separated list, in order, each once and without a trailing slash; a
-    ValueError naming the first that cannot be asked (another scheme, no host, a bad port, credentials the proxy
-    would not send, a query) and the variable. Pure."""
+    @property
+    def searxng_urls(self) -> tuple[str, ...]:
+        """SEARXNG_URL's instances in the order they are asked, each checked in __post_init__."""
+        return parse_urls("SEARXNG_URL", self.searxng_url)
+
+
+def parse_networks(text) -> tuple:
+    """WEB_FETCH_ALLOWED_NETWORKS (comma-separated CIDRs, or a sequence of them) -> networks; ValueError names a bad one."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    networks = []
+    for item in (str(i).strip() for i in items):
+        if not item:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError as e:
+            raise ValueError(f"WEB_FETCH_ALLOWED_NETWORKS: {item!r} is not a network in CIDR form ({e})") from None
+    return tuple(networks)
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` is no base URL the proxy can call (a scheme it does not speak, no host, a port that is not one,
+    a list of several), or None. Pure."""
+    if not isinstance(url, str) or any(c in url for c in " ,\t\n"):
+        return "one URL"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError on a port that is not a number from 0 to 65535)
+    except ValueError:
+        return "a valid port"
+    if parts.scheme not in ("http", "https"):
+        return "http or https"
+    if not parts.hostname:
+        return "a host"
+    return None
+
+
+def parse_urls(name: str, text: str) -> tuple[str, ...]:
+    """The base URLs in a comma- or space-separated list, in order, each once and without a trailing slash; a
+    ValueError naming the variable and the first that cannot be asked (url_problem's reasons, credentials the
+    proxy would not send, shown masked, or a query). Pure."""
     urls: list[str] = []
     for item in re.split(r"[,\s]+", text.strip()):
         if not item:
             continue
-        try:
-            parts = urllib.parse.urlsplit(item)
-            _ = parts.port  # raises ValueError for a port that is not a number or out of range
-        except ValueError:
-            raise ValueError(f"{variable}: {item!r} has a bad port or address") from None
-        if parts.username is not None or parts.password is not None:
+        parts = urllib.parse.urlsplit(item)
+        if "@" in parts.netloc:
             hidden = parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
-            raise ValueError(f"{variable}: {hidden!r} carries a user name or password, which the proxy does not send")
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{variable}: {item!r} is not an http:// or https:// URL with a host")
+            raise ValueError(f"{name}: {hidden!r} carries a user name or password, which the proxy does not send")
+        problem = url_problem(item)
+        if problem:
+            raise ValueError(f"{name} must be an http:// or https:// URL ({problem}), not {item!r}")
         if parts.query or parts.fragment:
-            raise ValueError(f"{variable}: {item!r} has a query or fragment; give the instance's base URL")
+            raise ValueError(f"{name}: {item!r} has a query or fragment; give the instance's base URL")
         url = item.rstrip("/")
         if url not in urls:
             urls.append(url)
     if not urls:
-        raise ValueError(f"{variable} names no URL")
-    if one and len(urls) > 1:
-        raise ValueError(f"{variable} takes one URL, not {len(urls)}")
+        raise ValueError(f"{name} names no URL")
     return tuple(urls)
 
 
-def _variable(field: str) -> str:
+def variable(field_name: str) -> str:
     """The environment variable a field comes from, for messages."""
-    return {"proxy_api_keys": "PROXY_API_KEY", "metrics_dir": "PROMETHEUS_MULTIPROC_DIR"}.get(field, field.upper())
+    return next(f.metadata["env"][-1] for f in fields(Config) if f.name == field_name)
+
+
+def variables() -> list[str]:
+    """Every environment variable Config reads, in its order (the README documents each)."""
+    return [name for f in fields(Config) for name in f.metadata["env"]]

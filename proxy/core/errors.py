@@ -8,7 +8,7 @@ from __future__ import annotations
 from flask import Response
 
 from proxy.core import codec
-from proxy.transport.vllm import UpstreamError
+from proxy.core.routes import route_of
 
 # The type names OpenAI's API uses; the SDK only reads message/status, humans read type.
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -24,16 +24,6 @@ def error_body(status: int, message: str, type_: str | None = None, param: str |
 def error_response(status: int, message: str, type_: str | None = None, param: str | None = None) -> Response:
     return Response(codec.dumps(error_body(status, message, type_, param)), status=status,
                     mimetype="application/json")
-
-
-def upstream_error_status(e: UpstreamError) -> tuple[int, str]:
-    """Map a backend failure to the gateway status and the message the client reads."""
-    if e.kind == "timeout":
-        return 504, f"vLLM timed out: {e}"
-    msg = f"vLLM is unreachable: {e}"
-    if e.refused:
-        msg += " (the model may still be loading: check `docker compose logs -f vllm`)"
-    return 502, msg
 
 
 def sse_error(status: int, message: str, type_: str | None = None) -> bytes:
@@ -73,6 +63,6 @@ def anthropic_error(status: int, message: str, type_: str | None = None) -> Resp
 def error_for_path(path: str, status: int, message: str, type_: str | None = None) -> Response:
     """The proxy's own error in the shape the route's clients parse: Anthropic's under
     /v1/messages (Claude Code, the Anthropic SDK), OpenAI's everywhere else."""
-    if path.startswith("/v1/messages"):
+    if route_of(path).errors == "anthropic":
         return anthropic_error(status, message, type_ if type_ in ANTHROPIC_TYPES.values() else None)
     return error_response(status, message, type_)

@@ -13,17 +13,15 @@ from typing import Protocol
 
 from flask import Response
 
-from proxy.backends.fetcher import Fetcher
-from proxy.backends.searxng import SearXNG
 from proxy.core import codec
 from proxy.core.config import Config
-from proxy.core.errors import error_for_path, upstream_error_status
+from proxy.core.errors import error_for_path
+from proxy.engine.events import CLIENT_LEFT, TOOLS_RAN, Events
 from proxy.engine.services import Services
-from proxy.observe import metrics
 from proxy.runtime import concurrency as runtime
 from proxy.tools.session import ToolSession
 from proxy.transport.http1 import end_to_end_headers
-from proxy.transport.vllm import UpstreamError, UpstreamResponse
+from proxy.transport.vllm import UpstreamError, UpstreamResponse, gateway_status
 
 log = logging.getLogger("proxy")
 
@@ -45,9 +43,10 @@ class ClientWatch:
     polling select(). Flask's development server gives no socket, so nothing is watched.
     """
 
-    def __init__(self, environ):
+    def __init__(self, environ, events: Events | None = None):
         self._sock = environ.get("gunicorn.socket")
         self._environ = environ
+        self._events = events
         self._calls: set[Abortable] = set()
         self._stop = threading.Event()
         self.gone = False
@@ -82,7 +81,7 @@ class ClientWatch:
         self._end()
         log.info("client went away; aborting the backend request and its fetches and searches")
         calls = list(self._calls)
-        metrics.client_left(self._environ, len(calls))
+        self._left(len(calls))
         for call in calls:
             call.abort()
         return True
@@ -100,8 +99,12 @@ class ClientWatch:
         """Watch over a live call; it is aborted at once if the client already left."""
         self._calls.add(call)
         if self.gone:
-            metrics.client_left(self._environ, 1)
+            self._left(1)
             call.abort()
+
+    def _left(self, aborted: int):
+        if self._events is not None:
+            self._events.emit(CLIENT_LEFT, self._environ, aborted)
 
     def detach(self, call: Abortable):
         self._calls.discard(call)
@@ -198,13 +201,6 @@ class Exchange:
     def cfg(self) -> Config:
         return self.services.cfg
 
-    @property
-    def searxng(self) -> SearXNG:
-        return self.services.searxng
-
-    @property
-    def fetcher(self) -> Fetcher:
-        return self.services.fetcher
 
     def relay(self, body: bytes | None = None) -> Response:
         """Send this request on to vLLM unchanged (or with `body` instead of the client's) and
@@ -213,15 +209,19 @@ class Exchange:
 
     def watch_client(self) -> ClientWatch:
         """Start watching the client for the rest of this request (stop() it at the end)."""
-        self.watch = ClientWatch(self.environ)
+        self.watch = ClientWatch(self.environ, self.services.events)
         return self.watch
 
+    def emit(self, name: str, payload=None) -> None:
+        """Tell the worker's observers (proxy/engine/events.py) what happened to this request."""
+        self.services.events.emit(name, self.environ, payload)
+
     def session(self) -> ToolSession:
-        def count(n):
-            self.environ["proxy.searches"] = self.environ.get("proxy.searches", 0) + n
+        cfg = self.cfg
         # The watch starts after the dialect made its session (loop.run), so the session asks for it per call.
-        return ToolSession(self.searxng, self.cfg.max_search_iter, on_search=count, fetcher=self.fetcher,
-                             watch=lambda: self.watch)
+        return ToolSession(self.services.tool_backends, cfg.max_search_iter, cfg.web_fetch_max_per_turn,
+                           cfg.web_fetch_max_per_request, watch=lambda: self.watch,
+                           on_round=lambda outcomes: self.emit(TOOLS_RAN, outcomes))
 
     def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:
         """Send one request to vLLM and wait for its head, the watch able to abort it
@@ -299,7 +299,7 @@ def relay(ex: Exchange, body: bytes) -> Response:
             # The client must see a broken body, not a clean end that looks complete: cut
             # its connection before the final chunk (gunicorn then ignores the EPIPE quietly,
             # where a raised error would log a traceback for vLLM's failure).
-            log.warning("%s %s: %s", method, ex.target.split("?", 1)[0], upstream_error_status(e)[1])
+            log.warning("%s %s: %s", method, ex.target.split("?", 1)[0], gateway_status(e)[1])
             client = ex.environ.get("gunicorn.socket")
             if client is None:
                 raise
@@ -318,6 +318,6 @@ def _without_default_type(resp: Response, up) -> Response:
 
 
 def gateway_error(e: UpstreamError, method: str, target: str) -> Response:
-    status, msg = upstream_error_status(e)
+    status, msg = gateway_status(e)
     log.warning("%s %s: %s", method, target.split("?", 1)[0], msg)
     return error_for_path(target, status, msg)

@@ -20,20 +20,19 @@ from typing import Any, Protocol, cast
 
 from flask import Response
 
-from proxy.apis.citations import Sources
 from proxy.core import codec
 from proxy.core.codec import comment
-from proxy.core.errors import upstream_error_status
+from proxy.engine.events import CAP_HIT, ROUND_DONE
 from proxy.engine.exchange import Call, ClientWatch, Exchange, response_headers
-from proxy.observe import metrics
 from proxy.runtime.concurrency import run_with_keepalive
 from proxy.tools.session import ToolSession
-from proxy.transport.vllm import UpstreamError, UpstreamResponse
+from proxy.tools.sources import Sources
+from proxy.transport.vllm import UpstreamError, UpstreamResponse, gateway_status
 
 log = logging.getLogger("proxy")
 
 CAP_TYPE = "search_iterations_exceeded"  # the error type (OpenAI) or code (Responses) of the cap
-GONE = "client closed the request"
+CLIENT_CLOSED = "client closed the request"
 
 
 class Dialect(Protocol):
@@ -50,7 +49,7 @@ class Dialect(Protocol):
     headers: list                # a stream's headers when no vLLM turn opened it
     session: ToolSession         # rounds, repeats, the cap (Exchange.session())
     request: dict                # the next request to send: the first, then each next one
-    sources: Sources | None      # the request's numbered sources (proxy.apis.citations); None with CITATIONS=off
+    sources: Sources | None      # the request's numbered sources (proxy/tools/sources.py); None with CITATIONS=off
 
     def own_calls(self, turn) -> list:
         """The turn's calls of the proxy's own tools; none means the turn is the answer."""
@@ -112,9 +111,9 @@ def vllm_answer(up: UpstreamResponse, raw: bytes) -> Response:
     return Response(raw, status=up.status, headers=response_headers(up))
 
 
-def searching_comment(queries: list) -> bytes:
+def searching_comment(shown: list[str]) -> bytes:
     """A stream's keep-alive while a round runs: an SSE comment naming what is being looked up."""
-    return comment("searching " + ", ".join(repr(q) for q, _ in queries if q))
+    return comment("searching " + ", ".join(repr(q) for q in shown if q))
 
 
 def _read(d: AnyDialect, call: Call):
@@ -170,7 +169,7 @@ def run(ex: Exchange, d: AnyDialect) -> Response:
         finally:
             rounds.close()  # the loop's own cleanup: every call it made is ended
             watch.stop()
-        return answer if answer is not None else d.error(499, GONE)
+        return answer if answer is not None else d.error(499, CLIENT_CLOSED)
     call, headers = None, d.headers
     if d.first_turn is None:
         # The first turn opens before the client's answer does: until vLLM streams, its
@@ -190,7 +189,7 @@ def _open_first_turn(ex: Exchange, d: AnyDialect, watch: ClientWatch) -> Call | 
         call = ex.post(d.path, d.request)
         return call if streaming(call.response) else d.vllm_reply(call.response, call.read())
     except UpstreamError as e:
-        return d.error_reply(499, GONE) if watch.gone else _gateway_error(d, e, d.error_reply)
+        return d.error_reply(499, CLIENT_CLOSED) if watch.gone else _gateway_error(d, e, d.error_reply)
 
 
 def _streamed(ex: Exchange, d: AnyDialect, call, watch: ClientWatch):
@@ -221,13 +220,13 @@ def _rounds(ex: Exchange, d: AnyDialect, call, watch: ClientWatch):
                 yield from d.finish(turn)
                 return
             if session.exhausted:
-                metrics.cap_hit(ex.environ, "search_rounds")
+                ex.emit(CAP_HIT, "search_rounds")
                 yield d.error(422, session.cap_message(), CAP_TYPE)
                 return
             yield from d.announce(calls)
             outcomes = yield from _run_round(ex, d, calls, watch)
             if outcomes is not None:
-                metrics.tool_calls(ex.environ, outcomes)
+                ex.emit(ROUND_DONE, outcomes)
             if watch.gone or outcomes is None:
                 return
             yield from d.record(turn, calls, outcomes)
@@ -252,6 +251,6 @@ def _run_round(ex: Exchange, d: AnyDialect, calls: list, watch: ClientWatch):
 
 def _gateway_error(d: AnyDialect, e: UpstreamError, frame):
     """vLLM unreachable or silent: 502 or 504 in the API's shape, and one log line."""
-    status, msg = upstream_error_status(e)
+    status, msg = gateway_status(e)
     log.warning("%s turn %d: %s", d.name, d.session.rounds + 1, msg)
     return frame(status, msg)

@@ -16,18 +16,17 @@ from proxy.apis.alpha_search import handler as alpha_search
 from proxy.apis.chat import handler as chat
 from proxy.apis.messages import handler as messages
 from proxy.apis.responses import handler as responses
+from proxy.core import routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
 from proxy.engine.exchange import Exchange
-from proxy.engine.services import Services
+from proxy.http.wiring import SEARCHES, build_services
 from proxy.observe import metrics
 from proxy.transport.http1 import end_to_end_headers
 
 log = logging.getLogger("proxy")
 
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
-# Paths a load balancer or compose healthcheck may probe without a key.
-OPEN_PATHS = frozenset({"/health", "/proxy/health"})
 # Client credentials are for the proxy; vLLM gets BACKEND_API_KEY or nothing in their place.
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key"})
 
@@ -43,7 +42,7 @@ class AccessLog:
 
     def __call__(self, environ, start_response):
         started = time.monotonic()
-        environ["proxy.searches"] = 0
+        environ[SEARCHES] = 0
         state = {"status": "-"}
 
         def sr(status, headers, exc_info=None):
@@ -53,7 +52,7 @@ class AccessLog:
         body = self.app(environ, sr)
         return _CountingIterable(body, lambda sent: log.info(
             "%s %s %s %.0fms searches=%d bytes=%d", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"),
-            state["status"], (time.monotonic() - started) * 1000, environ["proxy.searches"], sent))
+            state["status"], (time.monotonic() - started) * 1000, environ[SEARCHES], sent))
 
 
 class WholePath:
@@ -133,10 +132,10 @@ def create_app(cfg: Config) -> Flask:
     """The proxy as a Flask app for `cfg`: its own routes, each API's, and the relay for everything else."""
     app = Flask("proxy")
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
-    services = Services.build(cfg)  # one per worker, shared by its requests
+    services = build_services(cfg)  # one per worker, shared by its requests
     _install_guards(app, cfg)
 
-    @app.route("/proxy/health")
+    @app.route(routes.PROXY_HEALTH)
     def proxy_health():
         # The proxy's own liveness, independent of vLLM's four-minute boot.
         return Response('{"status":"ok"}', mimetype="application/json")
@@ -145,16 +144,16 @@ def create_app(cfg: Config) -> Flask:
         return Exchange(services, request_body(cfg), outbound_headers(request.headers.items(), cfg), raw_target(),
                         request.environ)
 
-    @app.route("/v1/chat/completions", methods=["POST"])
+    @app.route(routes.CHAT, methods=["POST"])
     def chat_completions():
         return chat.handle(exchange())
 
-    @app.route("/v1/messages", methods=["POST"])
-    @app.route("/v1/messages/count_tokens", methods=["POST"])
+    @app.route(routes.MESSAGES, methods=["POST"])
+    @app.route(routes.COUNT_TOKENS, methods=["POST"])
     def anthropic_messages():
         return messages.handle(exchange())
 
-    @app.route("/v1/responses", methods=["POST"])
+    @app.route(routes.RESPONSES, methods=["POST"])
     def openai_responses():
         return responses.handle(exchange())
 
@@ -162,7 +161,7 @@ def create_app(cfg: Config) -> Flask:
     # One per worker: its ref store, and the page cache it shares with every API.
     codex_search = alpha_search.AlphaSearch(services)
 
-    @app.route(alpha_search.PATH, methods=["POST"])
+    @app.route(routes.ALPHA_SEARCH, methods=["POST"])
     def alpha_web_search():
         return codex_search.handle(request_body(cfg), request.environ)
 
@@ -195,7 +194,7 @@ def _install_guards(app: Flask, cfg: Config) -> None:
 
     @app.before_request
     def check_key():
-        if cfg.proxy_api_keys and request.path not in OPEN_PATHS:
+        if cfg.proxy_api_keys and request.path not in routes.OPEN_PATHS:
             if not key_ok(presented_key(request.headers), cfg.proxy_api_keys):
                 return error_for_path(request.path, 401, "Missing or invalid API key: send it as `Authorization: Bearer <key>` "
                                       "(or `x-api-key: <key>`) with a key from PROXY_API_KEY.", "authentication_error")

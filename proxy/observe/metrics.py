@@ -9,7 +9,6 @@ picks its storage when first imported, from that variable, before any of this ru
 """
 from __future__ import annotations
 
-import threading
 import time
 
 from flask import Flask, Response
@@ -24,16 +23,17 @@ from prometheus_client import (
     multiprocess,
 )
 
-from proxy.backends.cache import TTLCache
-from proxy.backends.fetcher import Fetcher
-from proxy.backends.searxng import CachedSearXNG, SearchOutcome, SearXNG, outcome_size
+from proxy.backends.fetcher import FetchError, FetchObserver
+from proxy.backends.search import SearchBackend, SearchOutcome
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
-from proxy.tools.web_fetch import FetchError, FetchOutcome
+from proxy.core.routes import PROXY_METRICS, api_of
+from proxy.engine.events import CAP_HIT, CLIENT_LEFT, ROUND_DONE, TOOL_CALL, Events
+from proxy.runtime.cancel import Cancel
+from proxy.tools.base import Outcome
 
-PATH = "/proxy/metrics"
-ON = "proxy.metrics"         # environ key: this request is metered (PROXY_METRICS on)
-GONE = "proxy.client_gone"   # environ key: the client watch saw the client leave
+PATH = PROXY_METRICS
+LEFT = "proxy.client_left"   # environ key: the client watch saw the client leave
 
 # No `_created` series: multiprocess mode has none, and one process should look like several.
 disable_created_metrics()
@@ -86,87 +86,71 @@ CAPPED = frozenset({"max_uses_exceeded"})
 
 # ---- what to call things (pure) ---------------------------------------------------------------
 
-def api_of(path: str) -> str:
-    """The `api` label for a request path. Pure."""
-    if path == "/v1/chat/completions":
-        return "chat"
-    if path.startswith("/v1/messages"):
-        return "messages"
-    if path == "/v1/responses":
-        return "responses"
-    if path == "/v1/alpha/search":
-        return "alpha_search"
-    if path.startswith("/proxy/"):
-        return "proxy"  # its own health and metrics: a scrape every few seconds is not traffic
-    return "relay"
-
-
-def failure_outcome(code: str | None, message: str) -> str:
-    """A failed tool call's outcome label from its error code and sentence. Pure."""
+def failure_outcome(code: str | None, timed_out: bool) -> str:
+    """A failed tool call's outcome label from its error code and whether it ran out of time. Pure."""
     if code in CAPPED:
         return "capped"
     if code in REFUSED:
         return "refused"
-    if "did not answer within" in message:  # the search's and the fetch's timeout sentence
-        return "timeout"
-    return "failed"
+    return "timeout" if timed_out else "failed"
 
 
-def outcome_of(o) -> str:
+def outcome_of(o: Outcome) -> str:
     """ok, empty, repeated (a query the request already ran), refused, capped, timeout or failed. Pure."""
-    o = getattr(o, "fetched", o)  # proxy.apis.responses.calls.FindResult: a find_in_page call and the fetch it made
-    if isinstance(o, SearchOutcome):
-        if o.repeated:
-            return "repeated"
-        if o.status in ("ok", "empty"):
-            return o.status
-        return failure_outcome(o.error_code, o.message)
-    if isinstance(o, FetchOutcome):
-        return "ok" if o.page is not None else failure_outcome(o.error_code, o.message)
-    return "failed"
+    if o.repeated:
+        return "repeated"
+    if o.status in ("ok", "empty"):
+        return o.status
+    return failure_outcome(o.error_code, o.timed_out)
 
 
-def tool_of(o, api: str) -> str:
-    """web_search, web_fetch, open (the Responses API's open_page) or find. Pure."""
-    if hasattr(o, "fetched"):
-        return "find"
-    if isinstance(o, FetchOutcome):
-        return "open" if api == "responses" else "web_fetch"
-    return "web_search"
+# The metric's names for the tools, as the README lists them.
+TOOL_LABELS = {"find_in_page": "find"}
 
 
-# ---- hooks the rest of the proxy calls ----------------------------------------------------------
+def tool_of(o: Outcome, api: str) -> str:
+    """web_search, web_fetch, open (the Responses API's open_page action) or find. Pure."""
+    if o.tool == "web_fetch" and api == "responses":
+        return "open"
+    return TOOL_LABELS.get(o.tool, o.tool)
 
-def tool_calls(environ, outcomes) -> None:
+
+# ---- what the engine tells (proxy/engine/events.py) ---------------------------------------------
+
+def observe(events: Events) -> None:
+    """Count what the worker's requests do: each event the metrics need, subscribed once per worker."""
+    events.subscribe(ROUND_DONE, round_done)
+    events.subscribe(TOOL_CALL, tool_call)
+    events.subscribe(CAP_HIT, cap_hit)
+    events.subscribe(CLIENT_LEFT, client_left)
+
+
+def round_done(environ, outcomes) -> None:
     """One round's outcomes, as the search loop hands them to the client (domain filters applied)."""
-    if not environ.get(ON):
-        return
     api = api_of(environ.get("PATH_INFO", ""))
     for o in outcomes:
         outcome = outcome_of(o)
         TOOL_CALLS.labels(api, tool_of(o, api), outcome).inc()
         if outcome == "capped":
             CAP_HITS.labels(api, "max_uses").inc()
-        page = getattr(getattr(o, "fetched", o), "page", None)
-        if page is not None and page.truncated:
+        if o.truncated:
             CAP_HITS.labels(api, "page_size").inc()
 
 
-def tool_call(environ, tool: str, outcome: str) -> None:
-    """One call counted where no loop runs it (Codex's /v1/alpha/search)."""
-    if environ.get(ON):
-        TOOL_CALLS.labels(api_of(environ.get("PATH_INFO", "")), tool, outcome).inc()
+def tool_call(environ, call: tuple[str, Outcome]) -> None:
+    """One call counted where no loop runs it (Codex's /v1/alpha/search): its tool label and outcome."""
+    label, outcome = call
+    TOOL_CALLS.labels(api_of(environ.get("PATH_INFO", "")), label, outcome_of(outcome)).inc()
 
 
 def cap_hit(environ, cap: str) -> None:
-    if environ.get(ON):
-        CAP_HITS.labels(api_of(environ.get("PATH_INFO", "")), cap).inc()
+    CAP_HITS.labels(api_of(environ.get("PATH_INFO", "")), cap).inc()
 
 
 def client_left(environ, aborted: int) -> None:
     """The client watch saw the client go and cut `aborted` calls to vLLM (more may follow, one each)."""
-    environ[GONE] = True
-    if environ.get(ON) and aborted:
+    environ[LEFT] = True
+    if aborted:
         ABORTS.labels(api_of(environ.get("PATH_INFO", ""))).inc(aborted)
 
 
@@ -181,7 +165,6 @@ class RequestMetrics:
 
     def __call__(self, environ, start_response):
         started = time.monotonic()
-        environ[ON] = True
         status = ["-"]
 
         def sr(line, headers, exc_info=None):
@@ -223,16 +206,11 @@ class _Timed:
             if self._first is not None:
                 FIRST_BYTE_SECONDS.labels(api).observe(self._first - self._started)
             # gunicorn closes a body it stopped sending early: a client that hung up mid-answer.
-            if self._environ.get(GONE) or not self._complete:
+            if self._environ.get(LEFT) or not self._complete:
                 DISCONNECTS.labels(api).inc()
 
 
 # ---- around SearXNG and the fetcher --------------------------------------------------------------
-
-def searxng_answered(outcome: SearchOutcome, seconds: float) -> None:
-    SEARXNG_SECONDS.labels(outcome.status if outcome.status != "failed"
-                           else failure_outcome(outcome.error_code, outcome.message)).observe(seconds)
-
 
 def cache_size(cache: str, entries: int, size: int) -> None:
     CACHE_ENTRIES.labels(cache).set(entries)
@@ -245,48 +223,48 @@ def cache_lookup(cache: str, how: str, age: float | None) -> None:
         CACHE_HIT_AGE.labels(cache).observe(age)
 
 
-class MeteredFetcher(Fetcher):
-    """The fetcher create_app built, timing each fetch that went out and counting the bytes read and the page
-    cache's lookups. It takes over that fetcher's state, so its settings and its page cache stay as they were."""
-
-    def __init__(self, built: Fetcher):
-        self.__dict__.update(built.__dict__)
-        self._lookup = threading.local()  # this greenlet's (or thread's) last lookup: a fetch, or the cache's
-        self.cache.on_size = lambda entries, size: cache_size("page", entries, size)
+class FetchMeter(FetchObserver):
+    """The fetcher's observer: each fetch that went out timed by outcome, the bytes read, the page cache's lookups."""
 
     def looked_up(self, how: str, age: float | None) -> None:
-        self._lookup.how = how
-        if self.cache.enabled:
-            cache_lookup("page", how, age)
+        cache_lookup("page", how, age)
 
-    def fetch(self, url: str, **kw):  # the same keywords as Fetcher.fetch, passed on as they are
+    def fetched(self, error: FetchError | None, seconds: float) -> None:
+        FETCH_SECONDS.labels("ok" if error is None else failure_outcome(error.code, error.timed_out)).observe(seconds)
+
+    def read(self, nbytes: int) -> None:
+        FETCH_BYTES.inc(nbytes)
+
+
+class MeteredSearch:
+    """Any search backend, each search that went out timed by outcome; itself a search backend. Put under the
+    search cache, so cache hits are not counted as searches."""
+
+    def __init__(self, inner: SearchBackend):
+        self.inner = inner
+        self.results = inner.results
+        self.timeout = inner.timeout
+
+    def search(self, query: str, language: str | None = None, limit: int | None = None,
+               time_range: str | None = None, cancel: Cancel | None = None) -> SearchOutcome:
         started = time.monotonic()
-        self._lookup.how = "miss"
-        outcome = "ok"
-        try:
-            return super().fetch(url, **kw)
-        except FetchError as e:
-            outcome = failure_outcome(e.code, e.message)
-            raise
-        finally:
-            if self._lookup.how == "miss":  # a page from the cache, or from another request's download, is no fetch
-                FETCH_SECONDS.labels(outcome).observe(time.monotonic() - started)
-
-    def _read_body(self, *args, **kw):
-        body, cut = super()._read_body(*args, **kw)
-        FETCH_BYTES.inc(len(body))
-        return body, cut
+        outcome = self.inner.search(query, language=language, limit=limit, time_range=time_range, cancel=cancel)
+        SEARXNG_SECONDS.labels(outcome.status if outcome.status != "failed"
+                               else failure_outcome(outcome.error_code, outcome.timed_out)).observe(
+                                   time.monotonic() - started)
+        return outcome
 
 
-def instrument(cfg: Config, searxng: SearXNG, fetcher: Fetcher) -> tuple[SearXNG, Fetcher]:
-    """The SearXNG and fetcher create_app built, behind the search cache and metered (PROXY_METRICS)."""
-    on = cfg.proxy_metrics
-    cache: TTLCache[SearchOutcome] = TTLCache(
-        cfg.search_cache_ttl, cfg.search_cache_entries, cfg.search_cache_bytes, outcome_size,
-        on_size=(lambda entries, size: cache_size("search", entries, size)) if on else None)
-    cached = CachedSearXNG(searxng, cache, on_answer=searxng_answered if on else None,
-                           on_lookup=(lambda how, age: cache_lookup("search", how, age)) if on else None)
-    return cached, (MeteredFetcher(fetcher) if on else fetcher)
+def search_cache_size(entries: int, size: int) -> None:
+    cache_size("search", entries, size)
+
+
+def page_cache_size(entries: int, size: int) -> None:
+    cache_size("page", entries, size)
+
+
+def search_cache_lookup(how: str, age: float | None) -> None:
+    cache_lookup("search", how, age)
 
 
 # ---- the endpoint ------------------------------------------------------------------------------
@@ -302,7 +280,7 @@ def exposition(multiproc_dir: str) -> bytes:
 
 
 def install(app: Flask, cfg: Config) -> None:
-    """GET /proxy/metrics, behind PROXY_API_KEY like every path not in app.OPEN_PATHS, and the
+    """GET /proxy/metrics, behind PROXY_API_KEY like every path not in routes.OPEN_PATHS, and the
     request middleware (outermost, so its latency is the whole request's)."""
 
     @app.route(PATH)

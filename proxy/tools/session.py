@@ -1,8 +1,7 @@
-"""The server-side tools as one layer: ToolSession runs every tool call the proxy answers itself (web_search
-on SearXNG, web_fetch and find_in_page on the page fetcher) for one client request, round by round, and
-tool_text is what the model reads for one of them. SearXNG (proxy/backends/searxng.py) and the fetcher
-(proxy/backends/fetcher.py) are its backends; each API (chat, messages, responses) turns its own tool calls into the
-items run() takes and renders the outcomes in its own shape.
+"""ToolSession: every server-side tool call of one client request, round by round. It hands each call to the
+tool that owns it (proxy/tools/registry.py), runs a round's calls side by side on the client's watch, applies
+the page caps and MAX_SEARCH_ITER, and counts what ran. Each API turns its own tool calls into the requests
+run() takes (registry.parse) and renders the outcomes in its own shape.
 
 Not run on its own; tests/test_rules.py checks the bookkeeping with a SearXNG stand-in.
 """
@@ -10,132 +9,105 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import replace
+from collections.abc import Callable
 
-from proxy.backends.fetcher import Fetcher
-from proxy.backends.searxng import SearchOutcome, SearXNG, format_for_model
-from proxy.runtime.cancel import Cancel, watched
+from proxy.runtime.cancel import watched
 from proxy.runtime.concurrency import run_together
-from proxy.tools.web_fetch import FetchOutcome, FetchRequest, format_page_for_model
+from proxy.tools.base import Backends, Outcome, Request, RunContext
+from proxy.tools.registry import TOOLS, WEB_SEARCH
 
 log = logging.getLogger("proxy.tools")
 
 
-def tool_text(outcome) -> str:
-    """What the model reads for one call of a round: a search's results or a fetched page. Pure."""
-    return format_page_for_model(outcome) if isinstance(outcome, FetchOutcome) else format_for_model(outcome)
-
-
 class ToolSession:
-    """The server-side tool calls of one client request, round by round: runs its searches (on SearXNG)
-    and page reads (on the fetcher) side by side, each on the client's watch, applies the fetch caps,
-    remembers the searches and counts both; MAX_SEARCH_ITER bounds its rounds.
+    """The tool calls of one client request: the rounds (MAX_SEARCH_ITER bounds them), the page caps
+    (WEB_FETCH_MAX_PER_TURN and _PER_REQUEST over every tool that reads pages), the request's memory that tools
+    keep (web_search's answers to repeated queries), and the counts the cap's message and the access log use."""
 
-    Repeating an identical query is the usual loop of local models, so a repeat is answered
-    from memory with a note instead of hitting SearXNG again. A page fetched again comes from
-    the fetcher's cache.
-    """
-
-    def __init__(self, searxng: SearXNG, max_rounds: int, on_search=None, fetcher: Fetcher | None = None,
-                 watch=None):
-        self.searxng = searxng
-        self.fetcher = fetcher
-        self.fetches = 0
-        self.fetched = 0    # web_fetch calls run (not refused before fetching): what the caps count
+    def __init__(self, backends: Backends, max_rounds: int, max_pages_per_turn: int = 0,
+                 max_pages_per_request: int = 0, watch=None, on_round: Callable[[list], None] | None = None):
+        self.backends = backends
         self.max_rounds = max_rounds
+        self.max_per_turn = max_pages_per_turn
+        self.max_per_request = max_pages_per_request
         self.rounds = 0
-        self.searches = 0
+        self.pages_read = 0   # page reads run (not refused before running): what the caps count
+        self.fetches = 0      # outcomes of tools that read pages, refused ones included
+        self.searches = 0     # searches run (not answered from memory)
         self.empty = 0
         self.failed = 0
-        self.repeated = 0   # queries answered from memory, not searched again
-        self._seen: dict[str, SearchOutcome] = {}
-        self._on_search = on_search
-        self._watch = watch  # () -> the client's ClientWatch or None: each call is on it while it runs
+        self.repeated = 0     # queries answered from memory, not searched again
+        self._memory: dict[str, dict] = {}
         self._lock = threading.Lock()
+        self._watch = watch   # () -> the client's ClientWatch or None: each call is on it while it runs
+        self._on_round = on_round
 
     @property
     def exhausted(self) -> bool:
         return self.rounds >= self.max_rounds
 
-    def _capped(self, items: list) -> list:
-        """The round's items with fetches past WEB_FETCH_MAX_PER_TURN or WEB_FETCH_MAX_PER_REQUEST replaced by
-        the outcome that tells the model so: a prompt-injected model must not turn one request into
-        unbounded traffic to third-party hosts."""
-        if self.fetcher is None:
-            return items
-        per_turn, per_request = self.fetcher.max_per_turn, self.fetcher.max_per_request
-        out, this_turn = [], 0
-        for item in items:
-            if isinstance(item, FetchRequest) and item.early is None:
-                if this_turn >= per_turn:
-                    item = replace(item, early=FetchOutcome(item.url, error_code="max_uses_exceeded", message=(
-                        f"Fetch failed: not fetched: one turn may fetch at most {per_turn} pages "
-                        "(WEB_FETCH_MAX_PER_TURN). Fetch the most useful pages first, fewer at a time.")))
-                elif self.fetched >= per_request:
-                    item = replace(item, early=FetchOutcome(item.url, error_code="max_uses_exceeded", message=(
-                        f"Fetch failed: not fetched: this request already fetched {per_request} pages, the most one "
-                        "request may (WEB_FETCH_MAX_PER_REQUEST). Answer from what you have read.")))
+    def _capped(self, requests: list[Request]) -> list[Outcome | None]:
+        """Per request, the outcome that refuses it for a page cap, or None to run it: a prompt-injected model
+        must not turn one request into unbounded traffic to third-party hosts."""
+        out: list[Outcome | None] = []
+        this_turn = 0
+        for request in requests:
+            tool = TOOLS[request.tool]
+            refusal = None
+            if tool.reads_pages and request.early is None:
+                if this_turn >= self.max_per_turn:
+                    refusal = tool.failure(request, "max_uses_exceeded", (
+                        f"Fetch failed: not fetched: one turn may fetch at most {self.max_per_turn} pages "
+                        "(WEB_FETCH_MAX_PER_TURN). Fetch the most useful pages first, fewer at a time."))
+                elif self.pages_read >= self.max_per_request:
+                    refusal = tool.failure(request, "max_uses_exceeded", (
+                        f"Fetch failed: not fetched: this request already fetched {self.max_per_request} pages, the "
+                        "most one request may (WEB_FETCH_MAX_PER_REQUEST). Answer from what you have read."))
                 else:
                     this_turn += 1
-                    self.fetched += 1
-            out.append(item)
+                    self.pages_read += 1
+            out.append(refusal)
         return out
 
-    def run(self, queries: list, limit: int | None = None, language: str | None = None) -> list:
-        """Run one round: each item is a parse_arguments() result (a search, giving a SearchOutcome)
-        or a fetch.FetchRequest (giving a FetchOutcome); outcomes in the items' order, all run
-        concurrently. Never raises: every failure is an outcome the model reads."""
+    def run(self, requests: list[Request], limit: int | None = None, language: str | None = None) -> list[Outcome]:
+        """Run one round: each request by the tool that owns it, all concurrently; outcomes in the requests'
+        order. Never raises: every failure is an outcome the model reads."""
         self.rounds += 1
-        queries = self._capped(queries)
+        refusals = self._capped(requests)
 
-        def one(item):
+        def one(i: int) -> Outcome:
+            request, tool = requests[i], TOOLS[requests[i].tool]
+            refusal = refusals[i]
+            if refusal is not None:
+                return refusal
             # On the client's watch: its leaving ends the fetch or search at once.
             with watched(self._watch() if self._watch is not None else None) as cancel:
+                ctx = RunContext(self.backends, cancel, limit, language, self._memory, self._lock)
                 try:
-                    return self._one(item, limit, language, cancel)
+                    return tool.run(request, ctx)
                 except Exception:
                     # A bug or a library's surprise must not end the client's turn with a 500: the model reads
                     # a failure, the log keeps the traceback.
-                    log.exception("a %s failed unexpectedly", "fetch" if isinstance(item, FetchRequest) else "search")
-                    if isinstance(item, FetchRequest):
-                        return FetchOutcome(item.url, error_code="unavailable", message=(
-                            "Fetch failed: the proxy could not read this page (an internal error)."))
-                    return SearchOutcome(str(item[0]), "failed", error_code="unavailable",
-                                         message="Search failed: the proxy could not run this search (an internal error).")
+                    log.exception("a %s call failed unexpectedly", tool.name)
+                    return tool.failure(request, "unavailable", tool.broken)
 
-        # No items: a round of calls all refused before searching still counts as a round.
-        outcomes = run_together(one, queries, at_most=8)
-        for o in outcomes:
-            if isinstance(o, FetchOutcome):
-                self.fetches += 1
-                continue
-            if o.repeated:
-                self.repeated += 1
-                continue
-            self.searches += 1
-            self.empty += o.status == "empty"
-            self.failed += o.status == "failed"
-        if self._on_search:
-            self._on_search(len([o for o in outcomes if isinstance(o, SearchOutcome) and not o.repeated]))
+        # No requests: a round of calls all refused before running still counts as a round.
+        outcomes = run_together(one, list(range(len(requests))), at_most=8)
+        self._count(outcomes)
+        if self._on_round:
+            self._on_round(outcomes)
         return outcomes
 
-    def _one(self, item, limit: int | None, language: str | None, cancel: Cancel):
-        if isinstance(item, FetchRequest):
-            if self.fetcher is None:
-                return FetchOutcome(item.url, error_code="unavailable", message="Fetch failed: web_fetch is off.")
-            return self.fetcher.run(item, cancel)
-        query, early = item
-        if early is not None:
-            return early
-        key = query.casefold()
-        with self._lock:
-            if key in self._seen:
-                prev = self._seen[key]
-                return SearchOutcome(**{**prev.__dict__, "repeated": True})
-        outcome = self.searxng.search(query, language=language, limit=limit, cancel=cancel)
-        with self._lock:
-            self._seen[key] = outcome
-        return outcome
+    def _count(self, outcomes: list[Outcome]) -> None:
+        for o in outcomes:
+            if TOOLS[o.tool].reads_pages:
+                self.fetches += 1
+            elif o.repeated:
+                self.repeated += 1
+            elif o.tool == WEB_SEARCH:
+                self.searches += 1
+                self.empty += o.status == "empty"
+                self.failed += o.status == "failed"
 
     def cap_message(self) -> str:
         """The error the client reads when the model wants more rounds than allowed: the
@@ -147,6 +119,11 @@ class ToolSession:
         if self.searches and unusable == self.searches:
             msg += " — SearXNG returned no usable results"
         return msg
+
+
+def searches_in(outcomes: list[Outcome]) -> int:
+    """The searches a round ran (not answered from memory): what the access log's searches= counts."""
+    return sum(1 for o in outcomes if o.tool == WEB_SEARCH and not o.repeated)
 
 
 def _count(n: int, one: str, many: str) -> str:

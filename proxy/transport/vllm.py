@@ -22,9 +22,8 @@ import urllib.parse
 
 import httptools
 
-from proxy.backends.pagetext import BoundedDecoder
 from proxy.runtime.concurrency import system_poll as _poll
-from proxy.tools.web_fetch import FetchError
+from proxy.transport.decoding import BoundedDecoder, UnknownEncoding
 from proxy.transport.http1 import ProtocolError, body_framing, content_length, may_retry, request_head
 
 # Requests up to this size go out in one write, so the body never waits on Nagle's algorithm
@@ -207,10 +206,10 @@ class UpstreamResponse:
             return
         try:
             self._decoder = BoundedDecoder(encoding, limit)
-        except FetchError as e:
+        except UnknownEncoding as e:
             self.abort()
             raise UpstreamError("unreachable", f"{self._backend.base_url} answered in an encoding the proxy cannot "
-                                               f"read ({encoding}): {e.message}") from None
+                                               f"read ({encoding}): {e}") from None
         self.headers = [(n, v) for n, v in self.headers if n.lower() != "content-encoding"]
 
     def read(self) -> bytes:
@@ -404,3 +403,13 @@ class Backend:
                 conn.close()
                 raise UpstreamError("unreachable", f"cannot reach {self.base_url}: {e}") from e
         raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def gateway_status(e: UpstreamError) -> tuple[int, str]:
+    """Map a backend failure to the gateway status and the message the client reads."""
+    if e.kind == "timeout":
+        return 504, f"vLLM timed out: {e}"
+    msg = f"vLLM is unreachable: {e}"
+    if e.refused:
+        msg += " (the model may still be loading: check `docker compose logs -f vllm`)"
+    return 502, msg

@@ -19,12 +19,12 @@ import urllib3
 import urllib3.connection
 from urllib3.util.ssl_match_hostname import CertificateError
 
-from proxy.backends.pagetext import READ_CHUNK, Decoder
 from proxy.runtime.cancel import Cancel
-from proxy.tools.web_fetch import FetchError
+from proxy.transport.decoding import Decoder, UnknownEncoding
 
 # What a connection or a hostile server's bytes raise in urllib3 and http.client.
 NET_ERRORS = (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError, ValueError)
+READ_CHUNK = 64 * 1024  # one receive's bytes: the byte cap and the deadline are checked between reads
 
 
 class WebError(Exception):
@@ -115,8 +115,8 @@ def read_body(opened: Opened, max_bytes: int, cancel: Cancel, before_each: Calla
     cap. before_each() runs before every receive (a deadline check that raises). Raises WebError."""
     try:
         decoder = Decoder(opened.header("Content-Encoding"))
-    except FetchError as e:  # an encoding it cannot undo (br, zstd, ...), though the request offered none
-        raise WebError("encoding", e.message) from None
+    except UnknownEncoding as e:  # br, zstd, ...: the request offered none
+        raise WebError("encoding", str(e)) from None
     try:
         chunks, total = [], 0
         while True:

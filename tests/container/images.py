@@ -1,4 +1,4 @@
-"""Stand-ins, built from Debian packages, for the three images the CPU trial pins but this machine
+"""Stand-ins, built from Debian packages, for the images the CPU trial (and its monitoring profile) pins but this machine
 cannot pull, each tagged with the exact name the compose files and Dockerfiles use so they all
 run unchanged; used by tests/container/conftest.py.
 
@@ -11,6 +11,8 @@ everything that goes into it: an image whose key matches is reused ("already bui
 - vLLM's CPU image (public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo, compose.cpu.yaml): the real
   `vllm serve` (the CPU build the real-vLLM tier uses, copied from its venv) behind the image's
   entrypoint contract: `vllm serve` as entrypoint, python3 and curl on PATH, root, /vllm-workspace.
+- prom/prometheus (the `monitoring` profile, tests/container/test_monitoring_profile.py): Debian's prometheus
+  package, the server the real-vLLM tier's monitoring tests run, as the image's user with its paths.
 - searxng/searxng: standins/searxng.py (and the server.py it builds on) serving SearXNG's JSON API and /healthz on 8080 from
   /usr/local/searxng/entrypoint.sh, with GNU wget, as the `searxng` user.
 """
@@ -107,6 +109,22 @@ def searxng(tag: str) -> Image:
         changes=["ENV SEARXNG_SETTINGS_PATH=/etc/searxng/settings.yml", "WORKDIR /usr/local/searxng",
                  "USER searxng", "EXPOSE 8080", 'ENTRYPOINT ["/usr/local/searxng/entrypoint.sh"]'],
         inputs=SEARXNG_FILES,
+    )
+
+
+def prometheus(tag: str) -> Image:
+    """The monitoring profile's Prometheus: Debian's own package (the release the real-vLLM tier runs) behind the
+    image's contract: the binary at /bin/prometheus, a shell and wget, the `nobody` user, /prometheus its own."""
+    return Image(
+        tag=tag,
+        packages=["prometheus", "wget"],
+        hooks=[
+            # The real image's data folder: a new named volume copies its owner, so Prometheus (nobody) can write.
+            'mkdir -p "$1"/prometheus "$1"/etc/prometheus',
+            'chown 65534:65534 "$1"/prometheus',
+        ],
+        changes=["USER nobody", "EXPOSE 9090", "WORKDIR /prometheus", 'ENTRYPOINT ["/bin/prometheus"]'],
+        inputs=[],
     )
 
 

@@ -12,7 +12,7 @@ import pytest
 from realvllm import MODEL, QUERY, WEB_SEARCH, chat, forced_call_request
 
 from proxy.apis.chat.rules import assistant_turn, tool_results
-from proxy.backends.searxng import SearchOutcome
+from proxy.backends.search import SearchOutcome
 
 pytestmark = pytest.mark.real_vllm
 

@@ -18,7 +18,7 @@ from realvllm import FORCED_CALL, MODEL, QUERY
 
 from proxy.apis.messages.blocks import SERVER_BLOCKS
 from proxy.apis.messages.request import rewrite
-from proxy.backends.searxng import QUERY_SCHEMA, TOOL_DESCRIPTION
+from proxy.tools.web_search import QUERY_SCHEMA, TOOL_DESCRIPTION
 
 pytestmark = pytest.mark.real_vllm
 

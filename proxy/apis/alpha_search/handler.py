@@ -37,19 +37,21 @@ from proxy.apis.alpha_search.rules import (
     view_ref,
     within_cap,
 )
-from proxy.backends.searxng import SearchOutcome, clean_query, filter_domains
-from proxy.core import codec
+from proxy.backends.fetcher import FetchError, Page
+from proxy.backends.search import SearchOutcome, filter_domains
+from proxy.core import codec, routes
 from proxy.core.errors import error_response
+from proxy.engine.events import TOOL_CALL, TOOLS_RAN
 from proxy.engine.exchange import ClientWatch
 from proxy.engine.services import Services
-from proxy.observe import metrics
 from proxy.runtime.cancel import Watch, watched
 from proxy.runtime.concurrency import run_together
-from proxy.tools.web_fetch import FetchError, Page
+from proxy.tools.web_fetch import FetchOutcome
+from proxy.tools.web_search import clean_query
 
 log = logging.getLogger("proxy.alpha_search")
 
-PATH = "/v1/alpha/search"
+PATH = routes.ALPHA_SEARCH
 
 
 @dataclass
@@ -69,7 +71,7 @@ class SearchCall:
 
 class AlphaSearch:
     def __init__(self, services: Services):
-        self.cfg, self.searxng, self.fetcher = services.cfg, services.searxng, services.fetcher
+        self.cfg, self.search, self.fetcher, self.events = services.cfg, services.search, services.fetcher, services.events
         self.refs = RefStore()
 
     def _search(self, query: Query, limit: int, allowed, watch: Watch | None) -> SearchOutcome:
@@ -77,7 +79,7 @@ class AlphaSearch:
         if cleaned is None:  # clean_query gives exactly one of the two
             return early or SearchOutcome(str(query.q), "failed", error_code="invalid_tool_input")
         with watched(watch) as cancel:
-            outcome = self.searxng.search(cleaned, limit=limit, time_range=time_range(query.recency), cancel=cancel)
+            outcome = self.search.search(cleaned, limit=limit, time_range=time_range(query.recency), cancel=cancel)
         # Domains are enforced on the results, as on /v1/responses; the query is sent unchanged.
         domains = tuple(query.domains) + tuple(allowed)
         return filter_domains(outcome, allowed=domains or None)
@@ -89,13 +91,14 @@ class AlphaSearch:
 
     def _run_searches(self, call: SearchCall):
         """All queries at once (a few at a time); their sections in the order they were asked."""
-        parsed, limit = call.parsed, call.parsed.results or self.searxng.results
+        parsed, limit = call.parsed, call.parsed.results or self.search.results
         outcomes = run_together(lambda query: self._search(query, limit, parsed.allowed, call.watch),
                                 list(parsed.queries), at_most=4)
+        self.events.emit(TOOLS_RAN, call.environ, outcomes)
         for outcome in outcomes:
-            metrics.tool_call(call.environ, "web_search", metrics.outcome_of(outcome))
+            self.events.emit(TOOL_CALL, call.environ, ("web_search", outcome))
             if outcome.status == "failed":
-                call.failures.append(Failure(outcome.error_code or "unavailable", outcome.message))
+                call.failures.append(Failure(outcome.error_code or "unavailable", outcome.message, outcome.timed_out))
             else:
                 call.succeeded += 1
             text, got = format_search(outcome, call.turn, len(call.new_refs))
@@ -111,11 +114,13 @@ class AlphaSearch:
         else:
             try:
                 page = self._fetch(url, call.parsed, call.watch)
-                metrics.tool_call(call.environ, command, "ok")
+                self.events.emit(TOOL_CALL, call.environ, (command, FetchOutcome(url, page=page)))
                 return page
             except FetchError as e:
-                failure = Failure(e.code, e.message)
-        metrics.tool_call(call.environ, command, metrics.failure_outcome(failure.code, failure.message))
+                failure = Failure(e.code, e.message, e.timed_out)
+        self.events.emit(TOOL_CALL, call.environ, (command, FetchOutcome(url or ref_id, error_code=failure.code,
+                                                                        message=failure.message,
+                                                                        timed_out=failure.timed_out)))
         call.failures.append(failure)
         call.sections.append(format_failure(command, ref_id, failure))
         return None
@@ -167,12 +172,11 @@ class AlphaSearch:
             parsed = parse_request(body)
         except BadRequest as e:
             return error_response(400, e.message, param=e.param)
-        watch = ClientWatch(environ)
+        watch = ClientWatch(environ, self.events)
         try:
             sections, failures, succeeded, searches = self.run(parsed, environ, watch)
         finally:
             watch.stop()
-        environ["proxy.searches"] = searches
         if watch.gone:
             # Nobody reads the answer; 499 (nginx's "client closed request") is what the access log shows.
             return error_response(499, "The client closed the connection before the search finished.")

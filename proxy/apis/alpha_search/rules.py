@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 from proxy.backends.fetcher import Page
-from proxy.backends.searxng import SearchOutcome
+from proxy.backends.search import SearchOutcome
 
 CHARS_PER_TOKEN = 4            # the fetch core's estimate too
 DEFAULT_OUTPUT_TOKENS = 2500   # what Codex 0.171.0 sends as max_output_tokens
@@ -26,9 +26,6 @@ UNSUPPORTED = ("image_query", "click", "screenshot", "finance", "weather", "spor
 # Failures of a server behind the proxy (502/504 when nothing else succeeded), as opposed to a
 # refusal or a bad reference, which the model should read in the output.
 UPSTREAM_CODES = frozenset({"unavailable", "too_many_requests", "url_not_accessible"})
-# Both cores say a timeout in these words (search.py: "did not answer within N s", fetch.py the
-# same); tests/test_alpha_search.py pins them, since 504 vs 502 hangs on it.
-TIMEOUT_WORDS = "did not answer within"
 
 
 def time_range(recency_days: int | None) -> str | None:
@@ -76,6 +73,7 @@ class Parsed:
 class Failure:
     code: str
     message: str
+    timed_out: bool = False  # its server did not answer in time: a 504, not a 502, when nothing else worked
 
     @property
     def upstream(self) -> bool:
@@ -83,7 +81,7 @@ class Failure:
 
     @property
     def timeout(self) -> bool:
-        return TIMEOUT_WORDS in self.message
+        return self.timed_out
 
 
 # ---- reading the request (pure) ----------------------------------------------------------

@@ -26,16 +26,15 @@ from proxy.apis.chat.rules import (
     validate,
     with_tools,
 )
-from proxy.core import codec
+from proxy.core import codec, routes
 from proxy.core.codec import data_of, iter_frame_batches
 from proxy.core.errors import error_response, sse_error
 from proxy.engine import loop
 from proxy.engine.exchange import Exchange, response_headers
-from proxy.tools.web_fetch import FetchRequest
 
 log = logging.getLogger("proxy.chat")
 
-PATH = "/v1/chat/completions"
+PATH = routes.CHAT
 
 
 def handle(ex: Exchange) -> Response:
@@ -81,8 +80,6 @@ class _Chat:
     def own_calls(self, turn) -> list:
         return [c for c in turn.calls if is_proxy_call(c, self.ours)]
 
-    def queries(self, calls: list) -> list:
-        return [(r.url, None) if isinstance(r, FetchRequest) else r for r in map(tool_request, calls)]
 
     def run_tools(self, calls: list) -> list:
         return self.session.run([tool_request(c) for c in calls])
@@ -315,7 +312,7 @@ class StreamedChat(_Chat):
         return sse_error(status, message, type_)
 
     def keepalive(self, calls: list) -> bytes:
-        return loop.searching_comment(self.queries(calls))
+        return loop.searching_comment([tool_request(c).shown for c in calls])
 
     def refused(self, status, raw) -> bytes:
         if status == 200:

@@ -5,19 +5,23 @@ and request of the next turn), tested without a network by tests/run.sh tests/te
 from __future__ import annotations
 
 from proxy.apis import citations
-from proxy.backends.searxng import NOT_EXECUTED, QUERY_SCHEMA, TOOL_DESCRIPTION, parse_arguments
 from proxy.core import codec
 from proxy.core import validate as V
-from proxy.tools.session import tool_text
-from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, parse_fetch_arguments
+from proxy.tools import registry
+from proxy.tools.base import NOT_EXECUTED
+from proxy.tools.registry import WEB_FETCH, WEB_SEARCH
 
-WEB_SEARCH = "web_search"
-WEB_SEARCH_TOOL = {"type": "function",
-                   "function": {"name": WEB_SEARCH, "description": TOOL_DESCRIPTION, "parameters": QUERY_SCHEMA}}
-WEB_FETCH = "web_fetch"
-WEB_FETCH_TOOL = {"type": "function",
-                  "function": {"name": WEB_FETCH, "description": FETCH_TOOL_DESCRIPTION, "parameters": URL_SCHEMA}}
-PROXY_TOOLS = {WEB_SEARCH: WEB_SEARCH_TOOL, WEB_FETCH: WEB_FETCH_TOOL}  # in the order they are added
+
+def chat_tool(name: str) -> dict:
+    """A proxy tool as a chat function definition: the tool's own name, description and schema."""
+    tool = registry.tool(name)
+    return {"type": "function", "function": {"name": tool.name, "description": tool.description,
+                                             "parameters": tool.schema}}
+
+
+WEB_SEARCH_TOOL = chat_tool(WEB_SEARCH)
+WEB_FETCH_TOOL = chat_tool(WEB_FETCH)
+PROXY_TOOLS = {WEB_SEARCH: WEB_SEARCH_TOOL, WEB_FETCH: WEB_FETCH_TOOL}  # chat's tools, in the order they are added
 
 
 def validate(body) -> tuple[str, str | None] | None:
@@ -72,18 +76,9 @@ def tools_to_inject(body: dict, search: bool = True, fetch: bool = True) -> tupl
     return tuple(name for name, on in wanted if on and name not in theirs)
 
 
-def should_inject(body: dict, enabled: bool) -> bool:
-    """web_search alone: whether tools_to_inject would add it."""
-    return WEB_SEARCH in tools_to_inject(body, search=enabled, fetch=False)
-
-
 def with_tools(body: dict, names) -> dict:
     """A copy of the request with the proxy's named tools added; every other field as it was."""
     return {**body, "tools": list(body.get("tools") or []) + [PROXY_TOOLS[n] for n in names]}
-
-
-def with_web_search(body: dict) -> dict:
-    return with_tools(body, (WEB_SEARCH,))
 
 
 def forced_tool(tool_choice) -> str | None:
@@ -109,9 +104,8 @@ def is_proxy_call(call: dict, ours=(WEB_SEARCH,)) -> bool:
 
 
 def tool_request(call: dict):
-    """A call of the proxy's as the search session runs it: a query, or a fetch request."""
-    arguments = (call.get("function") or {}).get("arguments")
-    return parse_fetch_arguments(arguments) if call_name(call) == WEB_FETCH else parse_arguments(arguments)
+    """A call of the proxy's as the tool session runs it, parsed by the tool it names."""
+    return registry.parse(call_name(call), (call.get("function") or {}).get("arguments"))
 
 
 def add_usage(total: dict | None, turn: dict | None) -> dict | None:
@@ -152,7 +146,7 @@ def tool_results(calls: list[dict], outcomes: list, ours=tuple(PROXY_TOOLS),
     in `outcomes`' order, their sources numbered for citing), or the not-executed stub."""
     found = iter(outcomes)
     return [{"role": "tool", "tool_call_id": c.get("id"),
-             "content": citations.numbered(sources, o := next(found), tool_text(o)) if is_proxy_call(c, ours)
+             "content": citations.numbered(sources, o := next(found), registry.text(o)) if is_proxy_call(c, ours)
              else NOT_EXECUTED}
             for c in calls]
 

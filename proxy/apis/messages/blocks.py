@@ -8,15 +8,20 @@ import base64
 import binascii
 import re
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 from proxy.apis import citations
-from proxy.backends.searxng import NOT_EXECUTED, Hit, SearchOutcome, format_for_model
+from proxy.backends.search import Hit, SearchOutcome
 from proxy.core import codec
 from proxy.core.codec import as_dict, as_list
+from proxy.tools.base import NOT_EXECUTED, Outcome
+from proxy.tools.registry import WEB_FETCH, WEB_SEARCH
 from proxy.tools.web_fetch import FetchOutcome
+from proxy.tools.web_search import format_for_model
 
-SERVER_NAME = "web_search"          # the name Anthropic gives the server tool's blocks
-FETCH_NAME = "web_fetch"
+SERVER_NAME = WEB_SEARCH            # the names Anthropic gives the server tools' blocks: the proxy's tools' own
+FETCH_NAME = WEB_FETCH
 SERVER_BLOCKS = frozenset({"server_tool_use", "web_search_tool_result", "web_fetch_tool_result"})
 # What the model reads again when a replayed error block is all that is left of a search.
 ERROR_TEXT = {
@@ -139,12 +144,28 @@ def replayed_text(content, sources: citations.Sources | None) -> str:
                                    str(as_dict(doc.get("source")).get("data") or ""), text)
 
 
-def model_text(outcome) -> str:
-    """The tool_result text of one call of a round: a search's results or a fetch's page."""
-    if not isinstance(outcome, FetchOutcome):
-        return format_for_model(outcome)
+def fetch_model_text(outcome: FetchOutcome) -> str:
+    """What the model reads for a web_fetch call: the text the block replays, so a replayed page reads the same."""
     text = fetch_text(fetch_content(outcome), outcome.message or None)
-    return text + CUT_NOTE if outcome.page is not None and outcome.page.truncated else text
+    return text + CUT_NOTE if outcome.truncated else text
+
+
+# Each proxy tool as Anthropic's server tool shows it: (its result block, the model's text of the outcome). A new
+# tool the Messages API offers is one entry here and one in request.py's server-tool names.
+SERVER_TOOLS: dict[str, tuple[Callable[[str, Any, dict | None], dict], Callable[[Any], str]]] = {
+    WEB_SEARCH: (lambda use_id, outcome, citations: result_block(use_id, outcome), format_for_model),
+    WEB_FETCH: (lambda use_id, outcome, citations: fetch_result_block(use_id, outcome, citations), fetch_model_text),
+}
+
+
+def model_text(outcome: Outcome) -> str:
+    """The tool_result text of one call of a round, as its tool's entry in SERVER_TOOLS makes it."""
+    return SERVER_TOOLS[outcome.tool][1](outcome)
+
+
+def server_result_block(tool_use_id: str, outcome: Outcome, citations: dict | None = None) -> dict:
+    """The server tool's result block for one call (web_search_tool_result, web_fetch_tool_result)."""
+    return SERVER_TOOLS[outcome.tool][0](tool_use_id, outcome, citations)
 
 
 # ---- the server_tool_use blocks, the counts in usage, the model's tool_result turn ------------

@@ -20,38 +20,33 @@ from proxy.apis.messages.blocks import (
     add_usage,
     counts_as_fetch,
     counts_as_search,
-    fetch_result_block,
-    result_block,
+    server_result_block,
     server_use_block,
     tool_results,
     turn_calls,
     with_searches,
 )
 from proxy.apis.messages.request import (
-    FetchPlan,
-    Plan,
+    MessagesPlan,
     fetch_request,
     needs_rewrite,
     next_request,
     rewrite,
+    search_request,
     served_model_for,
     shortcut_turn,
     subrequest_query,
     validate,
 )
 from proxy.apis.messages.stream import PING, SSE_HEADERS, ClientMessage, error_event
-from proxy.backends.searxng import SearchOutcome, filter_domains, parse_arguments
 from proxy.core import codec
 from proxy.core.codec import as_dict
-from proxy.core.errors import anthropic_error, as_anthropic_error, upstream_error_status
+from proxy.core.errors import anthropic_error, as_anthropic_error
 from proxy.engine import loop
 from proxy.engine.exchange import Exchange, response_headers
-from proxy.tools.web_fetch import FetchOutcome
-from proxy.transport.vllm import UpstreamError
-
-# Claude Code's search sub-request names its query; searching it directly saves the model
-# turn that would only copy it into a tool call (measured: see tests/test_claude_code.py).
-SUBREQUEST_SHORTCUT = True
+from proxy.tools import registry
+from proxy.tools.base import Outcome, Request
+from proxy.transport.vllm import UpstreamError, gateway_status
 
 
 def handle(ex: Exchange) -> Response:
@@ -61,7 +56,7 @@ def handle(ex: Exchange) -> Response:
         return ex.relay()  # not ours to judge: vLLM says what is wrong, as it always did
     renamed = False
     if ex.cfg.anthropic_any_model and isinstance(body, dict):
-        model = served_model_for(body.get("model"), ex.services.models.get(ex))
+        model = served_model_for(body.get("model"), ex.services.models.get(lambda: _models(ex)))
         if model:
             body["model"], renamed = model, True
     if not needs_rewrite(body):
@@ -72,10 +67,20 @@ def handle(ex: Exchange) -> Response:
     vbody, plan = rewrite(body, ex.cfg.citations)
     if ex.target.split("?", 1)[0].rstrip("/").endswith("/count_tokens"):
         return count_tokens(ex, vbody)
-    query = subrequest_query(body) if SUBREQUEST_SHORTCUT else None
+    # Claude Code's search sub-request names its query; searching it directly saves the model
+    # turn that would only copy it into a tool call (measured: see tests/test_claude_code.py).
+    query = subrequest_query(body)
     first = _Blocks(shortcut_turn(query, plan)) if query is not None else None
     dialect = StreamedMessages if body.get("stream") else PlainMessages
     return loop.run(ex, dialect(ex, vbody, plan, first))
+
+
+def _models(ex: Exchange) -> tuple[int, bytes]:
+    """vLLM's GET /v1/models, asked with this client's credentials: (status, body)."""
+    headers = [(n, v) for n, v in ex.headers if n.lower() in ("authorization", "x-api-key")]
+    call = ex.call("GET", "/v1/models", None, headers)
+    raw = call.read()
+    return call.response.status, raw
 
 
 def count_tokens(ex: Exchange, vbody: dict) -> Response:
@@ -84,7 +89,7 @@ def count_tokens(ex: Exchange, vbody: dict) -> Response:
         call = ex.post(ex.target, vbody)
         raw = call.read()
     except UpstreamError as e:
-        status, msg = upstream_error_status(e)
+        status, msg = gateway_status(e)
         return anthropic_error(status, msg)
     finally:
         watch.stop()
@@ -114,7 +119,7 @@ class _Messages:
 
     headers: list = []
 
-    def __init__(self, ex: Exchange, body: dict, plan: Plan, first: _Blocks | None):
+    def __init__(self, ex: Exchange, body: dict, plan: MessagesPlan, first: _Blocks | None):
         self.session = ex.session()
         self.request = body
         self.sources = loop.sources_for(ex)
@@ -137,6 +142,12 @@ class _Messages:
     def is_fetch(self, call: dict) -> bool:
         return self.plan.fetch is not None and call.get("name") == self.plan.fetch_name
 
+    def request_for(self, call: dict) -> Request:
+        """A call of the model's as the session runs it, with the client's limits for its server tool."""
+        if self.is_fetch(call) and self.plan.fetch is not None:
+            return fetch_request(call.get("input"), self.plan.fetch)
+        return search_request(call.get("input"), self.plan)
+
     def run_tools(self, calls: list) -> list:
         """One round: the searches and fetches within max_uses run together on the session (one
         round of MAX_SEARCH_ITER, even when every call is over max_uses); outcomes in call order."""
@@ -148,27 +159,28 @@ class _Messages:
             if refused is not None:
                 out[i] = refused
                 continue
-            fp = self.plan.fetch if self.is_fetch(c) else None
-            items.append(fetch_request(c.get("input"), fp) if fp else parse_arguments(c.get("input")))
+            items.append(self.request_for(c))
             at.append(i)
         for i, o in zip(at, self.session.run(items, limit=self.limit), strict=True):
-            out[i] = o if isinstance(o, FetchOutcome) else filter_domains(o, self.plan.allowed, self.plan.blocked)
+            out[i] = o
         return out
 
-    def over_max_uses(self, call: dict) -> FetchOutcome | SearchOutcome | None:
+    def over_max_uses(self, call: dict) -> Outcome | None:
         """The max_uses_exceeded outcome of a call past its tool's max_uses (counting it), or None."""
+        request = self.request_for(call)
+        tool = registry.tool(request.tool)
         if self.is_fetch(call):
             self.fetch_used += 1
             limit = self.plan.fetch.max_uses if self.plan.fetch else None
             if limit is None or self.fetch_used <= limit:
                 return None
-            return FetchOutcome(fetch_request(call.get("input"), FetchPlan()).url, error_code="max_uses_exceeded", message=(
+            return tool.failure(request, "max_uses_exceeded", (
                 f"Not fetched: this request allows at most {limit} fetches (max_uses) and they are used up. "
                 "Answer from the pages you already have."))
         self.used += 1
         if self.plan.max_uses is None or self.used <= self.plan.max_uses:
             return None
-        return SearchOutcome(parse_arguments(call.get("input"))[0] or "", "failed", error_code="max_uses_exceeded", message=(
+        return tool.failure(request, "max_uses_exceeded", (
             f"Not searched: this request allows at most {self.plan.max_uses} searches (max_uses) and "
             "they are used up. Answer from the results you already have."))
 
@@ -180,8 +192,7 @@ class _Messages:
         """The web_search_tool_result and web_fetch_tool_result blocks answering this round's
         server_tool_use blocks."""
         citations = self.plan.fetch.citations if self.plan.fetch else None
-        results = [fetch_result_block(u["id"], o, citations) if isinstance(o, FetchOutcome) else result_block(u["id"], o)
-                   for u, o in zip(self.uses, outcomes, strict=True)]
+        results = [server_result_block(u["id"], o, citations) for u, o in zip(self.uses, outcomes, strict=True)]
         self.requests += sum(counts_as_search(r) for r in results)
         self.fetches += sum(counts_as_fetch(r) for r in results)
         return results

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from proxy.apis import citations
 from proxy.apis.messages.blocks import FETCH_NAME, SERVER_BLOCKS, outcome_from_block, replayed_text
-from proxy.backends.searxng import format_for_model
 from proxy.core import validate as V
 from proxy.core.codec import as_dict
+from proxy.tools.web_search import format_for_model
 
 
 def rewrite_history(messages: list[dict], name: str, fetch_name: str = FETCH_NAME, cite: bool = True) -> list[dict]:

@@ -1,18 +1,19 @@
 """Which /v1/messages requests the proxy plays server tools for, the checks they must pass, and
-the request vLLM gets instead (the Plan, the tools as ordinary ones, each following turn); pure,
+the request vLLM gets instead (the MessagesPlan, the tools as ordinary ones, each following turn); pure,
 tested by tests/run.sh tests/test_messages.py tests/test_messages_fetch.py.
 """
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from proxy.apis import citations
 from proxy.apis.messages.blocks import FETCH_NAME, SERVER_BLOCKS, SERVER_NAME
 from proxy.apis.messages.history import rewrite_history
-from proxy.backends.searxng import QUERY_SCHEMA, TOOL_DESCRIPTION
 from proxy.core import validate as V
-from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchRequest, parse_fetch_arguments
+from proxy.tools import registry
+from proxy.tools.base import Limits, Request
+from proxy.tools.registry import WEB_FETCH, WEB_SEARCH
 
 SERVER_TOOL_PREFIX = "web_search_"
 # Every web_fetch_* version is served as web_fetch_20250910: the later ones (the SDK knows
@@ -168,7 +169,7 @@ class FetchPlan:
 
 
 @dataclass
-class Plan:
+class MessagesPlan:
     """How one rewritten request searches and fetches."""
     name: str                        # the search tool's name on the vLLM side
     server: bool                     # the web_search tool is in `tools` (else only history is rewritten)
@@ -194,13 +195,15 @@ def internal_name(tools, base: str = SERVER_NAME) -> str:
     return name
 
 
-def search_tool(name: str, plan: Plan) -> dict:
-    desc = TOOL_DESCRIPTION
+def search_tool(name: str, plan: MessagesPlan) -> dict:
+    """web_search as an ordinary tool for vLLM: the tool's description, with the client's domain filters said."""
+    tool = registry.tool(WEB_SEARCH)
+    desc = tool.description
     if plan.allowed:
         desc += " Only results from these domains are shown: " + ", ".join(map(str, plan.allowed)) + "."
     if plan.blocked:
         desc += " Results from these domains are never shown: " + ", ".join(map(str, plan.blocked)) + "."
-    return {"name": name, "description": desc, "input_schema": QUERY_SCHEMA}
+    return {"name": name, "description": desc, "input_schema": tool.schema}
 
 
 def fetch_plan(spec: dict) -> FetchPlan:
@@ -210,22 +213,23 @@ def fetch_plan(spec: dict) -> FetchPlan:
 
 
 def fetch_tool_for_vllm(name: str, fp: FetchPlan) -> dict:
-    """web_fetch as an ordinary tool: the fetch core's description and schema (chat's WEB_FETCH_TOOL)."""
-    desc = FETCH_TOOL_DESCRIPTION
+    """web_fetch as an ordinary tool for vLLM: the tool's description and schema, with the client's filters said."""
+    tool = registry.tool(WEB_FETCH)
+    desc = tool.description
     if fp.allowed:
         desc += " Only pages on these domains can be fetched: " + ", ".join(fp.allowed) + "."
     if fp.blocked:
         desc += " Pages on these domains are never fetched: " + ", ".join(fp.blocked) + "."
-    return {"name": name, "description": desc, "input_schema": URL_SCHEMA}
+    return {"name": name, "description": desc, "input_schema": tool.schema}
 
 
-def rewrite(body: dict, cite: bool = True) -> tuple[dict, Plan]:
+def rewrite(body: dict, cite: bool = True) -> tuple[dict, MessagesPlan]:
     """The request as vLLM accepts it: the server tool as an ordinary tool, server blocks in
     history as tool_use/tool_result; every other field unchanged. Pure."""
     spec, fspec = server_tool(body), fetch_tool(body)
     tools = body.get("tools")
     name = internal_name(tools)
-    plan = Plan(name=name, server=spec is not None,
+    plan = MessagesPlan(name=name, server=spec is not None,
                 max_uses=(spec or {}).get("max_uses"),
                 allowed=list((spec or {}).get("allowed_domains") or []),
                 blocked=list((spec or {}).get("blocked_domains") or []),
@@ -252,13 +256,17 @@ def _client_has(tools, name) -> bool:
 
 # ---- the calls the proxy runs and the turns after the first ---------------------------------
 
-def fetch_request(arguments, fp: FetchPlan) -> FetchRequest:
-    """A web_fetch call as the fetch core runs it, with the tool's limits. Pure."""
-    return replace(parse_fetch_arguments(arguments), max_tokens=fp.max_tokens,
-                   allowed_domains=fp.allowed, blocked_domains=fp.blocked)
+def fetch_request(arguments, fp: FetchPlan) -> Request:
+    """A web_fetch call as the fetch tool runs it, with the client's options for the tool. Pure."""
+    return registry.parse(WEB_FETCH, arguments, Limits(fp.allowed, fp.blocked, fp.max_tokens))
 
 
-def next_request(body: dict, messages: list[dict], plan: Plan) -> dict:
+def search_request(arguments, plan: MessagesPlan) -> Request:
+    """A web_search call as the search tool runs it, with the client's domain filters. Pure."""
+    return registry.parse(WEB_SEARCH, arguments, Limits(tuple(plan.allowed), tuple(plan.blocked)))
+
+
+def next_request(body: dict, messages: list[dict], plan: MessagesPlan) -> dict:
     """The following turn: longer history; a choice that forces searching is relaxed after the
     first round so the model writes its answer instead of searching forever."""
     out = {**body, "messages": messages}
@@ -269,7 +277,7 @@ def next_request(body: dict, messages: list[dict], plan: Plan) -> dict:
     return out
 
 
-def shortcut_turn(query: str, plan: Plan) -> list[dict]:
+def shortcut_turn(query: str, plan: MessagesPlan) -> list[dict]:
     """The tool call the model would have written for Claude Code's sub-request."""
     return [{"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": plan.name, "input": {"query": query}}]
 

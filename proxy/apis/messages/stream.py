@@ -60,7 +60,7 @@ def server_block_events(block: dict, index: int) -> list[bytes]:
             event("content_block_stop", {"type": "content_block_stop", "index": index})]
 
 
-class Turn:
+class MessagesTurn:
     """One streamed vLLM turn, gathered as its events pass: the blocks (to append to the
     history), the held tool_use events, the final message_delta."""
 
@@ -126,7 +126,7 @@ class ClientMessage:
 
     def stream_turn(self, up):
         """Relay one vLLM turn; returns it gathered, or None once its error event was sent."""
-        turn = Turn()
+        turn = MessagesTurn()
         for frame in iter_frames(up.iter_raw()):
             name, payload = event_and_data(frame)
             try:
@@ -189,7 +189,7 @@ class ClientMessage:
         """Server blocks of the proxy's own, each at the next index."""
         return [e for b in blocks for e in server_block_events(b, self.take_index())]
 
-    def finish(self, turn: Turn, usage: dict | None):
+    def finish(self, turn: MessagesTurn, usage: dict | None):
         """The last turn's held client tool calls, then the one message_delta (vLLM's own
         bytes when `usage` is None: nothing was searched) and message_stop."""
         for frame, data in turn.held:

@@ -1,21 +1,15 @@
 """The pure rules of the proxy's own calls in a /v1/responses turn (search, open a page, find in a
-page): recognising them, the request each runs as, find_in_page's excerpts, what the model reads
-back and the next turn's request, tested without a network by tests/test_responses.py and
+page): recognising them, the request each runs as, what the model reads back and the next turn's request, tested without a network by tests/test_responses.py and
 tests/test_responses_fetch.py."""
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, replace
-
 from proxy.apis import citations
-from proxy.apis.responses.request import FIND_IN_PAGE, Plan
-from proxy.backends.searxng import NOT_EXECUTED, SearchOutcome, filter_domains, format_for_model, parse_arguments
+from proxy.apis.responses.request import ResponsesPlan
 from proxy.core import codec
 from proxy.core.codec import as_dict
-from proxy.tools.web_fetch import FetchOutcome, FetchRequest, format_page_for_model, parse_fetch_arguments
-
-FIND_MATCHES = 10       # places shown per find_in_page call
-FIND_CONTEXT = 200      # characters shown on each side of a match
+from proxy.tools import registry
+from proxy.tools.base import NOT_EXECUTED, Limits, Outcome, Request
+from proxy.tools.registry import FIND_IN_PAGE, WEB_FETCH, WEB_SEARCH
 
 
 def is_call_of(item, name: str) -> bool:
@@ -23,28 +17,18 @@ def is_call_of(item, name: str) -> bool:
             and item.get("name") == name and not item.get("namespace"))
 
 
-def is_internal_call(item, plan: Plan) -> bool:
+def is_internal_call(item, plan: ResponsesPlan) -> bool:
     """A call of one of the proxy's functions (search, open a page, find in a page): the proxy runs it."""
     return any(is_call_of(item, n) for n in plan.internal)
 
 
-def internal_calls(output, plan: Plan) -> list[dict]:
+def internal_calls(output, plan: ResponsesPlan) -> list[dict]:
     return [i for i in output or [] if is_internal_call(i, plan)]
 
 
-def apply_search_filters(outcome: SearchOutcome, plan: Plan) -> SearchOutcome:
-    """The client's filters and result count applied to what SearXNG found. Pure."""
-    outcome = filter_domains(outcome, plan.allowed or None)
-    if len(outcome.hits) > plan.results:
-        outcome = SearchOutcome(**{**outcome.__dict__, "hits": outcome.hits[:plan.results]})
-    return outcome
-
-
-@dataclass(frozen=True)
-class FindResult:
-    """What one find_in_page call produced: the pattern, and the page fetch it looked in."""
-    pattern: str
-    fetched: FetchOutcome
+def tool_name(call: dict, plan: ResponsesPlan) -> str:
+    """The proxy tool a call of the model's runs: its vLLM-side names are the plan's."""
+    return {plan.fetch_name: WEB_FETCH, plan.find_name: FIND_IN_PAGE}.get(call.get("name"), WEB_SEARCH)
 
 
 def arguments_of(call: dict) -> dict:
@@ -55,90 +39,20 @@ def arguments_of(call: dict) -> dict:
         return {}
 
 
-FIND_USAGE = f'Call {FIND_IN_PAGE} with {{"url": "https://...", "pattern": "text"}}.'
+def tool_request(call: dict, plan: ResponsesPlan) -> Request:
+    """A call of the proxy's as ToolSession.run takes it, limited to the hosted tool's allowed_domains (which
+    OpenAI's tool applies to opened pages too) and, for a search, its result count: the session searches for
+    more (plan.search_limit), so the domain filter still leaves enough."""
+    limits = Limits(allowed_domains=tuple(plan.allowed), results=plan.results)
+    return registry.parse(tool_name(call, plan), call.get("arguments"), limits)
 
 
-def find_request(arguments) -> FetchRequest:
-    """A find_in_page call as the fetch it needs, refused early when there is no pattern. Pure."""
-    request = parse_fetch_arguments(arguments)
-    if request.early is not None:
-        # The fetch core's refusal tells how to call web_fetch; this call was find_in_page.
-        said = request.early.message.replace('Call web_fetch with {"url": "https://..."}.', FIND_USAGE)
-        return replace(request, early=replace(request.early, message=said))
-    pattern = arguments_of({"arguments": arguments}).get("pattern")
-    if not (isinstance(pattern, str) and pattern.strip()):
-        return replace(request, early=FetchOutcome(request.url, error_code="invalid_tool_input",
-                                                   message=f'Find failed: missing "pattern". {FIND_USAGE}'))
-    return request
+def numbered_output(outcome: Outcome, sources: citations.Sources | None) -> str:
+    """The text the model reads for one internal call, its sources numbered for citing."""
+    return citations.numbered(sources, outcome, registry.text(outcome))
 
 
-def tool_request(call: dict, plan: Plan):
-    """A call of the proxy's as ToolSession.run takes it: a parsed query, or a fetch limited
-    to the hosted tool's allowed_domains (which OpenAI's tool applies to opened pages too)."""
-    arguments = call.get("arguments")
-    if call.get("name") == plan.fetch_name:
-        return replace(parse_fetch_arguments(arguments), allowed_domains=plan.allowed)
-    if call.get("name") == plan.find_name:
-        return replace(find_request(arguments), allowed_domains=plan.allowed)
-    return parse_arguments(arguments)
-
-
-def call_outcome(call: dict, outcome, plan: Plan):
-    """One call's outcome as the client and the model get it: searches cut to the client's filters and count, finds paired with their pattern."""
-    if isinstance(outcome, SearchOutcome):
-        return apply_search_filters(outcome, plan)
-    if call.get("name") == plan.find_name:
-        return FindResult(str(arguments_of(call).get("pattern") or "").strip(), outcome)
-    return outcome
-
-
-def find_in_text(text: str, pattern: str, limit: int = FIND_MATCHES, context: int = FIND_CONTEXT) -> tuple[list[str], int]:
-    """(up to `limit` excerpts around the places `pattern` occurs, how many places). Pure.
-
-    The pattern is literal text, case-insensitive: a model-written regular expression could
-    take exponential time. A match inside the previous excerpt adds no excerpt of its own.
-    """
-    spans = [m.span() for m in re.finditer(re.escape(pattern), text, re.IGNORECASE)] if pattern else []
-    windows: list[tuple[int, int]] = []
-    for a, b in spans:
-        if windows and a < windows[-1][1]:
-            continue
-        windows.append((max(0, a - context), min(len(text), b + context)))
-    excerpts = [("…" if lo else "") + " ".join(text[lo:hi].split()) + ("…" if hi < len(text) else "")
-                for lo, hi in windows[:limit]]
-    return excerpts, len(spans)
-
-
-def format_find_result(result: FindResult) -> str:
-    """What the model reads for a find_in_page call. Pure."""
-    page = result.fetched.page
-    if page is None:
-        return result.fetched.message
-    excerpts, count = find_in_text(page.text, result.pattern)
-    cut = " (only the beginning of the page was searched: the rest is past the proxy's limit)" if page.truncated else ""
-    if not excerpts:
-        return f'"{result.pattern}" does not occur in {page.url} ({len(page.text)} characters searched){cut}.'
-    head = f'"{result.pattern}" occurs {count} {"time" if count == 1 else "times"} in {page.url}' + (
-        f' "{page.title}"' if page.title else "") + cut + ":"
-    more = [f"(showing the first {len(excerpts)})"] if len(excerpts) < count else []
-    return "\n".join([head] + [f"[{i}] {e}" for i, e in enumerate(excerpts, 1)] + more)
-
-
-def tool_output(outcome) -> str:
-    """The text the model reads for one internal call. Pure."""
-    if isinstance(outcome, FindResult):
-        return format_find_result(outcome)
-    if isinstance(outcome, FetchOutcome):
-        return format_page_for_model(outcome)
-    return format_for_model(outcome)
-
-
-def numbered_output(outcome, sources: citations.Sources | None) -> str:
-    """tool_output with its sources numbered for citing (a find_in_page result is not a source of its own)."""
-    return tool_output(outcome) if isinstance(outcome, FindResult) else citations.numbered(sources, outcome, tool_output(outcome))
-
-
-def call_outputs(turn_output: list, plan: Plan, outcomes: dict, sources: citations.Sources | None = None) -> list:
+def call_outputs(turn_output: list, plan: ResponsesPlan, outcomes: dict, sources: citations.Sources | None = None) -> list:
     """One output item per call of the turn, in order: results, or the not-executed stub."""
     out = []
     for item in turn_output or []:
@@ -167,7 +81,7 @@ def forces_a_call(choice, name: str) -> bool:
     return False
 
 
-def next_request(request: dict, turn_output: list, plan: Plan, outcomes: dict,
+def next_request(request: dict, turn_output: list, plan: ResponsesPlan, outcomes: dict,
                  sources: citations.Sources | None = None) -> dict:
     """The following turn: the turn's items and their outputs appended to `input`."""
     out = {**request, "input": input_items(request["input"]) + list(turn_output) + call_outputs(turn_output, plan, outcomes, sources)}

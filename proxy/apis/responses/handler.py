@@ -14,7 +14,7 @@ from __future__ import annotations
 from flask import Response
 
 from proxy.apis import citations
-from proxy.apis.responses.calls import call_outcome, internal_calls, next_request, tool_request
+from proxy.apis.responses.calls import internal_calls, next_request, tool_request
 from proxy.apis.responses.output import (
     add_usage,
     client_view,
@@ -24,14 +24,14 @@ from proxy.apis.responses.output import (
     visible_output,
     web_search_item,
 )
-from proxy.apis.responses.request import Plan, first_request, make_plan, needs_rewrite, refusal, validate
-from proxy.apis.responses.stream import ClientStream, Turn
-from proxy.core import codec
+from proxy.apis.responses.request import ResponsesPlan, first_request, make_plan, needs_rewrite, refusal, validate
+from proxy.apis.responses.stream import ClientStream, ResponsesTurn
+from proxy.core import codec, routes
 from proxy.core.errors import error_response
 from proxy.engine import loop
 from proxy.engine.exchange import Exchange
 
-PATH = "/v1/responses"
+PATH = routes.RESPONSES
 
 
 def handle(ex: Exchange) -> Response:
@@ -71,7 +71,7 @@ class _Responses:
     first_turn = None
     headers: list = []
 
-    def __init__(self, ex: Exchange, request: dict, plan: Plan):
+    def __init__(self, ex: Exchange, request: dict, plan: ResponsesPlan):
         self.session = ex.session()
         self.request = request
         self.sources = loop.sources_for(ex)
@@ -81,16 +81,11 @@ class _Responses:
     def own_calls(self, turn) -> list:
         return internal_calls(turn.output, self.plan)
 
-    def queries(self, calls: list) -> list:
-        """(what the keep-alive names, None) per call: the query, or the page's URL."""
-        return [r if isinstance(r, tuple) else (r.url, None) for r in (tool_request(c, self.plan) for c in calls)]
-
     def run_tools(self, calls: list) -> list:
         """One round: every internal call of the turn (searches and page reads), concurrently."""
         plan = self.plan
-        outcomes = self.session.run([tool_request(c, plan) for c in calls], limit=plan.search_limit,
-                                    language=plan.language)
-        return [call_outcome(c, o, plan) for c, o in zip(calls, outcomes, strict=True)]
+        return self.session.run([tool_request(c, plan) for c in calls], limit=plan.search_limit,
+                                language=plan.language)
 
     def follow(self, turn, calls: list, outcomes: list) -> dict:
         """The next request: the turn's items and their outputs appended; the outcomes by call_id."""
@@ -152,18 +147,18 @@ class StreamedResponses(_Responses):
     stream = True
 
     def keepalive(self, calls: list) -> bytes:
-        return loop.searching_comment(self.queries(calls))
+        return loop.searching_comment([tool_request(c, self.plan).shown for c in calls])
 
     def __init__(self, ex, request, plan):
         super().__init__(ex, request, plan)
         self.out = ClientStream(lambda response: client_view(response, plan))
         if self.sources is not None:
             self.out.citer = citations.Citer(self.sources, citations.url_citation)
-        self.turn: Turn | None = None  # the latest turn: a failure shows its response
+        self.turn: ResponsesTurn | None = None  # the latest turn: a failure shows its response
         self.placed: list = []         # (call, client output_index) of the round's searches
 
     def stream_turn(self, up):
-        turn = self.turn = Turn(self.session.rounds == 0)
+        turn = self.turn = ResponsesTurn(self.session.rounds == 0)
         yield from self.out.stream_turn(up, turn)
         if turn.error is not None:
             yield self.error(502, turn.error)
@@ -176,7 +171,7 @@ class StreamedResponses(_Responses):
         self.out.adopt(turn.output)
         return turn
 
-    def finish(self, turn: Turn):
+    def finish(self, turn: ResponsesTurn):
         yield from turn.flush(self.out)
         response = turn.response or {}  # relay returns a turn only once its response.completed came
         items = citations.cited_items(list(self.out.items), self.sources, self.out.citer.found if self.out.citer else None)
@@ -197,7 +192,7 @@ class StreamedResponses(_Responses):
                                            ("response.web_search_call.searching", {"item_id": item["id"]}))]
         return shown
 
-    def record(self, turn: Turn, calls, outcomes):
+    def record(self, turn: ResponsesTurn, calls, outcomes):
         """Each search's result shown: completed (unless it failed), then its item done."""
         self.follow(turn, calls, outcomes)
         shown = []

@@ -6,11 +6,13 @@ from __future__ import annotations
 import copy
 import uuid
 
-from proxy.apis.responses.calls import FindResult, arguments_of, is_internal_call
-from proxy.apis.responses.request import Plan
+from proxy.apis.responses.calls import arguments_of, is_internal_call
+from proxy.apis.responses.request import ResponsesPlan
 from proxy.apis.responses.stream import is_client_call
-from proxy.backends.searxng import SearchOutcome, parse_arguments
 from proxy.core.codec import as_dict
+from proxy.tools import registry
+from proxy.tools.registry import WEB_SEARCH
+from proxy.tools.web_search import parse_arguments
 
 
 def ws_id(call: dict) -> str:
@@ -19,7 +21,7 @@ def ws_id(call: dict) -> str:
     return "ws_" + (ident[3:] if ident.startswith("fc_") else uuid.uuid4().hex[:16])
 
 
-def call_action(call: dict, plan: Plan) -> dict:
+def call_action(call: dict, plan: ResponsesPlan) -> dict:
     """The action a call shows as, from its arguments alone (a stream shows it before it runs):
     `search` with its query, `open_page` with its URL, `find_in_page` with URL and pattern. Pure."""
     args = arguments_of(call)
@@ -31,26 +33,26 @@ def call_action(call: dict, plan: Plan) -> dict:
     return {"type": "search", "query": parse_arguments(call.get("arguments"))[0] or ""}
 
 
-def web_search_item(call: dict, outcome, plan: Plan) -> dict:
+def web_search_item(call: dict, outcome, plan: ResponsesPlan) -> dict:
     """The client's record of one call: failed only when SearXNG gave no usable answer, or
     the page could not be read."""
-    if isinstance(outcome, SearchOutcome):
+    if outcome.tool == WEB_SEARCH:
+        # What was searched, as the session cleaned it; and what was found, which the hosted tool calls sources.
         action: dict[str, object] = {"type": "search", "query": outcome.query}
         if plan.sources:
-            action["sources"] = [{"type": "url", "url": h.url} for h in outcome.hits]
-        failed = outcome.status == "failed"
+            action["sources"] = [{"type": "url", "url": c.url} for c in registry.sources(outcome)]
     else:
         action = call_action(call, plan)
-        failed = not (outcome.fetched if isinstance(outcome, FindResult) else outcome).ok
+    failed = outcome.status == "failed"
     return {"id": ws_id(call), "type": "web_search_call", "status": "failed" if failed else "completed", "action": action}
 
 
-def pending_item(call: dict, plan: Plan) -> dict:
+def pending_item(call: dict, plan: ResponsesPlan) -> dict:
     """A call's web_search_call as a stream announces it, before it has run. Pure."""
     return {"id": ws_id(call), "type": "web_search_call", "status": "in_progress", "action": call_action(call, plan)}
 
 
-def visible_output(turn_output: list, plan: Plan, outcomes: dict) -> list:
+def visible_output(turn_output: list, plan: ResponsesPlan, outcomes: dict) -> list:
     """A search turn's items as the client sees them: each internal call replaced by its
     web_search_call; the client's own calls of that turn were not run, so they go."""
     out = []
@@ -97,7 +99,7 @@ def complete_usage(usage):
     return out
 
 
-def client_view(response: dict, plan: Plan) -> dict:
+def client_view(response: dict, plan: ResponsesPlan) -> dict:
     """A response object as the client should see it: its own tools echoed, not the function."""
     out = dict(response)
     if plan.hosted:
@@ -107,7 +109,7 @@ def client_view(response: dict, plan: Plan) -> dict:
     return out
 
 
-def final_response(last: dict, first: dict, output: list, usage, plan: Plan) -> dict:
+def final_response(last: dict, first: dict, output: list, usage, plan: ResponsesPlan) -> dict:
     """The one response the client receives: the first turn's id and created_at, the last
     turn's status, every visible item, usage summed over the turns."""
     out = client_view(last, plan)
@@ -117,7 +119,7 @@ def final_response(last: dict, first: dict, output: list, usage, plan: Plan) -> 
     return out
 
 
-def failed_response(base: dict, output: list, usage, plan: Plan, code: str, message: str) -> dict:
+def failed_response(base: dict, output: list, usage, plan: ResponsesPlan, code: str, message: str) -> dict:
     out = client_view(base, plan)
     out.update(status="failed", output=output, usage=complete_usage(usage), error={"code": code, "message": message})
     return out

@@ -1,34 +1,24 @@
 """The pure rules of what vLLM gets for a /v1/responses request with the hosted web_search tool
-(which requests, validation, the Plan, the internal tool definitions, replayed history, the first
+(which requests, validation, the ResponsesPlan, the internal tool definitions, replayed history, the first
 request), tested without a network by tests/test_responses.py and tests/test_responses_fetch.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from proxy.apis import citations
-from proxy.backends.searxng import QUERY_SCHEMA, TOOL_DESCRIPTION
 from proxy.core import codec
 from proxy.core import validate as V
 from proxy.core.codec import as_dict, as_list
-from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA
+from proxy.tools import registry
+from proxy.tools.registry import FIND_IN_PAGE, WEB_FETCH, WEB_SEARCH
 
 HOSTED_TYPES = frozenset({"web_search", "web_search_2025_08_26", "web_search_preview",
                           "web_search_preview_2025_03_11"})
-WEB_SEARCH = "web_search"
 # The name the internal function takes when the client has a `web_search` function of its own.
 FALLBACK_NAME = "web_search_hosted"
 # The hosted tool also opens pages and finds text in them (OpenAI's `open_page` and
 # `find_in_page` actions); the proxy offers both as functions beside the search, under these
 # names, unless the client has tools of those names (then reading pages is the client's).
-WEB_FETCH = "web_fetch"
-FIND_IN_PAGE = "find_in_page"
-FIND_TOOL_DESCRIPTION = (
-    "Find a piece of text in a web page: gives each place the text occurs on the page at that URL, "
-    "with the words around it. Cheaper than reading the whole page when you only need one fact from it.")
-FIND_SCHEMA = {"type": "object",
-               "properties": {"url": {"type": "string", "description": "The full http:// or https:// URL of the page."},
-                              "pattern": {"type": "string", "description": "The text to look for (not case-sensitive)."}},
-               "required": ["url", "pattern"]}
 SOURCES = "web_search_call.action.sources"
 # search_context_size -> results per search. Absent: SEARXNG_RESULTS (default 5).
 CONTEXT_RESULTS = {"low": 3, "medium": 5, "high": 10}
@@ -51,7 +41,7 @@ COUNTRY_LANGUAGE = {
 
 
 @dataclass(frozen=True)
-class Plan:
+class ResponsesPlan:
     """What the client's hosted tool asked for, read once from the request. Pure data."""
     name: str                       # the internal function tool's name
     hosted: bool                    # a hosted tool is offered (the loop runs); else replay only
@@ -201,7 +191,7 @@ def result_count(size, default: int) -> int:
     return CONTEXT_RESULTS.get(size, default) if isinstance(size, str) else default
 
 
-def make_plan(body: dict, default_results: int, fetch: bool = True) -> Plan:
+def make_plan(body: dict, default_results: int, fetch: bool = True) -> ResponsesPlan:
     """`fetch`: whether the hosted tool may read pages here (INJECT_WEB_FETCH)."""
     tools = body.get("tools") or []
     hosted = next((t for t in tools if is_hosted(t)), None)
@@ -209,7 +199,7 @@ def make_plan(body: dict, default_results: int, fetch: bool = True) -> Plan:
     filters = as_dict(spec.get("filters"))
     allowed = filters.get("allowed_domains") or ()
     fetch_name, find_name = page_tools(tools, fetch and hosted is not None)
-    return Plan(name=internal_name(tools), hosted=hosted is not None,
+    return ResponsesPlan(name=internal_name(tools), hosted=hosted is not None,
                 results=result_count(spec.get("search_context_size"), default_results),
                 language=language_for(spec.get("user_location")),
                 allowed=tuple(str(d) for d in allowed if d),
@@ -218,23 +208,23 @@ def make_plan(body: dict, default_results: int, fetch: bool = True) -> Plan:
                 fetch_name=fetch_name, find_name=find_name)
 
 
-def function_tool(name: str) -> dict:
-    return {"type": "function", "name": name, "description": TOOL_DESCRIPTION, "parameters": QUERY_SCHEMA}
+def function_tool(name: str, tool: str = WEB_SEARCH) -> dict:
+    """A proxy tool as a Responses function under `name`: the tool's own description and schema."""
+    t = registry.tool(tool)
+    return {"type": "function", "name": name, "description": t.description, "parameters": t.schema}
 
 
-def internal_tools(plan: Plan) -> list[dict]:
+def internal_tools(plan: ResponsesPlan) -> list[dict]:
     """The functions vLLM sees for the hosted tool: search, and reading pages when offered."""
     out = [function_tool(plan.name)]
     if plan.fetch_name:
-        out.append({"type": "function", "name": plan.fetch_name, "description": FETCH_TOOL_DESCRIPTION,
-                    "parameters": URL_SCHEMA})
+        out.append(function_tool(plan.fetch_name, WEB_FETCH))
     if plan.find_name:
-        out.append({"type": "function", "name": plan.find_name, "description": FIND_TOOL_DESCRIPTION,
-                    "parameters": FIND_SCHEMA})
+        out.append(function_tool(plan.find_name, FIND_IN_PAGE))
     return out
 
 
-def rewrite_tools(tools: list, plan: Plan) -> list:
+def rewrite_tools(tools: list, plan: ResponsesPlan) -> list:
     """The hosted tool becomes the internal functions, in its place; further hosted entries go."""
     out, done = [], False
     for t in tools:
@@ -326,7 +316,7 @@ def replay(items: list, name: str, fetch_name: str | None = None, find_name: str
     return out
 
 
-def first_request(body: dict, plan: Plan) -> dict:
+def first_request(body: dict, plan: ResponsesPlan) -> dict:
     """The body vLLM gets on the first turn; every field not named here as the client sent it."""
     out = dict(body)
     if isinstance(body.get("input"), list):

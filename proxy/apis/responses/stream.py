@@ -28,7 +28,7 @@ def is_client_call(item) -> bool:
     return isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call")
 
 
-class Turn:
+class ResponsesTurn:
     """What one streamed vLLM response said, gathered as its events pass."""
 
     def __init__(self, first: bool):
@@ -82,7 +82,7 @@ class ClientStream:
         self.items.append(item)
         return len(self.items) - 1
 
-    def stream_turn(self, up, turn: Turn):
+    def stream_turn(self, up, turn: ResponsesTurn):
         """Relay one vLLM stream: envelope events once, item events live and renumbered,
         function and custom tool calls held until the turn shows whether it searched."""
         for raw in iter_frames(up.iter_raw()):

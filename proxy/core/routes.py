@@ -1,0 +1,49 @@
+"""The proxy's routes in one table: each path the proxy answers itself, the API it belongs to (the metrics'
+`api` label) and the error shape its clients parse. proxy/http/app.py routes by it, proxy/core/errors.py and
+proxy/observe/metrics.py read it; pure, checked by tests/test_metrics.py and the error-shape tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CHAT = "/v1/chat/completions"
+MESSAGES = "/v1/messages"
+COUNT_TOKENS = "/v1/messages/count_tokens"
+RESPONSES = "/v1/responses"
+ALPHA_SEARCH = "/v1/alpha/search"
+PROXY_HEALTH = "/proxy/health"
+PROXY_METRICS = "/proxy/metrics"
+HEALTH = "/health"  # vLLM's, relayed; open like the proxy's own so a healthcheck needs no key
+
+
+@dataclass(frozen=True)
+class Route:
+    path: str
+    api: str                 # the metrics' `api` label
+    errors: str = "openai"   # "openai" or "anthropic": the shape of the proxy's own errors on this path
+    prefix: bool = False     # the path and everything under it
+
+
+ROUTES = (
+    Route(CHAT, "chat"),
+    Route(MESSAGES, "messages", "anthropic", prefix=True),  # count_tokens and any sub-path Anthropic adds
+    Route(RESPONSES, "responses"),
+    Route(ALPHA_SEARCH, "alpha_search"),
+    Route("/proxy/", "proxy", prefix=True),  # its own health and metrics: a scrape every few seconds is not traffic
+)
+RELAY = Route("", "relay")  # every other path: vLLM's, relayed byte for byte
+# Paths a load balancer or compose healthcheck may probe without a key.
+OPEN_PATHS = frozenset({HEALTH, PROXY_HEALTH})
+
+
+def route_of(path: str) -> Route:
+    """The route a request path falls under. Pure."""
+    for route in ROUTES:
+        if path == route.path or (route.prefix and path.startswith(route.path)):
+            return route
+    return RELAY
+
+
+def api_of(path: str) -> str:
+    """The metrics' `api` label of a request path. Pure."""
+    return route_of(path).api

@@ -1,0 +1,94 @@
+"""The proxy's layers as the tree shows them (proxy/__init__.py, docs/architecture.md): every module imports only its
+own layer and the ones below it, no API's package imports another API's, a tool imports no API, and no modules
+import each other in a circle. Read from the source with ast, function-level imports included; no network.
+
+Run: tests/run.sh tests/test_layers.py
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROXY = ROOT / "proxy"
+# Top to bottom: a module may import its own layer and any layer after it in this list.
+LAYERS = ("http", "observe", "apis", "engine", "tools", "backends", "transport", "runtime", "core")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """The proxy modules a file imports (`from proxy.x import y` counts proxy.x.y when that is a module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("proxy.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("proxy") and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in MODULES else node.module)
+    return found - {"proxy"}
+
+
+MODULES = {module_name(p): p for p in PROXY.rglob("*.py")}
+GRAPH = {name: imports_of(path) for name, path in MODULES.items()}
+
+
+def layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else None
+
+
+def test_every_module_lives_in_a_layer():
+    loose = sorted(m for m in MODULES if m != "proxy" and layer_of(m) not in LAYERS)
+    assert not loose, f"modules outside the layer folders: {loose}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "proxy"))
+def test_imports_point_down(module):
+    mine = LAYERS.index(layer_of(module))
+    upward = sorted(i for i in GRAPH[module] if LAYERS.index(layer_of(i)) < mine)
+    assert not upward, f"{module} ({LAYERS[mine]}) imports a layer above it: {upward}"
+
+
+def test_no_api_imports_another_api():
+    def api(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 3 and parts[1] == "apis" else None
+    crossing = sorted((m, i) for m in MODULES for i in GRAPH[m] if api(m) and api(i) and api(m) != api(i))
+    assert not crossing, crossing
+
+
+def test_no_import_cycles():
+    """Depth-first search over the module graph; a back edge is a circle."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(m: str):
+        state[m] = 1
+        path.append(m)
+        for n in sorted(GRAPH.get(m, ())):
+            if state.get(n) == 1:
+                cycles.append(path[path.index(n):] + [n])
+            elif n not in state:
+                visit(n)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(MODULES):
+        if m not in state:
+            visit(m)
+    assert not cycles, cycles
+
+
+def test_the_checks_see_what_they_check():
+    """The graph is read at all: a known downward import is in it, so the tests above can fail."""
+    assert "proxy.tools.registry" in GRAPH["proxy.tools.session"]
+    assert "proxy.engine.exchange" in GRAPH["proxy.engine.loop"]
+    assert len(MODULES) >= 40
