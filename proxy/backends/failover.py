@@ -132,11 +132,13 @@ class FailoverSearch:
         tried: list[_Tried] = []
         retried = False
         while steps:
-            remaining = deadline - self._clock()
+            # The first attempt's share is of the whole deadline, so one instance gets exactly SEARXNG_TIMEOUT.
+            remaining = deadline - self._clock() if tried else self.timeout
             if cancel.fired or (tried and remaining < MIN_ATTEMPT):
                 break  # the first attempt always runs, with the whole deadline when it is that short
             step = steps.pop(0)
-            budget = remaining * step.weight / (step.weight + sum(s.weight for s in steps))
+            # Rounded: the model may read the budget in "did not answer within 7.5 s".
+            budget = max(0.01, round(remaining * step.weight / (step.weight + sum(s.weight for s in steps)), 2))
             with _attempt(cancel) as attempt:
                 done = self._run(step, query, language, limit, time_range, attempt, budget)
             if attempt.reason == GONE or cancel.fired:
