@@ -5,10 +5,14 @@ bookkeeping and health view. Each test asserts what the search gave and what eac
 
 Run: tests/run.sh tests/test_search_failover.py
 """
+import json
 import logging
+import socket
 import threading
+import uuid
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.backends.brave import BraveSearch
 from proxy.backends.failover import DEVELOPER_ENGINES, FailoverSearch
@@ -16,7 +20,9 @@ from proxy.backends.search_health import COOL_DOWN_FIRST
 from proxy.backends.searxng import SearXNG
 from proxy.runtime.cancel import Cancel
 from standins.brave import KEY, BraveStandIn
+from standins.rawhttp import raw_request
 from standins.searxng import SearxngStandIn
+from standins.vllm_wire import completion, json_reply, tool_call
 
 
 class Clock:
@@ -290,3 +296,81 @@ def test_the_health_view_shows_instances_engines_and_the_key_without_it(servers,
     assert view["keyed_fallback"] == {"backend": "Brave Search API", "mode": "fallback", "last_used": None,
                                       "last_status": None, "last_error": None}
     assert KEY not in repr(view) and view["deadline_seconds"] == 10.0
+
+
+# ---- through the proxy: the list, the metrics, the health view, the key ---------------------------------
+
+def closed_url() -> str:
+    """An address where nothing listens: a search there is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def chat_search(proxy, backend, query: str) -> str:
+    """One chat request whose model searches once; what the model read for it."""
+    backend.script(json_reply(completion(tool_calls=[tool_call("web_search", {"query": query})])),
+                   json_reply(completion(content="done")))
+    status, _, raw = raw_request(proxy.url, "POST", "/v1/chat/completions", json.dumps(
+        {"model": "foundation", "messages": [{"role": "user", "content": "look it up"}]}).encode(),
+        {"Content-Type": "application/json", "Authorization": "Bearer k1"})
+    assert status == 200, raw[:300]
+    turn = [r.json() for r in backend.received if r.path == "/v1/chat/completions"][-1]
+    return [m for m in turn["messages"] if m["role"] == "tool"][-1]["content"]
+
+
+def health(proxy, headers=None) -> tuple[int, dict]:
+    status, _, body = raw_request(proxy.url, "GET", "/proxy/search/health", headers=headers)
+    return status, json.loads(body)
+
+
+def engine_failures_total(proxy, engine: str, reason: str) -> float:
+    _, _, body = raw_request(proxy.url, "GET", "/proxy/metrics", headers={"Authorization": "Bearer k1"})
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            if s.name == "proxy_search_engine_failures_total" and s.labels == {"engine": engine, "reason": reason}:
+                return s.value
+    return 0.0
+
+
+def test_the_proxy_asks_the_next_instance_and_shows_why_in_its_health_view(start_proxy, backend, searxng):
+    dead = closed_url()
+    p = start_proxy(SEARXNG_URL=f"{dead}, {searxng.url}", PROXY_API_KEY="k1")
+    text = chat_search(p, backend, "failover works")
+    assert f"Note: Answered by the SearXNG instance at {searxng.url}, a fallback: {dead} it is unreachable." in text
+    assert "https://example.org/failover-works/1" in text and searxng.queries == ["failover works"]
+    assert health(p)[0] == 401  # behind PROXY_API_KEY like /proxy/metrics
+    status, view = health(p, {"Authorization": "Bearer k1"})
+    assert status == 200
+    first, second = view["instances"]
+    assert (first["url"], first["state"], second["url"], second["state"]) == (dead, "cooling down", searxng.url, "up")
+    assert "cannot reach SearXNG" in first["last_error"] and view["keyed_fallback"] is None
+
+
+def test_engine_failures_reach_the_metrics_health_view_and_model_when_the_search_had_results(start_proxy, backend,
+                                                                                              searxng):
+    p = start_proxy(PROXY_API_KEY="k1")
+    q = f"partial {uuid.uuid4().hex[:8]}"
+    searxng.behave(q, "results", unresponsive=[("duckduckgo", "CAPTCHA"), ("qwant", "Suspended: access denied")])
+    before = (engine_failures_total(p, "duckduckgo", "captcha"), engine_failures_total(p, "qwant", "suspended"))
+    text = chat_search(p, backend, q)
+    after = (engine_failures_total(p, "duckduckgo", "captcha"), engine_failures_total(p, "qwant", "suspended"))
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1]
+    assert ("Note: Some search engines failed (duckduckgo: CAPTCHA, qwant: Suspended: access denied); these results "
+            "come from the others.") in text and "[1]" in text
+    _, view = health(p, {"Authorization": "Bearer k1"})
+    failing = {e["engine"]: e["reason"] for e in view["instances"][0]["engines_failing"]}
+    assert failing == {"duckduckgo": "captcha", "qwant": "suspended"}
+
+
+def test_the_key_answers_through_the_proxy_and_is_never_logged_or_shown(start_proxy, backend, searxng, brave):
+    p = start_proxy(SEARXNG_URL=closed_url(), BRAVE_SEARCH_API_KEY=KEY, BRAVE_SEARCH_URL=brave.api_url,
+                    PROXY_API_KEY="k1", LOG_LEVEL="debug")
+    text = chat_search(p, backend, "brave only")
+    assert "Note: From the Brave Search API, because every SearXNG instance failed." in text
+    assert "https://brave.example/brave-only/1" in text
+    assert [r.headers["x-subscription-token"] for r in brave.requests] == [KEY]
+    _, view = health(p, {"Authorization": "Bearer k1"})
+    assert view["keyed_fallback"]["backend"] == "Brave Search API" and view["keyed_fallback"]["last_status"] == "ok"
+    assert KEY not in json.dumps(view) and KEY not in text
+    assert KEY not in p.log_path.read_text()
