@@ -60,18 +60,23 @@ class _Tried:
     outcome: SearchOutcome
     failures: list[EngineFailure] = field(default_factory=list)
 
+    @property
+    def every_engine_failed(self) -> bool:
+        """SearXNG answered (a JSON object listing failing engines) and had nothing: its engines are blocked."""
+        return self.outcome.status == "failed" and bool(self.failures)
 
-def short_reason(outcome: SearchOutcome) -> str:
+
+def short_reason(tried: _Tried) -> str:
     """A failed attempt in a few words, for the note the model reads. Pure."""
-    message = outcome.message
+    outcome = tried.outcome
     if outcome.timed_out:
         return "it timed out"
-    if "cannot reach" in message:
-        return "it is unreachable"
-    if "every search engine" in message:
+    if tried.every_engine_failed:
         return "every engine behind it failed"
     if outcome.error_code == "too_many_requests":
         return "it is rate-limiting"
+    if outcome.message.startswith("Search failed: cannot reach"):  # SearXNG.ask's words for a refused connection
+        return "it is unreachable"
     return "it answered with an error"
 
 
@@ -147,7 +152,7 @@ class FailoverSearch:
             # A retry that finds nothing is no answer: the usual engines failed, so "no results" would mislead.
             if done.outcome.status == "ok" or (done.outcome.status == "empty" and step.kind != "retry"):
                 return self._answered(done, tried)
-            if not retried and step.kind == "instance" and done.failures and "every search engine" in done.outcome.message:
+            if not retried and step.kind == "instance" and done.every_engine_failed:
                 retried = True  # once per search, after the other instances and before the keyed backend
                 at = next((i for i, s in enumerate(steps) if s.kind == "keyed"), len(steps))
                 steps.insert(at, self._retry_step(step.url, done.failures))
@@ -164,10 +169,11 @@ class FailoverSearch:
                                             cancel=cancel, timeout=budget, engines=step.engines,
                                             categories=step.categories)
         failures = self._bookkeep(step, answer, plain=step.kind == "instance" and not time_range)
+        done = _Tried(step, answer.outcome, failures)
         # A retry says nothing new about the instance: its usual engines failed, which already cooled it down.
         if cancel.reason != GONE and step.kind == "instance":
-            self._judge(step.url, answer.outcome)
-        return _Tried(step, answer.outcome, failures)
+            self._judge(done)
+        return done
 
     def _bookkeep(self, step: _Step, answer: Answer, plain: bool) -> list[EngineFailure]:
         """Count and remember the engines an answer lists failing, and the ones that gave its results."""
@@ -186,11 +192,12 @@ class FailoverSearch:
                          change.seconds, change.reason)
         return failures
 
-    def _judge(self, url: str, outcome: SearchOutcome) -> None:
+    def _judge(self, done: _Tried) -> None:
         """An instance that failed cools down; one that answered (even with nothing) is up again."""
-        if outcome.status == "failed":
-            seconds = self.instances.failed(url, outcome.message)
-            log.warning("SearXNG %s failed (%s); asked after the others for %.0f s", url, short_reason(outcome), seconds)
+        url = done.step.url
+        if done.outcome.status == "failed":
+            seconds = self.instances.failed(url, done.outcome.message)
+            log.warning("SearXNG %s failed (%s); asked after the others for %.0f s", url, short_reason(done), seconds)
         elif self.instances.succeeded(url):
             log.info("SearXNG %s answers again", url)
 
@@ -219,7 +226,7 @@ class FailoverSearch:
             self._fallback("keyed")
         else:
             configured = list(self._by_url)
-            failed = {t.step.url: short_reason(t.outcome) for t in tried if t is not done and t.step.kind == "instance"}
+            failed = {t.step.url: short_reason(t) for t in tried if t is not done and t.step.kind == "instance"}
             ahead = configured[:configured.index(step.url)]
             reasons = [f"{u} {failed.get(u, 'failed lately')}" for u in ahead]
             reasons += [f"{u} {why}" for u, why in failed.items() if u not in ahead]
