@@ -324,19 +324,27 @@ def health(proxy, headers=None) -> tuple[int, dict]:
     return status, json.loads(body)
 
 
-def engine_failures_total(proxy, engine: str, reason: str) -> float:
+def sample(proxy, name: str, **labels) -> float:
+    """One series' value from a scrape (0 before its first use)."""
     _, _, body = raw_request(proxy.url, "GET", "/proxy/metrics", headers={"Authorization": "Bearer k1"})
     for family in text_string_to_metric_families(body.decode()):
         for s in family.samples:
-            if s.name == "proxy_search_engine_failures_total" and s.labels == {"engine": engine, "reason": reason}:
+            if s.name == name and s.labels == labels:
                 return s.value
     return 0.0
+
+
+def engine_failures_total(proxy, engine: str, reason: str) -> float:
+    # The exact name and labels the agents dashboard queries (monitoring/grafana/dashboards/agents.json).
+    return sample(proxy, "proxy_search_engine_failures_total", engine=engine, reason=reason)
 
 
 def test_the_proxy_asks_the_next_instance_and_shows_why_in_its_health_view(start_proxy, backend, searxng):
     dead = closed_url()
     p = start_proxy(SEARXNG_URL=f"{dead}, {searxng.url}", PROXY_API_KEY="k1")
+    before = sample(p, "proxy_search_fallbacks_total", kind="instance")
     text = chat_search(p, backend, "failover works")
+    assert sample(p, "proxy_search_fallbacks_total", kind="instance") - before == 1
     assert f"Note: Answered by the SearXNG instance at {searxng.url}, a fallback: {dead} it is unreachable." in text
     assert "https://example.org/failover-works/1" in text and searxng.queries == ["failover works"]
     assert health(p)[0] == 401  # behind PROXY_API_KEY like /proxy/metrics
