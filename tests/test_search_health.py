@@ -58,6 +58,9 @@ def test_each_message_has_one_reason(message, reason):
     ([["duckduckgo", "CAPTCHA"], ["brave", "Suspended: too many requests"]],
      [EngineFailure("duckduckgo", "captcha", "CAPTCHA"), EngineFailure("brave", "suspended", "Suspended: too many requests")]),
     ([["startpage"]], [EngineFailure("startpage", "error", "no reason given")]),
+    # control characters never reach a log line or the model
+    ([["mojeek", "Suspended:\x1b[31m CAPTCHA\r\nforged log line"]],
+     [EngineFailure("mojeek", "suspended", "Suspended:[31m CAPTCHA forged log line")]),
     ([["docker hub", "timeout"], ["docker hub", "timeout"]], [EngineFailure("docker hub", "timeout", "timeout")]),
     # shapes that are skipped, not trusted
     ([[], "duckduckgo", [None, "x"], [{"a": 1}, "x"], ["bad\x00name", "x"], ["<b>", "x"], ["x" * 61, "x"]], []),

@@ -54,7 +54,8 @@ def engine_name(value) -> str | None:
 
 
 def short_message(value) -> str:
-    text = " ".join(value.split()) if isinstance(value, str) else ""
+    """An answer's reason for a failure, fit for a log line and the model: one line of printable text, cut short."""
+    text = " ".join("".join(c for c in value if c.isprintable() or c.isspace()).split()) if isinstance(value, str) else ""
     return text[:MAX_MESSAGE_CHARS] or "no reason given"
 
 
