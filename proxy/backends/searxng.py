@@ -87,7 +87,8 @@ def _outcome(query: str, url: str, data: dict, limit: int) -> SearchOutcome:
         return SearchOutcome(query, "ok", hits=hits, answers=answers, infoboxes=infoboxes, notes=notes)
     dead = [e for e in _list(data.get("unresponsive_engines")) if isinstance(e, (list, tuple)) and e]
     if dead:
-        names = ", ".join(f"{e[0]} ({e[1]})" if len(e) > 1 else str(e[0]) for e in dead)
+        # Named as the engine bookkeeping names them: bounded, printable, whatever the answer put there.
+        names = ", ".join(f"{f.engine} ({f.message})" for f in engine_failures(data)) or "engines it did not name"
         return SearchOutcome(query, "failed", error_code="unavailable", message=(
             f"Search failed: every search engine behind {url} failed: {names}. This says nothing "
             "about whether information exists; try again later or answer from what you know."))
