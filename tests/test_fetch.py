@@ -701,19 +701,19 @@ def test_a_comment_where_a_big_page_is_cut_does_not_let_its_navigation_through()
 
 
 def test_the_whole_text_fallback_leaves_scripts_out(monkeypatch):
-    """When the libraries fail on a page (here markdownify, made to), the model reads the page's words, not its
-    script source."""
-    import markdownify
+    """When the extraction fails on a page (here the Markdown writer, made to), the model reads the page's words, not
+    its script source."""
+    from proxy import extract
 
     def broken(*args, **kwargs):
-        raise RuntimeError("a library's surprise")
-    monkeypatch.setattr(markdownify, "markdownify", broken)
+        raise RuntimeError("a surprise on a hostile page")
+    monkeypatch.setattr(extract.MarkdownWriter, "write", broken)
     title, text = html_to_text("<html><head><title>T</title><script>var x = 1;</script></head>"
                                "<body><p>words</p><!-- note --></body></html>", "http://x/")
     assert title == "T" and "words" in text and "var x" not in text and "note" not in text
 
 
-@pytest.mark.parametrize("size", [200 * 1024, 2 * 1024 * 1024])  # readability's path, and the fast rule past 512 KiB
+@pytest.mark.parametrize("size", [200 * 1024, 2 * 1024 * 1024])  # scoring, and the fast rule past 512 Ki characters
 def test_extraction_keeps_code_and_drops_navigation_on_small_and_big_pages(size):
     from proxy.extract import extract_page
     from standins.hostile_web import big_page
