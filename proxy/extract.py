@@ -1,4 +1,4 @@
-"""Page extraction (HTML to a title and Markdown) in child processes of the proxy's
+"""Page extraction (HTML to a title and Markdown; PDFs to text by proxy/pdftext.py) in child processes of the proxy's
 worker, each page under a CPU-time and a memory limit, so no page can block the event loop, gevent's DNS threads or
 another request, nor take the worker's memory.
 
@@ -10,6 +10,7 @@ html_to_text is the extraction itself, pure, and tested in-process by tests/test
 from __future__ import annotations
 
 import atexit
+import base64
 import logging
 import math
 import os
@@ -24,7 +25,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from . import codec
+from . import codec, pdftext
 from .cancel import Cancel
 
 log = logging.getLogger("proxy.fetch")
@@ -635,6 +636,8 @@ def _child_main(cpu_seconds: int, memory_bytes: int) -> None:
     import resource
 
     import lxml.html  # noqa: F401  - imported before the memory limit, so the limit is the pages'
+    # pdfminer is not: it brings cryptography, whose library maps tens of MiB that an HTML-only child never uses
+    # (the first PDF imports it, within the limit).
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU's default action dumps core
     if memory_bytes > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
@@ -662,8 +665,16 @@ def _child_main(cpu_seconds: int, memory_bytes: int) -> None:
             job = codec.loads(frame)
             if job.get("memory"):
                 raise MemoryError
-            title, text, cut = extract_page(job["html"], job["url"], job.get("max_chars"))
+            if "pdf" in job:
+                # Half the CPU limit for reading pages: what was read by then is served, cut short, before the
+                # kernel's SIGXCPU would lose it all.
+                title, text, cut, _ = pdftext.pdf_to_text(base64.b64decode(job["pdf"]), job.get("max_chars"),
+                                                          cpu_budget=cpu_seconds / 2)
+            else:
+                title, text, cut = extract_page(job["html"], job["url"], job.get("max_chars"))
             answer: dict = {"title": title, "text": text, "cut": cut}
+        except pdftext.PdfRefused as e:
+            answer = {"refused": e.code, "message": e.message}
         except MemoryError:
             answer = {"error": "memory"}
         data = codec.dumps(answer)
@@ -767,6 +778,12 @@ class ExtractPool:
         """(title, Markdown, cut) of a page, about max_chars of it; raises ExtractError naming the limit a page went over."""
         return self._submit({"url": url, "html": html, "max_chars": max_chars}, cancel)
 
+    def extract_pdf(self, data: bytes, url: str, cancel: Cancel | None = None,
+                    max_chars: int | None = None) -> tuple[str | None, str, bool]:
+        """(title, text, cut) of a PDF, under the same limits as a page; raises ExtractError for a limit it went over
+        and for a PDF that cannot be read (encrypted, only images: proxy/pdftext.py)."""
+        return self._submit({"url": url, "pdf": base64.b64encode(data).decode("ascii"), "max_chars": max_chars}, cancel)
+
     def _submit(self, job: dict, cancel: Cancel | None) -> tuple[str | None, str, bool]:
         with self._lock:
             if self._waiting >= self.queue_size:
@@ -805,6 +822,9 @@ class ExtractPool:
             reply = codec.loads(answer)
         except ValueError:
             reply = {"error": "protocol"}
+        if isinstance(reply, dict) and isinstance(reply.get("refused"), str):
+            # A document the child read and cannot give text of (a PDF with a password): the child is fine.
+            raise ExtractError(reply["refused"], str(reply.get("message") or "the document cannot be read."))
         if not isinstance(reply, dict) or "error" in reply or not isinstance(reply.get("text"), str):
             return self._failed(child, timed_out=False, reported=str(reply.get("error")) if isinstance(reply, dict) else "")
         title = reply.get("title")
