@@ -202,13 +202,17 @@ def main_content(body):
     # elements and roles that are navigation; but never one holding most of the page's text, which is a wrapper
     # whose class happens to say "header-style" or "sidebar-enabled" (readability retries without the rule instead).
     most = 0.4 * len(body.text_content())
-    for el in body.xpath("//*[@class or @id or @role]"):
+    # Not inside code: a highlighter's <span class="hljs-comment"> is the code's own text.
+    for el in body.xpath("//*[(@class or @id or @role) and not(ancestor::pre or ancestor::code)]"):
         if el.tag in ("body", "html", "a", "article", "main", "blockquote") or el.getparent() is None:
             continue  # a blockquote is quoted text even when its class says twitter (an embedded tweet)
         names = f"{el.get('class') or ''} {el.get('id') or ''}"
-        if (el.get("role") in NOT_CONTENT_ROLES or BOILERPLATE.search(names)
-                or (UNLIKELY.search(names) and not MAYBE.search(names))) and \
-                len(el.text_content()) < most:
+        if el.get("role") in NOT_CONTENT_ROLES or BOILERPLATE.search(names):
+            pass
+        elif not UNLIKELY.search(names) or MAYBE.search(names) or el.tag == "section" or (
+                len(el) and el[0].tag in HEADINGS):
+            continue  # a document's section named for its subject (Sphinx's id="menus", id="comments") is content
+        if len(el.text_content()) < most:
             _drop(el)
     for el in body.xpath(NOT_CONTENT + "|" + CAPTIONS):
         if len(el.text_content()) < most:
@@ -283,6 +287,13 @@ def main_content(body):
         if box is not None and box.tag not in ("html",):
             best = box
             scores[best] = max(scores.get(best, 0), best_score)
+    # The page's own main element, when the pick lies inside it and it is prose, not a list of links: documentation
+    # generators mark it reliably (Sphinx's role="main", rustdoc's #main-content, <main>).
+    for anc in best.iterancestors():
+        if anc.tag == "main" or anc.get("role") == "main" or anc.get("id") == "main-content":
+            if _link_density(anc) < 0.25 and len(best.text_content()) < 0.5 * len(anc.text_content()):
+                best = anc
+            break
     parent = best.getparent()
     if parent is None or best.tag in ("body", "article", "main"):
         return _clean(best, scores)
@@ -342,6 +353,10 @@ def _clean(content, scores: dict):
             continue  # data: a table's cells and a definition list are rarely prose with commas
         if el.find(".//pre") is not None or el.find(".//code") is not None:
             continue  # code is what a coding agent reads a page for
+        if el.tag in ("ul", "ol") and density <= 0.5:
+            items = sum(1 for child in el if child.tag == "li")
+            if length * (1 - density) >= 30 * max(items, 1):
+                continue  # items that say something beside their links: a parameter list (name <type> what it is)
         ps = sum(1 for _ in el.iter("p"))
         imgs = sum(1 for _ in el.iter("img"))
         lis = sum(1 for _ in el.iter("li")) - 100
