@@ -46,9 +46,9 @@ class ExtractError(Exception):
 # -- the extraction itself (runs in a child) -----------------------------------------------------
 #
 # One lxml parse; what is never text a reader sees is dropped; the main content is picked by readability's scoring
-# (Arc90's rules as readability-lxml and Mozilla's Readability.js apply them), computed here in one bottom-up pass
-# instead of a text_content() per candidate, so a page costs about its parse; then a Markdown writer of our own turns
-# it into what the model reads, stopping at the budget. scripts/bench_articles.py measures it against the libraries.
+# (Arc90's rules as readability-lxml and Mozilla's Readability.js apply them) in one pass over the paragraphs, without
+# readability-lxml's second parse, retries and HTML round trip; then a Markdown writer of our own turns it into what
+# the model reads, stopping at the budget. scripts/bench_articles.py measures it against the libraries.
 
 def tidy(text: str) -> str:
     """Trailing spaces off every line, at most one blank line in a row."""

@@ -677,7 +677,7 @@ def test_proxy_environment_variables_are_ignored(site, monkeypatch):
     assert make().fetch(url(site, "/direct")).text == "direct"
 
 
-def test_readability_failure_falls_back_to_all_text():
+def test_a_page_without_paragraphs_is_read_whole():
     title, text = html_to_text("<html><head><title> T </title></head><body>just text</body></html>", "http://x/")
     assert title == "T" and "just text" in text
     assert html_to_text("   ", "http://x/") == (None, "")
