@@ -141,6 +141,11 @@ def test_search_output_hands_out_ref_ids():
                                  "Date: 2026-11-01", "s1", "[turn3search3] T2", "URL: https://a/2"]
 
 
+def test_codex_reads_how_the_results_came_too():
+    outcome = SearchOutcome("q", "ok", hits=[Hit("T1", "https://a/1")], notes=["From the Brave Search API."])
+    assert W.format_search(outcome, 0, 0)[0].splitlines()[:2] == ['## search_query "q"', "Note: From the Brave Search API."]
+
+
 def test_failed_search_output_is_the_message():
     outcome = SearchOutcome("q", "failed", message="Search failed: x answered 429.", error_code="too_many_requests")
     assert W.format_search(outcome, 0, 0) == ('## search_query "q"\nSearch failed: x answered 429.', {})
