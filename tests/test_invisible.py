@@ -78,9 +78,6 @@ def test_hidden_elements_never_reach_the_text(snippet, dropped, fast, monkeypatc
     assert n == dropped
     _, text = html_to_text(visible, "http://x.test/")
     assert "SECRET" not in text and "Real words" in text
-    _, before = html_to_text(html, "http://x.test/")
-    if fast:  # the fast path drops nothing by itself: the pre-pass is what removed it
-        assert "SECRET-A" in before
 
 
 @pytest.mark.parametrize("html", [

@@ -336,14 +336,16 @@ def test_a_repeated_search_reaches_searxng_once_and_shows_its_age(start_proxy, b
     assert delta(before, after, "proxy_tool_calls_total", api="chat", outcome="ok") == 2
 
 
-@pytest.mark.parametrize("mode, kw", [("empty", {}), ("status", {"code": 500}), ("dead", {}), ("status", {"code": 429})])
-def test_empty_and_failed_answers_are_not_kept(start_proxy, backend, searxng, mode, kw):
+# asks: SearXNG requests per search; an answer with every engine failed is retried once on other engines.
+@pytest.mark.parametrize("mode, kw, asks", [("empty", {}, 1), ("status", {"code": 500}, 1), ("dead", {}, 2),
+                                            ("status", {"code": 429}, 1)])
+def test_empty_and_failed_answers_are_not_kept(start_proxy, backend, searxng, mode, kw, asks):
     p = start_proxy(**CACHE_ON)
     q = f"{mode} {uuid.uuid4().hex[:8]}"
     searxng.behave(q, mode, **kw)
     for _ in range(2):
         assert post(p, "/v1/chat/completions", chat_search(backend, q))[0] == 200
-    assert searxng.queries == [q, q]
+    assert searxng.queries == [q] * 2 * asks
     assert "cached" not in chat_tool_text(backend, 3)
 
 

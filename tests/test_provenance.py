@@ -57,6 +57,9 @@ def test_bare_host_names_count_where_people_write_them(text, found):
     ('[t](sub/page "Title")', "http://site.test/docs/sub/page"),
     ("[abs](https://other.test/a\\_b)", "https://other.test/a_b"),
     ("plain https://plain.test/x written out", "https://plain.test/x"),
+    ("see [the guide][1].\n\n[1]: /docs/guide", "http://site.test/docs/guide"),
+    ("[2]: <../up>", "http://site.test/up"),
+    ("[3]: https://ref.test/abs \"Title\"", "https://ref.test/abs"),
 ])
 def test_a_pages_links_are_resolved_against_it(markdown, link):
     assert link in {key(u) for u in links_in_page(markdown, "http://site.test/docs/page")}

@@ -40,6 +40,8 @@ _BARE = re.compile(r"""(?<![\w@/.:-])((?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)
                    r"""(?:/[^\s<>"'`\\^{|}]*)?)(?![\w@-])""", re.IGNORECASE)
 # A Markdown link's or image's target: ](target) or ](<target>), with or without a "title".
 _MD_TARGET = re.compile(r"""\]\(\s*<?([^\s()<>]*(?:\([^\s()<>]*\)[^\s()<>]*)*)>?(?:\s+["'][^"']*["'])?\s*\)""")
+# A reference-style link's definition, one a line: "[3]: https://example.org/page" (the extraction's own form).
+_MD_REFERENCE = re.compile(r"""^[ \t]*\[[^\]\n]+\]:[ \t]*<?([^\s<>]+)>?""", re.MULTILINE)
 _TRAILING = ".,;:!?'\")]}*_"
 
 
@@ -83,13 +85,13 @@ def urls_in_value(value, bare: bool = False, _depth: int = 0) -> list[str]:
 
 
 def links_in_page(text: str, base: str) -> list[str]:
-    """The links a page's text shows the model: Markdown link targets (relative ones resolved against the page's
-    URL, as a browser would) and URLs written out. Pure."""
+    """The links a page's text shows the model: Markdown link targets, inline or as reference definitions (relative
+    ones resolved against the page's URL, as a browser would), and URLs written out. Pure."""
     if not isinstance(text, str):
         return []
     text = text.replace("\\_", "_").replace("\\*", "*")
     found = urls_in_text(text)
-    for m in _MD_TARGET.finditer(text):
+    for m in [*_MD_TARGET.finditer(text), *_MD_REFERENCE.finditer(text)]:
         target = m.group(1)
         if not target or target.startswith("#"):
             continue
