@@ -402,7 +402,7 @@ def test_a_pdf_is_opened_as_its_text(start_proxy, backend, searxng, site, stream
     url = f"http://127.0.0.1:{site.port}{path}"
     fetch = w.call("web_fetch", {"url": url})
     backend.responder = w.model([fetch], [w.message("In V formations.")])
-    final, _ = ask(proxy, stream)
+    final, _ = ask(proxy, stream, input=f"What does {url} say?")  # the user gives it, as provenance needs
     assert final.status == "completed" and final.output_text == "In V formations."
     assert final.output[0].type == "web_search_call" and final.output[0].status == "completed"
     text = outputs(vllm_requests(backend)[1])[fetch.call_id]
