@@ -1,4 +1,4 @@
-"""Measures HTML-to-text extractors (speed, main text kept, navigation dropped) on documentation pages found offline on this machine, or with --big on 1-5 MB pages built from them (with the proxy's own paths and a selectolax one); run: python scripts/bench_extract.py [--per-corpus N | --big] in a venv with trafilatura, readability-lxml, html2text and markdownify (plus orjson, for proxy.backends.extract, and selectolax for --big).
+"""Measures HTML-to-text extractors (speed, main text kept, navigation dropped) on documentation pages found offline on this machine, or with --big on 1-5 MB pages built from them (with the proxy's own paths and a selectolax one); run: python scripts/bench_extract.py [--per-corpus N | --big] in a venv with trafilatura, readability-lxml, html2text and markdownify (plus orjson and lxml for proxy.backends.extract, and selectolax for --big).
 
 How it judges a page: each corpus is a documentation generator whose markup names its main
 content and its navigation (mdBook's <main> and sidebar, rustdoc, Node's API docs, npm's docs,
@@ -12,7 +12,7 @@ wall time of one extraction, after one warm-up page, on one core.
 three corpora, one page's shell (head, navigation, footer) with the main content of the corpus's pages,
 in file order, appended into its main element until the page reaches 1, 2 and 5 MB; judged by the
 same rules, except that a navigation item is a run of 3 consecutive links. It times the proxy's
-small-page path (readability + markdownify: proxy.backends.extract.extract_page with the threshold raised), the
+scoring path (proxy.backends.extract.extract_page with the threshold raised), the
 proxy's fast path (extract_page itself, on the whole text and with the max_chars the proxy passes),
 trafilatura, and a selectolax (lexbor) pipeline written here; each time is the median of --runs
 extractions, reported as seconds per MB (MiB) of HTML.
@@ -46,6 +46,8 @@ CORPORA = [
 
 def words(text: str) -> list[str]:
     text = re.sub(r"\]\([^)]*\)", "]", text)  # markdown link targets are not page text
+    text = re.sub(r"\]\[\d+\]", "]", text)  # nor the proxy's link references [text][n]
+    text = re.sub(r"^\[\d+\]: \S+$", "", text, flags=re.M)  # nor its list of their URLs
     return re.findall(r"\w+", text.lower())
 
 
@@ -94,7 +96,10 @@ def extractors():
         h.ignore_images = True
         return h.handle(html)
 
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from proxy.backends import extract
     return {
+        "proxy (proxy.backends.extract)": lambda html: extract.extract_page(html, "https://docs.example/")[1],
         "trafilatura(txt)": lambda html: trafilatura.extract(html, output_format="txt", include_tables=True,
                                                              include_comments=False, favor_recall=True) or "",
         "trafilatura(md)": lambda html: trafilatura.extract(html, output_format="markdown", include_tables=True,
@@ -158,7 +163,7 @@ def big_extractors() -> dict[str, Callable[[str], str]]:
         return extract.extract_page(html, "https://docs.example/", max_chars)[1]
 
     out: dict[str, Callable[[str], str]] = {
-        "proxy small path (readability+markdownify)": small_path,
+        "proxy scoring path (threshold raised)": small_path,
         "proxy fast path (whole text)": fast_path,
         f"proxy fast path as served (max_chars={served})": lambda html: fast_path(html, served),
     }

@@ -112,6 +112,12 @@ def wide_table(sock, stop):
     _send_page(sock, b"<html><body><table>" + b"<tr>" + b"<td>x</td>" * 200_000 + b"</tr></table></body></html>")
 
 
+def deep_boxes(sock, stop):
+    """Five MB of paragraphs, each inside 200 nested boxes: every box is a candidate for a scorer that weighs text."""
+    unit = b"<div>" * 200 + b"<p>Some words of text, with a comma here and there, to score.</p>" + b"</div>" * 200
+    _send_page(sock, b"<html><body>" + unit * (5_000_000 // len(unit)) + b"</body></html>")
+
+
 def charset(name: str):
     def serve(sock, stop):
         _send_page(sock, "<html><body><p>Caf\u00e9 text</p></body></html>".encode(), f"text/html; charset={name}")
@@ -164,6 +170,7 @@ BEHAVIOURS = {
     "/deflate-bomb": deflate_bomb,
     "/deep": deep_nesting,
     "/wide-table": wide_table,
+    "/deep-boxes": deep_boxes,
     "/rot13": charset("rot13"),
     "/base64": charset("base64"),
     "/zlib": charset("zlib"),

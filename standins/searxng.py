@@ -28,19 +28,19 @@ class SearchRequest:
         return self.params.get("q", "")
 
 
-def result(url: str, title: str, content: str = "", date=None) -> dict:
+def result(url: str, title: str, content: str = "", date=None, engine: str = "localfixture") -> dict:
     """One result with every key a real instance sends (see tests/data notes)."""
     parsed = urllib.parse.urlsplit(url)
-    return {"url": url, "title": title, "content": content, "engine": "localfixture", "template": "default.html",
+    return {"url": url, "title": title, "content": content, "engine": engine, "template": "default.html",
             "parsed_url": [parsed.scheme, parsed.netloc, parsed.path, "", parsed.query, ""],
-            "img_src": "", "thumbnail": "", "priority": "", "engines": ["localfixture"], "positions": [1],
+            "img_src": "", "thumbnail": "", "priority": "", "engines": [engine], "positions": [1],
             "score": 1.0, "category": "general", "publishedDate": date}
 
 
-def default_results(query: str) -> list[dict]:
+def default_results(query: str, engine: str = "localfixture") -> list[dict]:
     slug = "-".join(query.lower().split())[:40] or "q"
     return [result(f"https://example.org/{slug}/{i}", f"{query} — result {i}",
-                   f"Snippet {i} about {query}.", "2026-11-0%dT00:00:00" % i if i == 1 else None)
+                   f"Snippet {i} about {query}.", "2026-11-0%dT00:00:00" % i if i == 1 else None, engine)
             for i in (1, 2, 3)]
 
 
@@ -62,8 +62,11 @@ class SearxngStandIn(StandInServer):
             self._modes.clear()
 
     def behave(self, query: str | None, mode: str, **kw):
-        """mode: results (results=[...]), empty, dead (every engine failed), status (code=,
-        body=), nonjson, redirect, slow (seconds=, then results), gzip (results, gzipped)."""
+        """mode: results (results=[...], unresponsive=[(engine, message)] beside them, engine= the results'),
+        empty, dead (every engine failed), status (code=, body=), nonjson, redirect, slow (seconds=, then results),
+        gzip (results, gzipped), blocked (failing=[(engine, message)]: a plain search finds every engine failed, as
+        SearXNG answers when its engines are blocked; one naming `engines` or `categories` gets results from the named
+        engines that are not failing, or from the category's `it_engine=`)."""
         with self._lock:
             self._modes[query] = (mode, kw)
 
@@ -100,9 +103,22 @@ class SearxngStandIn(StandInServer):
                     time.sleep(kw.get("seconds", 1.0))
                     mode = "results"
                 if mode == "results":
-                    body = page(q, kw.get("results", default_results(q)), answers=kw.get("answers", ()),
+                    body = page(q, kw.get("results", default_results(q, kw.get("engine", "localfixture"))),
+                                unresponsive=kw.get("unresponsive", ()), answers=kw.get("answers", ()),
                                 infoboxes=kw.get("infoboxes", ()))
                     return self.send(200, json.dumps(body).encode())
+                if mode == "blocked":
+                    failing = dict(kw.get("failing", [("duckduckgo", "CAPTCHA"), ("brave", "too many requests")]))
+                    named = [e.strip() for e in params.get("engines", "").split(",") if e.strip()]
+                    if "it" in params.get("categories", "").split(","):
+                        named.append(kw.get("it_engine", "github"))
+                    if not named:
+                        return self.send(200, json.dumps(page(q, [], unresponsive=failing.items())).encode())
+                    working = [e for e in named if e not in failing]
+                    if not working:
+                        dead = [(e, failing[e]) for e in named]
+                        return self.send(200, json.dumps(page(q, [], unresponsive=dead)).encode())
+                    return self.send(200, json.dumps(page(q, default_results(q, working[0]))).encode())
                 if mode == "gzip":
                     packed = gzip.compress(json.dumps(page(q, default_results(q))).encode())
                     return self.send(200, packed, extra=[("Content-Encoding", "gzip")])

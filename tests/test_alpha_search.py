@@ -23,6 +23,7 @@ from proxy.backends.search import Hit, SearchOutcome
 from proxy.backends.searxng import SearXNG
 from proxy.core.config import Config
 from proxy.tools.web_fetch import FetchError, Page
+from standins import pdf_files
 from standins.searxng import result
 
 # Pages on loopback may be fetched; no page cache, so each test sees its own downloads.
@@ -138,6 +139,11 @@ def test_search_output_hands_out_ref_ids():
     assert refs == {"turn3search2": "https://a/1", "turn3search3": "https://a/2"}
     assert text.splitlines() == ['## search_query "q"', "Answer: 42", "[turn3search2] T1", "URL: https://a/1",
                                  "Date: 2026-11-01", "s1", "[turn3search3] T2", "URL: https://a/2"]
+
+
+def test_codex_reads_how_the_results_came_too():
+    outcome = SearchOutcome("q", "ok", hits=[Hit("T1", "https://a/1")], notes=["From the Brave Search API."])
+    assert W.format_search(outcome, 0, 0)[0].splitlines()[:2] == ['## search_query "q"', "Note: From the Brave Search API."]
 
 
 def test_failed_search_output_is_the_message():
@@ -268,6 +274,8 @@ def test_both_cores_mark_the_timeouts_504_depends_on():
 def pages(site):  # the web site stand-in of tests/conftest.py
     site.route("/doc", DOC)
     site.route("/plain", "line zero\nline one mentions Annie Case\nline two", headers={"Content-Type": "text/plain"})
+    site.route("/paper.pdf", pdf_files.build([pdf_files.text_page("Abstract", "Pelicans read PDFs too.")],
+                                             title="A paper"), headers={"Content-Type": "application/pdf"})
     return site
 
 
@@ -297,6 +305,8 @@ SERVED = {
         {"search_query": [{"q": ""}]}, 200, ["Search failed: the query is empty"], []),
     "open a URL": ({"open": [{"ref_id": "{site}/doc"}]}, 200,
                    ["## open [turn0view0] vLLM 0.32 notes", "URL: {site}/doc", "The magic word is PELICAN-7731."], []),
+    "open a PDF": ({"open": [{"ref_id": "{site}/paper.pdf"}]}, 200,
+                   ["## open [turn0view0] A paper", "application/pdf", "L0: PDF, 1 page.", "Pelicans read PDFs too."], []),
     "open from a line": ({"open": [{"ref_id": "{site}/plain", "lineno": 2}]}, 200, ["L2: line two"], []),
     "find in a URL": ({"find": [{"ref_id": "{site}/plain", "pattern": "annie case"}]}, 200,
                       ['## find "annie case" in [{site}/plain] {site}/plain: 1 match', "L1: line one mentions Annie Case"], []),

@@ -12,6 +12,7 @@ import pytest
 from clients import openai
 
 from proxy.apis.citations import CITE_NOTE
+from standins import pdf_files
 from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames, tool_call
 
 USER = [{"role": "user", "content": "What does the vLLM changelog say?"}]
@@ -137,3 +138,18 @@ def test_the_cap_counts_fetched_pages(start_proxy, backend, site):
     assert body["type"] == "search_iterations_exceeded"
     assert body["message"].startswith("1 of 1 search round used (0 searches, 0 repeated, 0 empty, 1 page fetched)")
     assert json.loads(backend.received[0].body)["tools"][-1]["function"]["name"] == "web_fetch"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_pdf_is_read_as_its_text(fetching, backend, site, stream):
+    """A paper that exists only as a PDF: the model reads its text, with the page count in the head."""
+    path = f"/paper-{stream}.pdf"
+    site.route(path, pdf_files.build([pdf_files.text_page("Pelicans fly in V formations.")], title="Pelicans"),
+               headers={"Content-Type": "application/pdf"})
+    url = f"http://127.0.0.1:{site.port}{path}"
+    backend.script(turn("web_fetch", {"url": url}, stream), answer("They fly in V formations.", stream))
+    assert ask(fetching, stream) == "They fly in V formations."
+    assert [r.path for r in site.requests] == [path]
+    page_text = tool_messages(backend.received[1])[-1]
+    assert "Content-Type: application/pdf" in page_text and "Pelicans fly in V formations." in page_text, page_text
+    assert re.search(r"PDF, 1 page", page_text), page_text

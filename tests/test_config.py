@@ -34,8 +34,16 @@ def load(**env) -> subprocess.CompletedProcess:
     ("WEB_FETCH_MAX_PER_TURN", "-3", "WEB_FETCH_MAX_PER_TURN must be 0 or more, not -3"),
     # A URL setting that cannot work is refused at start, not discovered as "an internal error" in every search.
     ("SEARXNG_URL", "searxng:8080", "SEARXNG_URL must be an http:// or https:// URL"),
-    ("SEARXNG_URL", "http://a:8080,http://b:8080", "SEARXNG_URL must be an http:// or https:// URL (one URL)"),
     ("SEARXNG_URL", "http://:8080/", "SEARXNG_URL must be an http:// or https:// URL (a host)"),
+    # each instance of a list is checked, and the line names the bad one
+    ("SEARXNG_URL", "http://a:8080, searxng:8080", "SEARXNG_URL must be an http:// or https:// URL (http or https), "
+                                                   "not 'searxng:8080'"),
+    ("SEARXNG_URL", "http://a:8080,http://b:8080/search?q=x", "SEARXNG_URL: 'http://b:8080/search?q=x' has a query"),
+    ("SEARXNG_URL", " , ", "SEARXNG_URL names no URL"),
+    ("SEARXNG_URL", "http://a:port", "SEARXNG_URL must be an http:// or https:// URL (a valid port), not 'http://a:port'"),
+    ("SEARXNG_URL", "http://me:hunter2@a:8080", "SEARXNG_URL: 'http://***@a:8080' carries a user name or password"),
+    ("BRAVE_SEARCH_MODE", "sometimes", "BRAVE_SEARCH_MODE must be 'fallback' or 'always', not 'sometimes'"),
+    ("BRAVE_SEARCH_URL", "api.search.brave.com", "BRAVE_SEARCH_URL must be an http:// or https:// URL (http or https)"),
     ("BACKEND_URL", "http://vllm:80000", "BACKEND_URL must be an http:// or https:// URL (a valid port)"),
     ("BACKEND_URL", "ftp://vllm:8000", "BACKEND_URL must be an http:// or https:// URL (http or https)"),
 ])
@@ -60,6 +68,29 @@ def test_from_env_reads_each_variable_with_its_reader_and_default():
     assert cfg.web_fetch_cache_ttl == 30.0 and cfg.max_search_iter == Config().max_search_iter  # empty: the default
     assert Config.from_env({"FETCH_CACHE_TTL": "5", "WEB_FETCH_CACHE_TTL": "30"}).web_fetch_cache_ttl == 5.0
     assert Config.from_env({}) == Config()
+
+
+@pytest.mark.parametrize("text, urls", [
+    ("http://searxng:8080", ("http://searxng:8080",)),
+    ("http://a:8080/, https://b.example/searx  http://c:8888,,http://a:8080",
+     ("http://a:8080", "https://b.example/searx", "http://c:8888")),
+    ("\thttp://[::1]:8888\n", ("http://[::1]:8888",)),
+])
+def test_searxng_url_is_a_list_in_order(text, urls):
+    assert Config(searxng_url=text).searxng_urls == urls
+    assert Config.from_env({"SEARXNG_URL": text}).searxng_urls == urls
+
+
+def test_a_password_in_a_url_or_a_bad_key_is_refused_without_showing_it():
+    with pytest.raises(ValueError) as e:
+        Config(searxng_url="http://a:8080,https://me:hunter2@b.example")
+    assert "hunter2" not in str(e.value) and "https://***@b.example" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        Config(brave_search_api_key="abc def\r\nX-Injected: 1")
+    assert "abc" not in str(e.value) and "BRAVE_SEARCH_API_KEY" in str(e.value)
+    cfg = Config.from_env({"BRAVE_SEARCH_API_KEY": "sekrit-key", "BRAVE_SEARCH_MODE": " Always "})
+    assert (cfg.brave_search_api_key, cfg.brave_search_mode) == ("sekrit-key", "always")
+    assert "sekrit-key" not in repr(cfg)
 
 
 def test_config_holds_networks_parsed_once():

@@ -267,8 +267,7 @@ def test_html_without_content_type_is_sniffed(site):
     assert page.content_type == "text/html" and "third approach" in page.text
 
 
-@pytest.mark.parametrize("content_type", ["application/pdf", "image/png", "application/octet-stream", "video/mp4",
-                                          "application/zip"])
+@pytest.mark.parametrize("content_type", ["image/png", "video/mp4", "application/zip"])
 def test_other_types_are_unsupported(site, content_type):
     site.route("/f", b"%PDF-1.7 \x00\x01" * 1000, headers={"Content-Type": content_type})
     e = code_of(lambda: make().fetch(url(site, "/f")))
@@ -678,7 +677,7 @@ def test_proxy_environment_variables_are_ignored(site, monkeypatch):
     assert make().fetch(url(site, "/direct")).text == "direct"
 
 
-def test_readability_failure_falls_back_to_all_text():
+def test_a_page_without_paragraphs_is_read_whole():
     title, text = html_to_text("<html><head><title> T </title></head><body>just text</body></html>", "http://x/")
     assert title == "T" and "just text" in text
     assert html_to_text("   ", "http://x/") == (None, "")
@@ -701,19 +700,19 @@ def test_a_comment_where_a_big_page_is_cut_does_not_let_its_navigation_through()
 
 
 def test_the_whole_text_fallback_leaves_scripts_out(monkeypatch):
-    """When the libraries fail on a page (here markdownify, made to), the model reads the page's words, not its
-    script source."""
-    import markdownify
+    """When the extraction fails on a page (here the Markdown writer, made to), the model reads the page's words, not
+    its script source."""
+    from proxy.backends import extract
 
     def broken(*args, **kwargs):
-        raise RuntimeError("a library's surprise")
-    monkeypatch.setattr(markdownify, "markdownify", broken)
+        raise RuntimeError("a surprise on a hostile page")
+    monkeypatch.setattr(extract.MarkdownWriter, "write", broken)
     title, text = html_to_text("<html><head><title>T</title><script>var x = 1;</script></head>"
                                "<body><p>words</p><!-- note --></body></html>", "http://x/")
     assert title == "T" and "words" in text and "var x" not in text and "note" not in text
 
 
-@pytest.mark.parametrize("size", [200 * 1024, 2 * 1024 * 1024])  # readability's path, and the fast rule past 512 KiB
+@pytest.mark.parametrize("size", [200 * 1024, 2 * 1024 * 1024])  # scoring, and the fast rule past 512 Ki characters
 def test_extraction_keeps_code_and_drops_navigation_on_small_and_big_pages(size):
     from proxy.backends.extract import extract_page
     from standins.hostile_web import big_page

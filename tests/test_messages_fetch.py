@@ -238,6 +238,23 @@ def test_search_then_fetch_then_answer(fetching, backend, searxng, site, stream)
     assert told == f'Page {url} "Changelog"\nRetrieved {res.content.retrieved_at}\n\n{doc.source.data}'
 
 
+def test_a_pdf_is_a_document_of_its_text(fetching, backend, site):
+    """A PDF comes back as the text the model read (a text source), with its title: Anthropic sends a base64 source,
+    but a replayed base64 document would read back as no text (messages_blocks.fetch_text)."""
+    from standins import pdf_files
+    path = fresh("/paper.pdf")
+    site.route(path, pdf_files.build([pdf_files.text_page("Abstract", "We read PDFs."), pdf_files.text_page("Two")],
+                                     title="A paper"), headers={"Content-Type": "application/pdf"})
+    url = f"http://127.0.0.1:{site.port}{path}"
+    backend.script(reply([W.tool_use("web_fetch", {"url": url})], False), reply([W.text(["Read."])], False))
+    msg = ask(fetching, False, tools=[FETCH])
+    doc = msg.content[1].content.content
+    assert (doc.type, doc.title, doc.source.type, doc.source.media_type) == ("document", "A paper", "text", "text/plain")
+    assert doc.source.data == "PDF, 2 pages.\n\n[page 1]\nAbstract\nWe read PDFs.\n\n[page 2]\nTwo"
+    (told,) = last_results(turns(backend)[1])
+    assert told.endswith(doc.source.data)
+
+
 def test_stream_shows_the_fetch_live_as_its_own_blocks(fetching, backend, site):
     path = fresh("/slow-page")
     site.route(path, "slow words", headers={"Content-Type": "text/plain"}, stall=0.7)

@@ -29,6 +29,7 @@ from proxy.tools.find_in_page import FIND_MATCHES, FIND_USAGE, FindRequest, Find
 from proxy.tools.registry import text as tool_output
 from proxy.tools.web_fetch import FetchOutcome, FetchRequest, Page
 from proxy.tools.web_search import SearchRequest
+from standins import pdf_files
 from standins import responses_wire as w
 
 HOSTED = {"type": "web_search"}
@@ -288,8 +289,9 @@ def test_find_in_an_opened_page_reads_it_from_the_cache(fetching, backend, searx
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("allow_loopback,route,tool,phrase,fetched", [
     (False, {"body": PAGE}, HOSTED, "only reads public addresses", False),
+    # A PDF is read now; one that is not a PDF inside (as one with a password) is still refused.
     (True, {"body": b"%PDF-1.4", "headers": {"Content-Type": "application/pdf"}}, HOSTED,
-     "is application/pdf; web_fetch reads HTML, plain text and JSON", True),
+     "the file is not a PDF the proxy can read", True),
     (True, None, HOSTED, "answered HTTP 404 Not Found", True),
     (True, {"body": PAGE}, {"type": "web_search", "filters": {"allowed_domains": ["docs.vllm.ai"]}},
      "127.0.0.1 is not in the allowed domains of this request", False),
@@ -387,3 +389,20 @@ def test_a_client_leaving_mid_fetch_stops_the_loop(fetching, backend, searxng, s
     assert len(vllm_requests(backend)) == 1, "no turn may start for a client that left"
     assert backend.hangups == []
     assert logged(fetching, seen, 1) == [("/v1/responses", "200" if stream else "499")]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_pdf_is_opened_as_its_text(start_proxy, backend, searxng, site, stream):
+    """open_page on a PDF: a completed web_search_call, and the model reads the document's text."""
+    proxy = start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8")
+    path = fresh_path() + ".pdf"
+    site.route(path, pdf_files.build([pdf_files.text_page("Pelicans fly in V formations.")], title="Pelicans"),
+               headers={"Content-Type": "application/pdf"})
+    url = f"http://127.0.0.1:{site.port}{path}"
+    fetch = w.call("web_fetch", {"url": url})
+    backend.responder = w.model([fetch], [w.message("In V formations.")])
+    final, _ = ask(proxy, stream)
+    assert final.status == "completed" and final.output_text == "In V formations."
+    assert final.output[0].type == "web_search_call" and final.output[0].status == "completed"
+    text = outputs(vllm_requests(backend)[1])[fetch.call_id]
+    assert "Content-Type: application/pdf" in text and "Pelicans fly in V formations." in text, text

@@ -122,7 +122,13 @@ OK_PAGE = json.dumps(page("q", default_results("q"))).encode()
     (302, b"", "failed", "unavailable", "redirect"),
     (200, b"<html>not json</html>", "failed", "unavailable", "not answer with JSON"),
     (200, b"[1, 2]", "failed", "unavailable", "not an object"),
-])
+    # nested thousands deep: json's RecursionError is a failed search, not an error escaping the backend
+    (200, b"[" * 100000, "failed", "unavailable", "not answer with JSON"),
+    # a hostile engine list: control characters and non-string names are not passed on
+    (200, json.dumps(page("q", [], unresponsive=[("ddg\x1b[2J", "x"), (7, "y"), ("brave", "CAPTCHA\r\nInjected")])).encode(),
+     "failed", "unavailable", "every search engine behind http://searx failed: brave (CAPTCHA Injected)."),
+], ids=["ok", "empty", "engines-failed", "403", "429", "500", "502", "302", "not-json", "not-object", "nested",
+        "hostile-engines"])
 def test_outcome_from_response(status, body, expected_status, code, phrase):
     o = outcome_from_response("q", "http://searx", status, body, 5)
     assert o.status == expected_status and o.error_code == code
@@ -141,6 +147,21 @@ def test_outcome_keeps_top_n_and_reads_dates_answers_infoboxes():
     text = format_for_model(o)
     assert "Answer: 42" in text and "Infobox: Python: A language." in text
     assert "[1] T0\nURL: https://e.org/0\nDate: 2025-01-02\nSnippet: lots of space" in text
+
+
+@pytest.mark.parametrize("failing, note", [
+    ([], None),
+    ([("startpage", "timeout"), ("duckduckgo", "CAPTCHA")],
+     "Some search engines failed (duckduckgo: CAPTCHA, startpage: timeout); these results come from the others."),
+    ([(f"e{i}", "timeout") for i in range(8)],
+     "Some search engines failed (e0: timeout, e1: timeout, e2: timeout, e3: timeout, e4: timeout, e5: timeout and 2 "
+     "more); these results come from the others."),
+])
+def test_results_from_only_some_engines_say_so_in_one_line(failing, note):
+    o = outcome_from_response("q", "u", 200, json.dumps(page("q", default_results("q"), unresponsive=failing)).encode(), 5)
+    assert o.ok and o.notes == ([note] if note else [])
+    lines = format_for_model(o).splitlines()
+    assert lines[1:2] == ([f"Note: {note}"] if note else [""])
 
 
 def test_number_of_results_is_optional_and_missing_keys_tolerated():

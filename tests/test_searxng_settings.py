@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from proxy.core.config import Config
+
 REPO = Path(__file__).resolve().parent.parent
 SETTINGS_TEXT = (REPO / "searxng/settings.yml").read_text()
 SETTINGS = yaml.safe_load(SETTINGS_TEXT)
@@ -58,6 +60,41 @@ def test_no_literal_secret():
 def test_timeouts_fit_an_agent_waiting_on_a_tool():
     outgoing = SETTINGS["outgoing"]
     assert 0 < outgoing["request_timeout"] <= outgoing["max_request_timeout"] <= 10
+
+
+def test_a_late_answer_leaves_room_for_a_second_instance():
+    # SearXNG answers within max_request_timeout (its slowest engine's wait), so the proxy's one search deadline
+    # still holds a second instance's answer after it (the failover in proxy/backends/failover.py).
+    assert SETTINGS["outgoing"]["max_request_timeout"] <= Config().searxng_timeout / 2
+
+
+def test_retries_are_few_and_never_of_an_http_error():
+    # A retried CAPTCHA or 429 deepens the block; SearXNG retries only broken connections unless told otherwise.
+    assert SETTINGS["outgoing"]["retries"] == 1
+    assert "retry_on_http_error" not in SETTINGS["outgoing"]
+    assert not [e["name"] for e in ENGINES if "retry_on_http_error" in e or "retries" in e]
+
+
+# SearXNG's suspension keys and their values in the pinned release's built-in settings.yml (which
+# use_default_settings merges under this file's), in seconds.
+BUILTIN_SUSPENSIONS = {"SearxEngineAccessDenied": 180, "SearxEngineCaptcha": 3600, "SearxEngineTooManyRequests": 180,
+                       "cf_SearxEngineCaptcha": 1296000, "cf_SearxEngineAccessDenied": 86400,
+                       "recaptcha_SearxEngineCaptcha": 604800}
+
+
+@pytest.mark.parametrize("key", sorted(BUILTIN_SUSPENSIONS))
+def test_no_block_takes_an_engine_away_for_more_than_an_hour(key):
+    value = SETTINGS["search"]["suspended_times"].get(key, BUILTIN_SUSPENSIONS[key])
+    assert 0 < value <= 3600, f"{key}: {value} s"
+
+
+def test_suspension_keys_are_searxngs_own():
+    # A misspelt key is merged in silently and changes nothing.
+    assert set(SETTINGS["search"]["suspended_times"]) <= set(BUILTIN_SUSPENSIONS)
+
+
+def test_one_captcha_no_longer_costs_the_hour():
+    assert SETTINGS["search"]["suspended_times"]["SearxEngineCaptcha"] < BUILTIN_SUSPENSIONS["SearxEngineCaptcha"]
 
 
 @pytest.mark.parametrize("name", NAMES)

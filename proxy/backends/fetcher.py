@@ -1,8 +1,8 @@
 """The one fetch core behind every API's web_fetch: checks a model-written URL against the SSRF
 policy (proxy/backends/netguard.py), downloads the page from the checked address only, and returns its
-main text cut to a token budget.
+main text (HTML as Markdown, a PDF's text) cut to a token budget.
 
-Used by the API loops through `Fetcher(config).run(request)`; not run on its own. The tool's wire types are in
+Used by the web_fetch tool (proxy/tools/web_fetch.py) and Codex's alpha search through `Fetcher(config).fetch(url)`; not run on its own. The tool's wire types are in
 proxy/tools/web_fetch.py, the pure body-to-text rules in proxy/backends/pagetext.py, and the domain filters in proxy/backends/netguard.py,
 so tests/test_fetch.py checks those without a network, and the Fetcher against loopback servers.
 """
@@ -19,7 +19,15 @@ from datetime import UTC, datetime
 from proxy.backends import netguard
 from proxy.backends.cache import TTLCache
 from proxy.backends.extract import ExtractError, ExtractPool
-from proxy.backends.pagetext import CHARS_PER_TOKEN, cut_to_budget, decode_text, kind_of, media_type, sniff_type
+from proxy.backends.pagetext import (
+    CHARS_PER_TOKEN,
+    OPAQUE_TYPES,
+    cut_to_budget,
+    decode_text,
+    kind_of,
+    media_type,
+    sniff_type,
+)
 from proxy.core.config import Config
 from proxy.runtime import concurrency as runtime
 from proxy.runtime.cancel import GONE, TIMEOUT, Cancel
@@ -29,7 +37,7 @@ log = logging.getLogger("proxy.fetch")
 
 USER_AGENT = "coding-stack-proxy/1.0 (web_fetch tool of a self-hosted LLM stack)"
 REQUEST_HEADERS = (
-    ("Accept", "text/html,application/xhtml+xml,text/plain;q=0.9,application/json;q=0.9,text/*;q=0.8"),
+    ("Accept", "text/html,application/xhtml+xml,application/pdf,text/plain;q=0.9,application/json;q=0.9,text/*;q=0.8"),
     ("Accept-Encoding", "gzip, deflate"),
     ("Accept-Language", "en-US,en;q=0.9"),
     ("User-Agent", USER_AGENT),
@@ -299,8 +307,8 @@ class Fetcher:
                 if not 200 <= opened.status < 300:
                     raise status_error(opened.status, opened.reason, target.url)
                 mime, charset = media_type(opened.header("Content-Type") or None)
-                if mime and kind_of(mime) is None:
-                    raise FetchError("unsupported_content_type", f"{target.url} is {mime}; web_fetch reads HTML, plain text and JSON.")
+                if mime and kind_of(mime) is None and mime not in OPAQUE_TYPES:
+                    raise FetchError("unsupported_content_type", f"{target.url} is {mime}; web_fetch reads HTML, PDF, plain text and JSON.")
                 data, cut = self._read_body(target, opened, started, cancel)
                 return Body(target.url, data, mime, charset, cut, opened.status), hops
             finally:
@@ -321,20 +329,25 @@ class Fetcher:
 
     def _page(self, body: Body, cancel: Cancel) -> Page:
         """The downloaded bytes as the Page the model reads: decoded, and HTML extracted to Markdown."""
-        mime = body.mime or sniff_type(body.data)
+        mime = body.mime if body.mime and body.mime not in OPAQUE_TYPES else sniff_type(body.data)
         kind = kind_of(mime)
         if kind is None:
-            raise FetchError("unsupported_content_type", f"{body.url} sent no Content-Type and does not look like text.")
-        text = decode_text(body.data, body.charset, kind == "html")
+            raise FetchError("unsupported_content_type", f"{body.url} sent {body.mime or 'no Content-Type'} and does not look like text.")
         title: str | None = None
         cut = body.cut
-        if kind == "html":
+        if kind in ("html", "pdf"):
             try:
-                # Only what the largest budget can hold is written as Markdown (the cache keeps that much).
-                title, text, trimmed = self.extractor.extract(text, body.url, cancel, self.max_tokens * CHARS_PER_TOKEN)
+                # Only what the largest budget can hold is written (the cache keeps that much); a PDF goes to the
+                # same pool, under the same limits, as its bytes.
+                budget = self.max_tokens * CHARS_PER_TOKEN
+                title, text, trimmed = (
+                    self.extractor.extract(decode_text(body.data, body.charset, True), body.url, cancel, budget)
+                    if kind == "html" else self.extractor.extract_pdf(body.data, body.url, cancel, budget))
             except ExtractError as e:
                 raise self._interrupted(body.url, cancel) or FetchError(e.code, f"{body.url}: {e.message}") from None
             cut = cut or trimmed
+        else:
+            text = decode_text(body.data, body.charset, False)
         return Page(url=body.url, title=title, text=text, content_type=mime, retrieved_at=now_iso(), truncated=cut)
 
     def _read_body(self, target: netguard.Target, opened: webclient.Opened, started: float, cancel: Cancel,

@@ -10,6 +10,10 @@ import re
 
 CHARS_PER_TOKEN = 4  # the usual estimate for English text and code; no tokenizer is loaded for it
 HTML_TYPES = ("text/html", "application/xhtml+xml")
+PDF_TYPES = ("application/pdf", "application/x-pdf")
+# What servers send a download as; the body's first bytes then tell whether it is a PDF (or text) after all.
+OPAQUE_TYPES = ("application/octet-stream", "binary/octet-stream", "application/download",
+                "application/force-download", "application/x-download")
 
 
 def media_type(header: str | None) -> tuple[str, str | None]:
@@ -26,16 +30,21 @@ def media_type(header: str | None) -> tuple[str, str | None]:
 
 
 def kind_of(mime: str) -> str | None:
-    """"html", "text" (passed through) or None (unsupported) for a media type."""
+    """"html", "pdf", "text" (passed through) or None (unsupported) for a media type."""
     if mime in HTML_TYPES:
         return "html"
+    if mime in PDF_TYPES:
+        return "pdf"
     if mime.startswith("text/") or mime == "application/json" or mime.endswith("+json"):
         return "text"
     return None
 
 
 def sniff_type(body: bytes) -> str:
-    """A media type for a body sent without Content-Type: HTML if it starts like HTML, text if it has no NUL bytes."""
+    """A media type for a body sent without Content-Type (or as an opaque download): a PDF by its signature, HTML if
+    it starts like HTML, text if it has no NUL bytes."""
+    if b"%PDF-" in body[:1024]:  # PDF readers accept the signature anywhere in the first KiB
+        return "application/pdf"
     head = body[:1024].lstrip().lower()
     if head.startswith((b"<!doctype html", b"<html")) or b"<html" in head:
         return "text/html"

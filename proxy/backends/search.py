@@ -42,6 +42,9 @@ class SearchOutcome:
     repeated: bool = False
     cached_age: float | None = None  # seconds, when the search cache answered it
     timed_out: bool = False          # the backend did not answer within its deadline
+    # One short line each, read before the results: how they came (a fallback instance, a retry, the keyed backend,
+    # only some engines), which the model and the user reading along should know.
+    notes: list[str] = field(default_factory=list)
     tool: ClassVar[str] = "web_search"  # the tool whose outcome this is (proxy/tools)
 
     @property
@@ -106,7 +109,7 @@ def search_key(query: str, language: str | None, limit: int, time_range: str | N
 def outcome_size(o: SearchOutcome) -> int:
     """Roughly the bytes an outcome holds: its text plus a fixed charge per object. Pure."""
     hits = sum(len(h.title) + len(h.url) + len(h.snippet) + len(h.date or "") + 100 for h in o.hits)
-    return 300 + len(o.query) + len(o.message) + hits + sum(len(a) + 50 for a in o.answers + o.infoboxes)
+    return 300 + len(o.query) + len(o.message) + hits + sum(len(a) + 50 for a in o.answers + o.infoboxes + o.notes)
 
 
 class CachedSearch:

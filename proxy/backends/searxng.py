@@ -8,8 +8,10 @@ from __future__ import annotations
 import logging
 import time
 import urllib.parse
+from dataclasses import dataclass
 
 from proxy.backends.search import Hit, SearchOutcome
+from proxy.backends.search_health import engine_failures
 from proxy.core import codec
 from proxy.runtime.cancel import GONE, TIMEOUT, Cancel
 from proxy.transport import webclient
@@ -26,36 +28,67 @@ REQUEST_HEADERS = (
     ("User-Agent", USER_AGENT),
 )
 SNIPPET_CHARS = 400
+PARTIAL_NAMES = 6  # failing engines named in the note on partial results; the rest are counted
 
 
-def search_url(base_url: str, query: str, language: str | None = None, time_range: str | None = None) -> str:
+def search_url(base_url: str, query: str, language: str | None = None, time_range: str | None = None,
+               engines: tuple[str, ...] = (), categories: tuple[str, ...] = ()) -> str:
     params = {"q": query, "format": "json"}
     if language:
         params["language"] = language
     if time_range:
         params["time_range"] = time_range  # SearXNG's day, week, month or year
+    if engines:
+        params["engines"] = ",".join(engines)  # only these (the failover's retry); unknown names are dropped
+    if categories:
+        params["categories"] = ",".join(categories)
     return base_url.rstrip("/") + "/search?" + urllib.parse.urlencode(params)
+
+
+@dataclass
+class Answer:
+    """One SearXNG call: its outcome, and the answer's JSON object when it had one (the failover reads its
+    `unresponsive_engines` and the engines that gave results)."""
+    outcome: SearchOutcome
+    data: dict | None = None
 
 
 def outcome_from_response(query: str, url: str, status: int, body: bytes, limit: int) -> SearchOutcome:
     """Read SearXNG's answer (status and decoded body) into an outcome. Pure."""
+    return read_response(query, url, status, body, limit).outcome
+
+
+def read_response(query: str, url: str, status: int, body: bytes, limit: int) -> Answer:
+    """outcome_from_response, with the JSON object it read. Pure."""
     failed = _status_failure(url, status)
     if failed is not None:
-        return SearchOutcome(query, "failed", error_code=failed[0], message=failed[1])
+        return Answer(SearchOutcome(query, "failed", error_code=failed[0], message=failed[1]))
     try:
         data = codec.loads(body)
-    except ValueError:
-        return SearchOutcome(query, "failed", error_code="unavailable",
-                             message=f"Search failed: {url} did not answer with JSON (is format=json enabled?).")
+    except (ValueError, RecursionError):  # RecursionError: `[[[[...` nested thousands deep
+        return Answer(SearchOutcome(query, "failed", error_code="unavailable",
+                                    message=f"Search failed: {url} did not answer with JSON (is format=json enabled?)."))
     if not isinstance(data, dict):
-        return SearchOutcome(query, "failed", error_code="unavailable",
-                             message=f"Search failed: {url} answered JSON that is not an object.")
+        return Answer(SearchOutcome(query, "failed", error_code="unavailable",
+                                    message=f"Search failed: {url} answered JSON that is not an object."))
+    return Answer(_outcome(query, url, data, limit), data)
+
+
+def _outcome(query: str, url: str, data: dict, limit: int) -> SearchOutcome:
     hits, answers, infoboxes = _hits(data, limit), _answers(data), _infoboxes(data)
     if hits or answers or infoboxes:
-        return SearchOutcome(query, "ok", hits=hits, answers=answers, infoboxes=infoboxes)
+        failed = engine_failures(data)
+        notes = []
+        if failed:
+            # Results from fewer engines than usual are fewer and narrower; the model should know why.
+            names = ", ".join(f"{f.engine}: {f.message}" for f in sorted(failed, key=lambda f: f.engine)[:PARTIAL_NAMES])
+            more = f" and {len(failed) - PARTIAL_NAMES} more" if len(failed) > PARTIAL_NAMES else ""
+            notes.append(f"Some search engines failed ({names}{more}); these results come from the others.")
+        return SearchOutcome(query, "ok", hits=hits, answers=answers, infoboxes=infoboxes, notes=notes)
     dead = [e for e in _list(data.get("unresponsive_engines")) if isinstance(e, (list, tuple)) and e]
     if dead:
-        names = ", ".join(f"{e[0]} ({e[1]})" if len(e) > 1 else str(e[0]) for e in dead)
+        # Named as the engine bookkeeping names them: bounded, printable, whatever the answer put there.
+        names = ", ".join(f"{f.engine} ({f.message})" for f in engine_failures(data)) or "engines it did not name"
         return SearchOutcome(query, "failed", error_code="unavailable", message=(
             f"Search failed: every search engine behind {url} failed: {names}. This says nothing "
             "about whether information exists; try again later or answer from what you know."))
@@ -129,42 +162,52 @@ class SearXNG:
                time_range: str | None = None, cancel: Cancel | None = None) -> SearchOutcome:
         """One search; `cancel` (the caller's, so its client's leaving ends it) gets the call's deadline:
         SEARXNG_TIMEOUT over connect, head and body together, not per receive."""
-        url = search_url(self.base_url, query, language, time_range)
+        return self.ask(query, language=language, limit=limit, time_range=time_range, cancel=cancel).outcome
+
+    def ask(self, query: str, language: str | None = None, limit: int | None = None, time_range: str | None = None,
+            cancel: Cancel | None = None, timeout: float | None = None, engines: tuple[str, ...] = (),
+            categories: tuple[str, ...] = ()) -> Answer:
+        """search() with the answer's JSON, and what the failover chooses: this call's deadline (`timeout`, the
+        instance's own by default) and the engines or categories asked (default: the instance's usual ones)."""
+        seconds = self.timeout if timeout is None else timeout
+        url = search_url(self.base_url, query, language, time_range, engines, categories)
         parts = urllib.parse.urlsplit(url)
         started = time.monotonic()
         cancel = cancel or Cancel()
-        cancel.arm(self.timeout)
+        cancel.arm(seconds)
         opened = None
         try:
             # A fresh connection per search: searches are seconds apart and few, and the
             # client's X-Forwarded-For never rides along (SearXNG would rate-limit by it).
             headers = {"Host": parts.netloc, **dict(REQUEST_HEADERS)}
             opened = webclient.get(parts.scheme, parts.hostname or "", parts.port, parts.path + "?" + parts.query,
-                                   headers, self.timeout, cancel)
+                                   headers, seconds, cancel)
             body, too_big = webclient.read_body(opened, self.max_bytes, cancel)
             if too_big:
-                outcome = SearchOutcome(query, "failed", error_code="unavailable", message=(
-                    f"Search failed: {self.base_url} answered more than {self.max_bytes} bytes (SEARXNG_MAX_BYTES)."))
+                answer = Answer(SearchOutcome(query, "failed", error_code="unavailable", message=(
+                    f"Search failed: {self.base_url} answered more than {self.max_bytes} bytes (SEARXNG_MAX_BYTES).")))
             else:
-                outcome = outcome_from_response(query, self.base_url, opened.status, body, limit or self.results)
+                answer = read_response(query, self.base_url, opened.status, body, limit or self.results)
         except webclient.WebError as e:
-            outcome = self._interrupted(query, cancel) or SearchOutcome(query, "failed", error_code="unavailable", message=(
-                f"Search failed: {self.base_url} did not answer within {self.timeout:g} s." if e.kind == "timeout" else
-                f"Search failed: cannot reach SearXNG at {self.base_url}: {e.detail}"), timed_out=e.kind == "timeout")
+            answer = Answer(self._interrupted(query, cancel, seconds) or SearchOutcome(
+                query, "failed", error_code="unavailable", message=(
+                    f"Search failed: {self.base_url} did not answer within {seconds:g} s." if e.kind == "timeout" else
+                    f"Search failed: cannot reach SearXNG at {self.base_url}: {e.detail}"), timed_out=e.kind == "timeout"))
         finally:
             cancel.disarm()
             if opened is not None:
                 opened.close()
+        outcome = answer.outcome
         # The query is model-written from the prompt, so its text is logged only at DEBUG.
         log.info("search -> %s (%d hits, %.0f ms)", outcome.status, len(outcome.hits),
                  (time.monotonic() - started) * 1000)
         log.debug("search query %r -> %s", query, outcome.message or outcome.status)
-        return outcome
+        return answer
 
-    def _interrupted(self, query: str, cancel: Cancel) -> SearchOutcome | None:
+    def _interrupted(self, query: str, cancel: Cancel, seconds: float) -> SearchOutcome | None:
         if cancel.reason == TIMEOUT:
             return SearchOutcome(query, "failed", error_code="unavailable",
-                                 message=f"Search failed: {self.base_url} did not answer within {self.timeout:g} s.",
+                                 message=f"Search failed: {self.base_url} did not answer within {seconds:g} s.",
                                  timed_out=True)
         if cancel.reason == GONE:
             return SearchOutcome(query, "failed", error_code="unavailable",

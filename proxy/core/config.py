@@ -7,12 +7,15 @@ is a ValueError whose message names its variable, which proxy-passthrough.py pri
 from __future__ import annotations
 
 import ipaddress
+import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 STREAM_SEARCH_MODES = ("server", "client")
+# When the Brave Search API is asked (BRAVE_SEARCH_MODE): only after every SearXNG instance failed, or first.
+BRAVE_SEARCH_MODES = ("fallback", "always")
 
 
 # ---- readers: one environment string to a value, or a ValueError naming the variable -------------------
@@ -54,12 +57,13 @@ def items(name: str, raw: str) -> tuple[str, ...]:
 
 
 def setting(env: str | tuple[str, ...], default: Any, read: Callable[[str, str], Any] = text, *,
-            positive: bool = False) -> Any:
+            positive: bool = False, secret: bool = False) -> Any:
     """A Config field read from `env` (the first of several names that is set wins) with `read`; `positive`:
     zero is refused too, where a count or a timeout of zero would make the proxy useless rather than safer
-    (caches and caps take 0 to mean off, so they only may not be negative)."""
+    (caches and caps take 0 to mean off, so they only may not be negative); `secret`: kept out of Config's repr,
+    which a traceback or a test failure may print."""
     names = (env,) if isinstance(env, str) else env
-    return field(default=default, metadata={"env": names, "read": read, "positive": positive})
+    return field(default=default, repr=not secret, metadata={"env": names, "read": read, "positive": positive})
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,8 @@ class Config:
     backend_url: str = setting("BACKEND_URL", "http://localhost:18080")
     # Sent to vLLM as `Authorization: Bearer ...` when vLLM runs with --api-key.
     backend_api_key: str = setting("BACKEND_API_KEY", "")
-    # The SearXNG instance the searches go to; it must allow format=json.
+    # The SearXNG instances the searches go to, comma- or space-separated, asked in this order (the next when one
+    # fails: proxy/backends/failover.py); each must allow format=json.
     searxng_url: str = setting("SEARXNG_URL", "http://host.docker.internal:8889")
     searxng_results: int = setting("SEARXNG_RESULTS", 5, whole, positive=True)
     searxng_timeout: float = setting("SEARXNG_TIMEOUT", 15.0, number, positive=True)
@@ -133,6 +138,13 @@ class Config:
     # multiprocess mode reads the same variable at import); the image sets it, and gunicorn.conf.py makes a
     # private one when several workers run without it. Empty: one process's own metrics.
     metrics_dir: str = setting("PROMETHEUS_MULTIPROC_DIR", "")
+    # A Brave Search API key turns on the keyed fallback search (proxy/backends/brave.py); empty: SearXNG only.
+    # Sent to Brave and nowhere else: never logged, never in a repr.
+    brave_search_api_key: str = setting("BRAVE_SEARCH_API_KEY", "", secret=True)
+    # "fallback": Brave is asked only when every SearXNG instance failed; "always": Brave first, SearXNG when it fails.
+    brave_search_mode: str = setting("BRAVE_SEARCH_MODE", "fallback", lowered)
+    # Brave's Web Search endpoint; another only for a relay in front of it (or the tests' stand-in).
+    brave_search_url: str = setting("BRAVE_SEARCH_URL", "https://api.search.brave.com/res/v1/web/search")
     log_level: str = setting("LOG_LEVEL", "info")
     # Where Flask's development server listens (`python proxy-passthrough.py`); gunicorn reads it too.
     bind: str = setting("PROXY_BIND", "0.0.0.0:11433")
@@ -150,11 +162,17 @@ class Config:
     def __post_init__(self):
         if self.stream_search not in STREAM_SEARCH_MODES:
             raise ValueError(f"STREAM_SEARCH must be 'server' or 'client', not {self.stream_search!r}")
-        for name in ("backend_url", "searxng_url"):
+        for name in ("backend_url", "brave_search_url"):
             problem = url_problem(getattr(self, name))
             if problem:
                 raise ValueError(f"{variable(name)} must be an http:// or https:// URL ({problem}), "
                                  f"not {getattr(self, name)!r}")
+        parse_urls("SEARXNG_URL", self.searxng_url)
+        if self.brave_search_mode not in BRAVE_SEARCH_MODES:
+            raise ValueError(f"BRAVE_SEARCH_MODE must be 'fallback' or 'always', not {self.brave_search_mode!r}")
+        if self.brave_search_api_key and not re.fullmatch(r"[\x21-\x7e]+", self.brave_search_api_key):
+            # Said without the key itself, which must not reach a log.
+            raise ValueError("BRAVE_SEARCH_API_KEY has spaces or characters an HTTP header cannot carry")
         # frozen: the one place a field is replaced by its working form
         object.__setattr__(self, "web_fetch_allowed_networks", parse_networks(self.web_fetch_allowed_networks))
         for f in fields(self):
@@ -164,6 +182,12 @@ class Config:
             if value < 0 or (value == 0 and f.metadata["positive"]):
                 least = "above 0" if f.metadata["positive"] else "0 or more"
                 raise ValueError(f"{variable(f.name)} must be {least}, not {value}")
+
+
+    @property
+    def searxng_urls(self) -> tuple[str, ...]:
+        """SEARXNG_URL's instances in the order they are asked, each checked in __post_init__."""
+        return parse_urls("SEARXNG_URL", self.searxng_url)
 
 
 def parse_networks(text) -> tuple:
@@ -195,6 +219,31 @@ def url_problem(url: str) -> str | None:
     if not parts.hostname:
         return "a host"
     return None
+
+
+def parse_urls(name: str, text: str) -> tuple[str, ...]:
+    """The base URLs in a comma- or space-separated list, in order, each once and without a trailing slash; a
+    ValueError naming the variable and the first that cannot be asked (url_problem's reasons, credentials the
+    proxy would not send, shown masked, or a query). Pure."""
+    urls: list[str] = []
+    for item in re.split(r"[,\s]+", text.strip()):
+        if not item:
+            continue
+        parts = urllib.parse.urlsplit(item)
+        if "@" in parts.netloc:
+            hidden = parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
+            raise ValueError(f"{name}: {hidden!r} carries a user name or password, which the proxy does not send")
+        problem = url_problem(item)
+        if problem:
+            raise ValueError(f"{name} must be an http:// or https:// URL ({problem}), not {item!r}")
+        if parts.query or parts.fragment:
+            raise ValueError(f"{name}: {item!r} has a query or fragment; give the instance's base URL")
+        url = item.rstrip("/")
+        if url not in urls:
+            urls.append(url)
+    if not urls:
+        raise ValueError(f"{name} names no URL")
+    return tuple(urls)
 
 
 def variable(field_name: str) -> str:

@@ -13,6 +13,7 @@ RESPONSES = "/v1/responses"
 ALPHA_SEARCH = "/v1/alpha/search"
 PROXY_HEALTH = "/proxy/health"
 PROXY_METRICS = "/proxy/metrics"
+PROXY_SEARCH_HEALTH = "/proxy/search/health"  # the search failover's state; behind PROXY_API_KEY like the metrics
 HEALTH = "/health"  # vLLM's, relayed; open like the proxy's own so a healthcheck needs no key
 
 

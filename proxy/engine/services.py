@@ -61,6 +61,8 @@ class Services:
     fetcher: Fetcher        # its page cache is shared by all the worker's requests, alpha search's too
     events: Events = field(default_factory=Events)
     models: ServedModels = field(default_factory=ServedModels)
+    # GET /proxy/search/health's JSON: the search failover's state in this worker (proxy/backends/failover.py).
+    search_health: Callable[[], dict] = dict
 
     @property
     def tool_backends(self) -> Backends:

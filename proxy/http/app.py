@@ -16,7 +16,7 @@ from proxy.apis.alpha_search import handler as alpha_search
 from proxy.apis.chat import handler as chat
 from proxy.apis.messages import handler as messages
 from proxy.apis.responses import handler as responses
-from proxy.core import routes
+from proxy.core import codec, routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
 from proxy.engine.exchange import Exchange
@@ -139,6 +139,11 @@ def create_app(cfg: Config) -> Flask:
     def proxy_health():
         # The proxy's own liveness, independent of vLLM's four-minute boot.
         return Response('{"status":"ok"}', mimetype="application/json")
+
+    @app.route(routes.PROXY_SEARCH_HEALTH)
+    def search_health():
+        # Which SearXNG instances are up and which engines fail, in this worker (README "When engines are blocked").
+        return Response(codec.dumps(services.search_health()), mimetype="application/json")
 
     def exchange() -> Exchange:
         return Exchange(services, request_body(cfg), outbound_headers(request.headers.items(), cfg), raw_target(),

@@ -78,6 +78,14 @@ CACHE_ENTRIES = Gauge("proxy_cache_entries", "Entries held by a cache (search, p
                       ["cache"], multiprocess_mode="livesum", registry=REGISTRY)
 CACHE_BYTES = Gauge("proxy_cache_bytes", "Bytes held by a cache (search, page; as it counts them), over live workers.",
                     ["cache"], multiprocess_mode="livesum", registry=REGISTRY)
+# The name and labels a Grafana dashboard queries (proxy_search_engine_failures_total{engine, reason}): every engine
+# a SearXNG answer lists in unresponsive_engines, results or not; reason is one of search_health.REASONS.
+ENGINE_FAILURES = Counter("proxy_search_engine_failures", "Search engines a SearXNG answer listed as failing "
+                          "(unresponsive_engines), by engine and reason: suspended, captcha, too_many_requests, "
+                          "timeout, error.", ["engine", "reason"], registry=REGISTRY)
+SEARCH_FALLBACKS = Counter("proxy_search_fallbacks", "Searches answered another way than by the first SearXNG "
+                           "instance, by kind: instance (a later one), retry (engines not failing), keyed (the "
+                           "Brave Search API).", ["kind"], registry=REGISTRY)
 
 # Error codes (Anthropic's vocabulary, which every API's outcome carries) the proxy answers itself.
 REFUSED = frozenset({"invalid_tool_input", "query_too_long", "url_not_allowed"})
@@ -253,6 +261,14 @@ class MeteredSearch:
                                else failure_outcome(outcome.error_code, outcome.timed_out)).observe(
                                    time.monotonic() - started)
         return outcome
+
+
+def search_engine_failed(engine: str, reason: str) -> None:
+    ENGINE_FAILURES.labels(engine, reason).inc()
+
+
+def search_fallback(kind: str) -> None:
+    SEARCH_FALLBACKS.labels(kind).inc()
 
 
 def search_cache_size(entries: int, size: int) -> None:

@@ -78,6 +78,7 @@ def format_for_model(outcome: SearchOutcome) -> str:
         text = outcome.message
     else:
         lines = [f'Search results for "{outcome.query}"{outcome.cached_note}:']
+        lines += [f"Note: {note}" for note in outcome.notes]
         for a in outcome.answers:
             lines.append(f"Answer: {a}")
         for box in outcome.infoboxes:

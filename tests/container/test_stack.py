@@ -233,7 +233,7 @@ def test_responses_hosted_web_search(stack, stream):
 
 
 def test_codex_standalone_search_opens_a_page_from_the_proxy_container(stack):
-    """/v1/alpha/search's `open` runs the fetch core inside the image (urllib3, lxml, readability):
+    """/v1/alpha/search's `open` runs the fetch core inside the image (urllib3, lxml, pdfminer.six):
     the page is served on the test host and read from the proxy's container through Docker's bridge."""
     site = WebSite(host="0.0.0.0")
     try:

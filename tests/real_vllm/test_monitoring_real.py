@@ -35,6 +35,7 @@ KEY = "monitoring-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 PAGE = "<html><head><title>Notes</title></head><body><article><p>" + "Plain words here. " * 20 + "</p></article></body></html>"
 EMPTY_QUERY = "nothing at all"
+PARTIAL_QUERY = "some engines failing"
 ANSWER = "Done."
 
 
@@ -157,6 +158,8 @@ def monitored(real_vllm, _proxies, _searxng_server, tmp_path_factory):
 
         started = time.monotonic()
         _searxng_server.behave(EMPTY_QUERY, "empty")
+        for round_ in (1, 2):  # results from some engines only: the engine-failures panel's traffic, one per round
+            _searxng_server.behave(f"{PARTIAL_QUERY} {round_}", "results", unresponsive=[("duckduckgo", "CAPTCHA")])
         # Twice, with a scrape between: the proxy's labelled series appear at their first use, so the second
         # round is what moves them from one sample to the next (a rate above 0, a percentile that is a number).
         for round_ in (1, 2):
@@ -164,6 +167,7 @@ def monitored(real_vllm, _proxies, _searxng_server, tmp_path_factory):
                 forced(real_vllm, "web_search", "query", "hello"),
                 forced(real_vllm, "web_search", "query", "hello"),  # the search cache's hit, in both rounds
                 forced(real_vllm, "web_search", "query", EMPTY_QUERY),  # an empty answer is never cached
+                forced(real_vllm, "web_search", "query", f"{PARTIAL_QUERY} {round_}"),  # an engine failing
                 forced(real_vllm, "web_fetch", "url", f"http://127.0.0.1:{site.port}/notes{round_}"),
                 forced(real_vllm, "web_fetch", "url", "ftp://files.example/notes"),  # refused: not http(s)
             ]

@@ -240,6 +240,7 @@ def format_search(outcome: SearchOutcome, turn: int, first: int) -> tuple[str, d
     if outcome.status != "ok":
         return f'## search_query "{outcome.query}"\n{outcome.message}', {}
     lines, refs = [f'## search_query "{outcome.query}"{outcome.cached_note}'], {}
+    lines += [f"Note: {note}" for note in outcome.notes]  # a fallback, a retry or only some engines answered
     for text in outcome.answers:
         lines.append(f"Answer: {text}")
     for box in outcome.infoboxes:

@@ -14,8 +14,6 @@ from proxy.core import validate as V
 from proxy.tools import registry
 from proxy.tools.base import Limits, Request
 from proxy.tools.registry import WEB_FETCH, WEB_SEARCH
-from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA
-from proxy.tools.web_search import QUERY_SCHEMA, TOOL_DESCRIPTION
 
 SERVER_TOOL_PREFIX = "web_search_"
 # Every web_fetch_* version is served as web_fetch_20250910: the later ones (the SDK knows
@@ -198,12 +196,14 @@ def internal_name(tools, base: str = SERVER_NAME) -> str:
 
 
 def search_tool(name: str, plan: MessagesPlan) -> dict:
-    desc = TOOL_DESCRIPTION
+    """web_search as an ordinary tool for vLLM: the tool's description, with the client's domain filters said."""
+    tool = registry.tool(WEB_SEARCH)
+    desc = tool.description
     if plan.allowed:
         desc += " Only results from these domains are shown: " + ", ".join(map(str, plan.allowed)) + "."
     if plan.blocked:
         desc += " Results from these domains are never shown: " + ", ".join(map(str, plan.blocked)) + "."
-    return {"name": name, "description": desc, "input_schema": QUERY_SCHEMA}
+    return {"name": name, "description": desc, "input_schema": tool.schema}
 
 
 def fetch_plan(spec: dict) -> FetchPlan:
@@ -213,13 +213,14 @@ def fetch_plan(spec: dict) -> FetchPlan:
 
 
 def fetch_tool_for_vllm(name: str, fp: FetchPlan) -> dict:
-    """web_fetch as an ordinary tool: the fetch core's description and schema (chat's WEB_FETCH_TOOL)."""
-    desc = FETCH_TOOL_DESCRIPTION
+    """web_fetch as an ordinary tool for vLLM: the tool's description and schema, with the client's filters said."""
+    tool = registry.tool(WEB_FETCH)
+    desc = tool.description
     if fp.allowed:
         desc += " Only pages on these domains can be fetched: " + ", ".join(fp.allowed) + "."
     if fp.blocked:
         desc += " Pages on these domains are never fetched: " + ", ".join(fp.blocked) + "."
-    return {"name": name, "description": desc, "input_schema": URL_SCHEMA}
+    return {"name": name, "description": desc, "input_schema": tool.schema}
 
 
 def rewrite(body: dict, cite: bool = True) -> tuple[dict, MessagesPlan]:

@@ -5,8 +5,8 @@ actions); every other Responses request stays on the transparent relay.
 
 Used by proxy.http.app; not run on its own (tests/test_responses.py drives it end to end). This is
 the handler and the plain and streamed dialects that proxy.engine.loop drives; the rules they follow
-are pure functions in responses_wire (what vLLM gets first), responses_calls (the proxy's own
-calls and the next request) and responses_output (what the client sees), and the streamed
+are pure functions in request.py (what vLLM gets first), calls.py (the proxy's own
+calls and the next request) and output.py (what the client sees), and the streamed
 dialect numbers its events with responses_stream.
 """
 from __future__ import annotations

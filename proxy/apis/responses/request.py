@@ -9,26 +9,16 @@ from proxy.apis import citations
 from proxy.core import codec
 from proxy.core import validate as V
 from proxy.core.codec import as_dict, as_list
-from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA
-from proxy.tools.web_search import QUERY_SCHEMA, TOOL_DESCRIPTION
+from proxy.tools import registry
+from proxy.tools.registry import FIND_IN_PAGE, WEB_FETCH, WEB_SEARCH
 
 HOSTED_TYPES = frozenset({"web_search", "web_search_2025_08_26", "web_search_preview",
                           "web_search_preview_2025_03_11"})
-WEB_SEARCH = "web_search"
 # The name the internal function takes when the client has a `web_search` function of its own.
 FALLBACK_NAME = "web_search_hosted"
 # The hosted tool also opens pages and finds text in them (OpenAI's `open_page` and
 # `find_in_page` actions); the proxy offers both as functions beside the search, under these
 # names, unless the client has tools of those names (then reading pages is the client's).
-WEB_FETCH = "web_fetch"
-FIND_IN_PAGE = "find_in_page"
-FIND_TOOL_DESCRIPTION = (
-    "Find a piece of text in a web page: gives each place the text occurs on the page at that URL, "
-    "with the words around it. Cheaper than reading the whole page when you only need one fact from it.")
-FIND_SCHEMA = {"type": "object",
-               "properties": {"url": {"type": "string", "description": "The full http:// or https:// URL of the page."},
-                              "pattern": {"type": "string", "description": "The text to look for (not case-sensitive)."}},
-               "required": ["url", "pattern"]}
 SOURCES = "web_search_call.action.sources"
 # search_context_size -> results per search. Absent: SEARXNG_RESULTS (default 5).
 CONTEXT_RESULTS = {"low": 3, "medium": 5, "high": 10}
@@ -218,19 +208,19 @@ def make_plan(body: dict, default_results: int, fetch: bool = True) -> Responses
                 fetch_name=fetch_name, find_name=find_name)
 
 
-def function_tool(name: str) -> dict:
-    return {"type": "function", "name": name, "description": TOOL_DESCRIPTION, "parameters": QUERY_SCHEMA}
+def function_tool(name: str, tool: str = WEB_SEARCH) -> dict:
+    """A proxy tool as a Responses function under `name`: the tool's own description and schema."""
+    t = registry.tool(tool)
+    return {"type": "function", "name": name, "description": t.description, "parameters": t.schema}
 
 
 def internal_tools(plan: ResponsesPlan) -> list[dict]:
     """The functions vLLM sees for the hosted tool: search, and reading pages when offered."""
     out = [function_tool(plan.name)]
     if plan.fetch_name:
-        out.append({"type": "function", "name": plan.fetch_name, "description": FETCH_TOOL_DESCRIPTION,
-                    "parameters": URL_SCHEMA})
+        out.append(function_tool(plan.fetch_name, WEB_FETCH))
     if plan.find_name:
-        out.append({"type": "function", "name": plan.find_name, "description": FIND_TOOL_DESCRIPTION,
-                    "parameters": FIND_SCHEMA})
+        out.append(function_tool(plan.find_name, FIND_IN_PAGE))
     return out
 
 
