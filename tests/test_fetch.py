@@ -17,7 +17,7 @@ import zlib
 import pytest
 
 from proxy.backends.cache import TTLCache
-from proxy.backends.extract import html_to_text
+from proxy.backends.extract import extract_page
 from proxy.backends.fetcher import Fetched, Fetcher, fetched_size
 from proxy.backends.netguard import address_refusal, domain_matches, parse_url
 from proxy.core.config import Config, parse_networks
@@ -678,15 +678,14 @@ def test_proxy_environment_variables_are_ignored(site, monkeypatch):
 
 
 def test_a_page_without_paragraphs_is_read_whole():
-    title, text = html_to_text("<html><head><title> T </title></head><body>just text</body></html>", "http://x/")
+    title, text, _ = extract_page("<html><head><title> T </title></head><body>just text</body></html>", "http://x/")
     assert title == "T" and "just text" in text
-    assert html_to_text("   ", "http://x/") == (None, "")
+    assert extract_page("   ", "http://x/")[:2] == (None, "")
 
 
 def test_a_comment_where_a_big_page_is_cut_does_not_let_its_navigation_through():
     """scripts/bench_extract.py --big found Rust's print.html falling back to its whole text, navigation and all,
     when an HTML comment sat where the fast path cut the page: comments are not elements."""
-    from proxy.backends.extract import extract_page
     para = "<p>" + "word " * 40 + "</p><!-- a comment between paragraphs -->"
     html = ("<html><head><title>Big</title><script>var secret = 1;</script></head><body>"
             "<nav><a href='/a'>Sidebar entry one</a></nav><main>" + para * 4000 + "</main>"
@@ -707,8 +706,8 @@ def test_the_whole_text_fallback_leaves_scripts_out(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a surprise on a hostile page")
     monkeypatch.setattr(extract.MarkdownWriter, "write", broken)
-    title, text = html_to_text("<html><head><title>T</title><script>var x = 1;</script></head>"
-                               "<body><p>words</p><!-- note --></body></html>", "http://x/")
+    title, text, _ = extract_page("<html><head><title>T</title><script>var x = 1;</script></head>"
+                                  "<body><p>words</p><!-- note --></body></html>", "http://x/")
     assert title == "T" and "words" in text and "var x" not in text and "note" not in text
 
 

@@ -5,7 +5,7 @@ another request, nor take the worker's memory.
 proxy/backends/fetcher.py uses ExtractPool; a child is this module run by the pool as
 `python -m proxy.backends.extract CPU_SECONDS MEMORY_BYTES` (never by hand): it reads framed jobs on stdin and
 writes framed answers on stdout until stdin closes, which is also how it learns that its worker died.
-html_to_text is the extraction itself, pure, and tested in-process by tests/test_fetch.py.
+extract_page is the extraction itself, pure, and tested in-process by tests/test_extract.py and tests/test_fetch.py.
 """
 from __future__ import annotations
 
@@ -106,12 +106,6 @@ BLOCKS = frozenset({"address", "article", "aside", "blockquote", "center", "dd",
 TAG_WEIGHT = {"div": 5, "article": 10, "main": 5, "section": 3, "pre": 3, "td": 3, "blockquote": 3, "address": -3,
               "ol": -3, "ul": -3, "dl": -3, "dd": -3, "dt": -3, "li": -3, "form": -3, "h1": -5, "h2": -5, "h3": -5,
               "h4": -5, "h5": -5, "h6": -5, "th": -5}
-
-
-def html_to_text(html: str, url: str) -> tuple[str | None, str]:
-    """A page's title and main content as Markdown."""
-    title, text, _ = extract_page(html, url)
-    return title, text
 
 
 def extract_page(html: str, url: str, max_chars: int | None = None, links: str = "refs",
