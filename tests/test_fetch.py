@@ -17,9 +17,9 @@ import zlib
 import pytest
 
 from proxy.backends.cache import TTLCache
-from proxy.backends.extract import extract_page
 from proxy.backends.fetcher import Fetched, Fetcher, fetched_size
 from proxy.backends.netguard import address_refusal, domain_matches, parse_url
+from proxy.backends.readable import extract_page
 from proxy.core.config import Config, parse_networks
 from proxy.runtime.concurrency import run_together
 from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchError, Page
@@ -701,11 +701,11 @@ def test_a_comment_where_a_big_page_is_cut_does_not_let_its_navigation_through()
 def test_the_whole_text_fallback_leaves_scripts_out(monkeypatch):
     """When the extraction fails on a page (here the Markdown writer, made to), the model reads the page's words, not
     its script source."""
-    from proxy.backends import extract
+    from proxy.backends import markdown
 
     def broken(*args, **kwargs):
         raise RuntimeError("a surprise on a hostile page")
-    monkeypatch.setattr(extract.MarkdownWriter, "write", broken)
+    monkeypatch.setattr(markdown.MarkdownWriter, "write", broken)
     title, text, _ = extract_page("<html><head><title>T</title><script>var x = 1;</script></head>"
                                   "<body><p>words</p><!-- note --></body></html>", "http://x/")
     assert title == "T" and "words" in text and "var x" not in text and "note" not in text
@@ -713,7 +713,7 @@ def test_the_whole_text_fallback_leaves_scripts_out(monkeypatch):
 
 @pytest.mark.parametrize("size", [200 * 1024, 2 * 1024 * 1024])  # scoring, and the fast rule past 512 Ki characters
 def test_extraction_keeps_code_and_drops_navigation_on_small_and_big_pages(size):
-    from proxy.backends.extract import extract_page
+    from proxy.backends.readable import extract_page
     from standins.hostile_web import big_page
     title, text, cut = extract_page(big_page(size).decode(), "http://x/", max_chars=80_000)
     assert title == "Scheduler notes" and "def admit(request):" in text and "the key-value cache has room" in text
