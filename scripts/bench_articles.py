@@ -108,10 +108,10 @@ def proxy_before() -> Callable[[str, str], str]:
 def engines() -> dict[str, Callable[[str, str], str]]:
     import logging
     logging.disable(logging.CRITICAL)  # readability logs every page
-    from proxy.backends import extract
+    from proxy.backends import readable as extract
     out: dict[str, Callable[[str, str], str]] = {
         "proxy before (readability+markdownify)": proxy_before(),
-        "proxy now (proxy.backends.extract)": lambda html, url: extract.extract_page(html, url)[1],
+        "proxy now (proxy.backends.readable)": lambda html, url: extract.extract_page(html, url)[1],
         "proxy now, links inline": lambda html, url: extract.extract_page(html, url, links="inline")[1],
     }
     try:

@@ -12,6 +12,11 @@ then measures each case interleaved, direct and proxied, from one client process
 It prints a table against issue 7's targets and, with --json PATH, writes every figure.
 This is a benchmark, not a test: it never fails on a missed target, it reports it.
 
+`--against DIR` (a checkout of another revision, e.g. from `git worktree add`) runs cases 1-6 against DIR's proxy
+("before") and this checkout's ("after"), alternating, then cases 1 and 5 again with the two interleaved request by
+request, and prints both with their ratio: whether a change to proxy/ cost anything, measured under the same
+machine load rather than across two runs. `--against .` (the checkout against itself) shows the noise alone.
+
 `--variant noreuse` runs the proxy with a patch applied in the worker (no backend connection
 reuse) to compare designs without editing proxy/; gunicorn then loads this file as its app
 module, as scripts.proxy_overhead (see __getattr__ below).
@@ -19,6 +24,7 @@ module, as scripts.proxy_overhead (see __getattr__ below).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -276,13 +282,13 @@ class Proxy(ProxyProcess):
     """The harness's proxy (standins/proxy_process.py) with a name, and the workers' CPU and memory read from /proc;
     `args` override gunicorn.conf.py's settings as on a command line."""
 
-    def __init__(self, name: str, env: dict, args: list[str], variant: str, workdir: Path):
+    def __init__(self, name: str, env: dict, args: list[str], variant: str, workdir: Path, cwd: Path = ROOT):
         self.name = name
         app = "proxy-passthrough:app"
         if variant:
             env = {**env, "PROXY_OVERHEAD_VARIANT": variant}
             app = "scripts.proxy_overhead:app"  # gunicorn's chdir (the root) is on its path
-        super().__init__(env, workdir / f"proxy-{name}.log", args=args, app=app)
+        super().__init__(env, workdir / f"proxy-{name}.log", args=args, app=app, cwd=cwd)
         # On stderr, so a profiler (py-spy record -p PID) can be pointed at this run's worker.
         print(f"proxy {name}: {self.url}, gunicorn master {self.pid}, workers {self.workers()}",
               file=sys.stderr, flush=True)
@@ -670,6 +676,15 @@ def main():
     ap.add_argument("--metric-requests", type=int, default=300, help="(7) requests per side, metrics on and off (default 300)")
     ap.add_argument("--cache-loops", type=int, default=30, help="(8) search loops per side, cache on and off (default 30)")
     ap.add_argument("--only", default="1,2,3,4,5,7,8", help="comma list of phases to run (default all)")
+    ap.add_argument("--against", metavar="DIR", help="a checkout of another revision: measure its proxy (before) and "
+                    "this checkout's (after) in one run, cases 1-6 alternating between them, and print both with "
+                    "their ratio (e.g. `git worktree add /work/wt-before REV`)")
+    ap.add_argument("--ab-rounds", type=int, default=3, help="with --against: runs of each case per side, and blocks "
+                    "of the interleaved requests (default 3)")
+    ap.add_argument("--ab-requests", type=int, default=1500, help="with --against: case 1's requests per side, "
+                    "interleaved request by request (default 1500)")
+    ap.add_argument("--ab-loops", type=int, default=150, help="with --against: case 5's search loops per side, "
+                    "interleaved (default 150)")
     args = ap.parse_args()
 
     gargs = []
@@ -680,6 +695,11 @@ def main():
     if args.workers:
         gargs += ["--workers", str(args.workers)]
     only = set(args.only.split(","))
+    if args.against:
+        if args.variant:
+            raise SystemExit("proxy_overhead.py: --variant patches this checkout's proxy; it cannot apply to --against")
+        compare(args, gargs, only)
+        return
     # Logs go to a temp dir, not the work tree; its path is printed if something fails.
     workdir = Path(tempfile.mkdtemp(prefix="proxy-overhead-"))
     started = time.monotonic()
@@ -739,6 +759,174 @@ def main():
         print(json.dumps(results, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+
+
+# ---- before and after: two revisions' proxies in one run
+
+# (label, case, figure) compared; the proxied figures, not the "added" ones, whose ratio is unstable near zero.
+# The direct rows are the machine's drift: both sides measure the same stand-in, so their ratio should be 1.
+AB_ROWS = [
+    ("(1) direct p50, ms (machine drift)", "nonstreaming", "direct_p50_ms"),
+    ("(1) non-streaming p50, ms", "nonstreaming", "proxy_p50_ms"),
+    ("(1) non-streaming p99, ms", "nonstreaming", "proxy_p99_ms"),
+    ("(1) proxy CPU per request, us", "nonstreaming", "proxy_cpu_per_request_us"),
+    ("(2) long stream TTFT, ms", "stream", "proxy_ttft_ms"),
+    ("(2) short stream TTFT, ms", "stream", "proxy_short_ttft_ms"),
+    ("(2) long stream total, ms", "stream", "proxy_total_ms"),
+    ("(2) proxy CPU per event, us", "stream", "proxy_cpu_per_chunk_us"),
+    ("(3) concurrent streams wall / direct", "concurrent", "wall_ratio"),
+    ("(3) worst TTFT in the batch, ms", "concurrent", "proxy_worst_ttft_ms"),
+    ("(3) proxy CPU per paced event, us", "concurrent", "proxy_cpu_per_paced_chunk_us"),
+    ("(4) big body, web_search injected, ms", "big_body", "proxy_inject_ms"),
+    ("(4) big body, nothing injected, ms", "big_body", "proxy_noinject_ms"),
+    ("(5) search loop through the proxy, ms", "search_loop", "proxy_ms"),
+    ("(5) search loop: the proxy itself, ms", "search_loop", "proxy_itself_ms"),
+    ("(6) proxy RSS peak during (3), MB", "concurrent", "proxy_rss_peak_mb"),
+]
+
+
+def compare(args, gargs: list[str], only: set[str]) -> None:
+    """--against DIR: each case runs --ab-rounds times per side, before and after alternating (ABBA...), so a
+    slow spell of a shared machine lands on both; each run keeps its own direct baseline. Prints the median of
+    each figure per side, their ratio (after / before) and each side's spread (max - min over median)."""
+    other = Path(args.against).resolve()
+    if not (other / "proxy-passthrough.py").is_file():
+        raise SystemExit(f"proxy_overhead.py: {other} is not a checkout of this repository")
+    workdir = Path(tempfile.mkdtemp(prefix="proxy-overhead-"))
+    started = time.monotonic()
+    backend = Backend(workdir)
+    procs: list[Backend | Proxy] = [backend]
+    figures: dict = {"before": {}, "after": {}}
+    try:
+        env = {"BACKEND_URL": backend.url, "SEARXNG_URL": backend.searxng_url, "LOG_LEVEL": args.log_level,
+               "SEARCH_CACHE_TTL": "0"}
+        sides: dict[str, tuple[Proxy, Proxy | None]] = {}
+        for side, cwd in (("before", other), ("after", ROOT)):
+            proxy = Proxy(side, env, gargs, "", workdir, cwd=cwd)
+            procs.append(proxy)
+            noinject = None
+            if "4" in only:
+                noinject = Proxy(f"{side}-noinject", {**env, "INJECT_WEB_SEARCH": "false", "INJECT_WEB_FETCH": "false"},
+                                 gargs, "", workdir, cwd=cwd)
+                procs.append(noinject)
+            sides[side] = (proxy, noinject)
+        cases = {
+            "1": ("nonstreaming", lambda p, _: phase_nonstreaming(backend, p, args.requests)),
+            "2": ("stream", lambda p, _: phase_stream(backend, p, args.streams, args.chunks)),
+            "3": ("concurrent", lambda p, _: phase_concurrent(backend, p, args.concurrent, args.rounds,
+                                                              args.paced_chunks, args.paced_seconds)),
+            "4": ("big_body", lambda p, n: phase_big(backend, p, n, args.big, args.big_bytes)),
+            # The direct replay is recorded with this checkout's rules for both sides: the wire is the same, or the
+            # change under test is one a client can see and this is the wrong tool for it.
+            "5": ("search_loop", lambda p, _: phase_search(backend, p, args.loops, 2)),
+        }
+        if "1" in only or "5" in only:
+            figures["interleaved"] = phase_ab(backend, sides["before"][0], sides["after"][0], args.ab_rounds,
+                                              args.ab_requests if "1" in only else 0,
+                                              args.ab_loops if "5" in only else 0)
+        for key, (case, run) in cases.items():
+            if key not in only:
+                continue
+            for i in range(args.ab_rounds):
+                for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
+                    figures[side].setdefault(case, []).append(run(*sides[side]))
+                    print(f"{case} round {i + 1} {side}: done", file=sys.stderr, flush=True)
+    except BaseException:
+        print(f"proxy_overhead.py: logs of the processes are in {workdir}", file=sys.stderr)
+        raise
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    rev = subprocess.run(["git", "-C", str(other), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    print(f"proxy overhead, before ({other}, {rev.stdout.strip() or '?'}) and after (this checkout); "
+          f"{os.cpu_count()} CPUs, {args.ab_rounds} runs of each case per side, alternating; "
+          f"{time.monotonic() - started:.1f} s")
+    if FAILURES:
+        print(f"FAILED ANSWERS: {len(FAILURES)} (each retried on a new connection); first: {FAILURES[0]}")
+    print(ab_table(figures))
+    if "interleaved" in figures:
+        print(ab_interleaved_table(figures["interleaved"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"against": str(other), "failures": FAILURES,
+                                               "runs": figures}, indent=2) + "\n")
+
+
+def interleaved_fairly(n: int, pairs):
+    """interleaved(), but cycling through every order of the sides: with three, a plain rotation puts "after"
+    behind "before" two times in three, and whatever before's worker still does after answering (the access log,
+    the metrics) on a busy CPU would then count against one side more than the other."""
+    orders = list(itertools.permutations(pairs))
+    out: dict[str, list] = {name: [] for name, _ in pairs}
+    for i in range(n):
+        for name, fn in orders[i % len(orders)]:
+            out[name].append(fn())
+    return out
+
+
+def phase_ab(backend, before, after, blocks: int, n: int, loops: int) -> dict:
+    """Cases 1 and 5 with the two proxies interleaved request by request (direct, before and after, every order
+    in turn), in `blocks` blocks: a busy spell of a shared machine then falls on both sides alike, which a case
+    run on one side at a time cannot promise. Per block, each side's median and its CPU per request."""
+    body = json.dumps(SMALL).encode()
+    plain = [("X-Bench-Mode", "plain")]
+    search = [("X-Bench-Mode", "search"), ("X-Bench-Searches", "2")]
+    proxies = {"before": before, "after": after}
+    clients = {"direct": Client(backend.url), **{k: Client(p.url) for k, p in proxies.items()}}
+    for k in proxies:
+        for _ in range(20):
+            clients[k].retrying("POST", "/v1/chat/completions", body, plain)
+    out: dict[str, list[dict]] = {"plain": [], "search_loop": []}
+    for kind, count, hdr, sides in (("plain", n, plain, ("direct", "before", "after")),
+                                    ("search_loop", loops, search, ("before", "after"))):
+        per_block = count // blocks if count else 0
+        for _ in range(blocks if per_block else 0):
+            cpu0 = {k: p.cpu() for k, p in proxies.items()}
+            r = interleaved_fairly(per_block, [(k, lambda c=clients[k], h=hdr: c.retrying(
+                "POST", "/v1/chat/completions", body, h)[1]) for k in sides])
+            block = {f"{k}_p50_ms": statistics.median(r[k]) * 1e3 for k in sides}
+            block.update({f"{k}_cpu_us": (p.cpu() - cpu0[k]) / per_block * 1e6 for k, p in proxies.items()})
+            out[kind].append(block)
+    for c in clients.values():
+        c.close()
+    return out
+
+
+def ab_interleaved_table(runs: dict[str, list[dict]]) -> str:
+    """Each figure's median over the blocks per side, the median of the blocks' ratios, and their range."""
+    out = ["\nrequest by request, before and after interleaved:",
+           f"{'measure':52} {'before':>9} {'after':>9} {'after/before':>12}  range of the blocks' ratios"]
+    for kind, label in (("plain", "(1) non-streaming"), ("search_loop", "(5) 2-search loop")):
+        blocks = runs.get(kind) or []
+        if not blocks:
+            continue
+        rows: list[tuple[str, str | None]] = [(f"{label} p50, ms", "p50_ms"), (f"{label} proxy CPU/request, us", "cpu_us")]
+        if kind == "plain":
+            rows.insert(0, ("(1) direct p50, ms (drift)", None))
+        for name, key in rows:
+            if key is None:
+                vals = [b["direct_p50_ms"] for b in blocks]
+                out.append(f"{name:52} {statistics.median(vals):9.3f}")
+                continue
+            b4 = [b[f"before_{key}"] for b in blocks]
+            af = [b[f"after_{key}"] for b in blocks]
+            ratios = [a / b for a, b in zip(af, b4, strict=True) if b > 0]
+            out.append(f"{name:52} {statistics.median(b4):9.3f} {statistics.median(af):9.3f} "
+                       f"{statistics.median(ratios):11.2f}x  {min(ratios):.2f}-{max(ratios):.2f}x")
+    return "\n".join(out)
+
+
+def ab_table(figures: dict) -> str:
+    out = [f"{'measure':42} {'before':>9} {'after':>9} {'after/before':>12}  spread before / after"]
+    for label, case, key in AB_ROWS:
+        if case not in figures["before"]:
+            continue
+        vals = {side: [run[key] for run in figures[side][case]] for side in ("before", "after")}
+        med = {side: statistics.median(v) for side, v in vals.items()}
+        spread = {side: (max(v) - min(v)) / med[side] if med[side] else 0.0 for side, v in vals.items()}
+        ratio = f"{med['after'] / med['before']:.2f}x" if med["before"] > 0 else ""
+        out.append(f"{label:42} {med['before']:9.3f} {med['after']:9.3f} {ratio:>12}  "
+                   f"{spread['before']:.0%} / {spread['after']:.0%}")
+    return "\n".join(out)
 
 
 # ---- worker-side variants (imported by gunicorn, never by the benchmark's own process)

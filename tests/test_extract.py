@@ -1,13 +1,13 @@
 """What the model reads of the pages coding agents fetch most (a GitHub README, a Stack Overflow question, API docs with a
 <div> sidebar, a package page, a changelog, a man page, a blog with widgets), judged by hand, and the Markdown form
 itself (headings, lists, code with its language, tables, links as numbered references); pure, in-process, through
-proxy.backends.extract.extract_page. Run: tests/run.sh tests/test_extract.py
+proxy.backends.readable.extract_page. Run: tests/run.sh tests/test_extract.py
 """
 from __future__ import annotations
 
 import re
 
-from proxy.backends.extract import extract_page
+from proxy.backends.readable import extract_page
 
 PROSE = ("The scheduler admits a request only when the key-value cache has room for its whole prompt, "
          "so a long prompt waits rather than evicting the sequences that are already running.")

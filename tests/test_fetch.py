@@ -17,9 +17,9 @@ import zlib
 import pytest
 
 from proxy.backends.cache import TTLCache
-from proxy.backends.extract import html_to_text
 from proxy.backends.fetcher import Fetched, Fetcher, fetched_size
 from proxy.backends.netguard import address_refusal, domain_matches, parse_url
+from proxy.backends.readable import extract_page
 from proxy.core.config import Config, parse_networks
 from proxy.runtime.concurrency import run_together
 from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchError, Page
@@ -678,15 +678,14 @@ def test_proxy_environment_variables_are_ignored(site, monkeypatch):
 
 
 def test_a_page_without_paragraphs_is_read_whole():
-    title, text = html_to_text("<html><head><title> T </title></head><body>just text</body></html>", "http://x/")
+    title, text, _ = extract_page("<html><head><title> T </title></head><body>just text</body></html>", "http://x/")
     assert title == "T" and "just text" in text
-    assert html_to_text("   ", "http://x/") == (None, "")
+    assert extract_page("   ", "http://x/")[:2] == (None, "")
 
 
 def test_a_comment_where_a_big_page_is_cut_does_not_let_its_navigation_through():
     """scripts/bench_extract.py --big found Rust's print.html falling back to its whole text, navigation and all,
     when an HTML comment sat where the fast path cut the page: comments are not elements."""
-    from proxy.backends.extract import extract_page
     para = "<p>" + "word " * 40 + "</p><!-- a comment between paragraphs -->"
     html = ("<html><head><title>Big</title><script>var secret = 1;</script></head><body>"
             "<nav><a href='/a'>Sidebar entry one</a></nav><main>" + para * 4000 + "</main>"
@@ -702,19 +701,19 @@ def test_a_comment_where_a_big_page_is_cut_does_not_let_its_navigation_through()
 def test_the_whole_text_fallback_leaves_scripts_out(monkeypatch):
     """When the extraction fails on a page (here the Markdown writer, made to), the model reads the page's words, not
     its script source."""
-    from proxy.backends import extract
+    from proxy.backends import markdown
 
     def broken(*args, **kwargs):
         raise RuntimeError("a surprise on a hostile page")
-    monkeypatch.setattr(extract.MarkdownWriter, "write", broken)
-    title, text = html_to_text("<html><head><title>T</title><script>var x = 1;</script></head>"
-                               "<body><p>words</p><!-- note --></body></html>", "http://x/")
+    monkeypatch.setattr(markdown.MarkdownWriter, "write", broken)
+    title, text, _ = extract_page("<html><head><title>T</title><script>var x = 1;</script></head>"
+                                  "<body><p>words</p><!-- note --></body></html>", "http://x/")
     assert title == "T" and "words" in text and "var x" not in text and "note" not in text
 
 
 @pytest.mark.parametrize("size", [200 * 1024, 2 * 1024 * 1024])  # scoring, and the fast rule past 512 Ki characters
 def test_extraction_keeps_code_and_drops_navigation_on_small_and_big_pages(size):
-    from proxy.backends.extract import extract_page
+    from proxy.backends.readable import extract_page
     from standins.hostile_web import big_page
     title, text, cut = extract_page(big_page(size).decode(), "http://x/", max_chars=80_000)
     assert title == "Scheduler notes" and "def admit(request):" in text and "the key-value cache has room" in text

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from proxy.backends.extract import html_to_text
 from proxy.backends.invisible import strip_invisible, visible_html
+from proxy.backends.readable import extract_page
 from proxy.tools.web_fetch import FetchOutcome, Page, format_page_for_model
 
 
@@ -68,15 +68,15 @@ HIDDEN = [
 ]
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["readability", "fast-path"])
+@pytest.mark.parametrize("fast", [False, True], ids=["scored", "fast-path"])
 @pytest.mark.parametrize("snippet, dropped", HIDDEN)
 def test_hidden_elements_never_reach_the_text(snippet, dropped, fast, monkeypatch):
     if fast:
-        monkeypatch.setattr("proxy.backends.extract.FAST_PATH_CHARS", 10)
+        monkeypatch.setattr("proxy.backends.readable.FAST_PATH_CHARS", 10)
     html = f"<html><head><title>T</title></head><body><article>{BODY}{snippet}{BODY}</article></body></html>"
     visible, n = visible_html(html)
     assert n == dropped
-    _, text = html_to_text(visible, "http://x.test/")
+    _, text, _ = extract_page(visible, "http://x.test/")
     assert "SECRET" not in text and "Real words" in text
 
 

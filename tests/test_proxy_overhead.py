@@ -1,5 +1,6 @@
 """scripts/proxy_overhead.py runs end to end (a tiny run, a few seconds): every case of issue 7
-is measured, the table names each target, and the JSON holds every figure. Its speed
+is measured, the table names each target, and the JSON holds every figure; with --against it measures two
+checkouts' proxies side by side. Its speed
 figures are not asserted: they belong to the benchmark, not to a test on a noisy machine.
 
 Run: tests/run.sh tests/test_proxy_overhead.py
@@ -39,3 +40,21 @@ def test_a_tiny_run_measures_every_case(tmp_path):
     assert results["stream"]["chunks"] == 20 and results["concurrent"]["streams"] == 8
     assert all(v > 0 for v in (results["nonstreaming"]["proxy_p50_ms"], results["stream"]["proxy_short_ttft_ms"],
                                results["concurrent"]["proxy_rss_peak_mb"]))
+
+
+def test_against_measures_two_checkouts_in_one_run(tmp_path):
+    """--against: the other checkout's proxy (here this one again, an A/A run) beside this one's, each figure with
+    its ratio, and the request-by-request interleaved rows; every round of each case is in the JSON."""
+    out = tmp_path / "ab.json"
+    run = subprocess.run([sys.executable, "-m", "scripts.proxy_overhead", "--against", str(ROOT), "--only", "1,5",
+                          "--requests", "10", "--loops", "2", "--ab-rounds", "2", "--ab-requests", "12",
+                          "--ab-loops", "2", "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "FAILED ANSWERS" not in run.stdout
+    for row in ["after/before", "(1) non-streaming p50", "(5) search loop: the proxy itself",
+                "request by request, before and after interleaved", "(5) 2-search loop proxy CPU/request"]:
+        assert row in run.stdout, f"{row!r} missing from:\n{run.stdout}"
+    runs = json.loads(out.read_text())["runs"]
+    assert [len(runs[side]["nonstreaming"]) for side in ("before", "after")] == [2, 2]
+    assert len(runs["interleaved"]["plain"]) == 2 and len(runs["interleaved"]["search_loop"]) == 2

@@ -3,7 +3,7 @@ order within the one search deadline (SEARXNG_TIMEOUT), those failing lately ask
 one retry of an all-engines-failed query on engines not reported failing; and the opt-in keyed fallback
 (proxy/backends/brave.py) when every instance failed, or first. Every answer's `unresponsive_engines` is counted
 and remembered, also when the search had results; the model reads a short note when a fallback, a retry or only
-some engines gave its results. Built by proxy/engine/services.py; tests: tests/test_search_failover.py.
+some engines gave its results. Built by proxy/http/wiring.py; tests: tests/test_search_failover.py.
 """
 from __future__ import annotations
 

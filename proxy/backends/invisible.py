@@ -129,8 +129,9 @@ def _maybe_hidden(html: str) -> bool:
 
 def visible_html(html: str) -> tuple[str, int]:
     """(the page without its hidden elements, how many were dropped): the pre-pass extract.py's child runs before
-    extraction, so neither of its paths (readability's, which drops some, and the fast one, which drops none)
-    writes them. The page comes back unchanged, not re-serialised, when nothing is hidden or it does not parse."""
+    extraction, so no path of the extractor writes them (it drops the `hidden` attribute and display:none itself,
+    not zero-size, transparent or off-screen text) and the page's head line can count them. The page comes back
+    unchanged, not re-serialised, when nothing is hidden or it does not parse."""
     import lxml.etree
     import lxml.html
     if not html.strip() or not _maybe_hidden(html):

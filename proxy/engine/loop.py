@@ -38,8 +38,8 @@ CLIENT_CLOSED = "client closed the request"
 class Dialect(Protocol):
     """What one API supplies to the loop: one object per client request, holding that request's state (the
     conversation so far, usage, what the client has been shown). The loop owns the flow and calls these; an
-    API's plain and streamed dialects are two small classes over one shared base of its own (chat.py,
-    messages.py, responses.py), never subclasses of the loop's.
+    API's plain and streamed dialects are two small classes over one shared base of its own (each API's
+    handler.py under proxy/apis/), never subclasses of the loop's.
     """
 
     name: str                    # what log lines call this loop

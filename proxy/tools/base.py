@@ -84,9 +84,9 @@ class Cited:
 @dataclass(frozen=True)
 class Backends:
     """What the worker's tools run on: the search backend (the cache and meters around SearXNG) and the page
-    fetcher (None when web_fetch is off). A tool needing another backend adds it here and in engine.services."""
+    fetcher. A tool needing another backend adds it here, in engine/services.py and in http/wiring.py."""
     search: SearchBackend
-    fetcher: Fetcher | None
+    fetcher: Fetcher
 
 
 @dataclass

@@ -135,11 +135,8 @@ class WebFetch:
     def run(self, request: FetchRequest, ctx: RunContext) -> FetchOutcome:
         if request.early is not None:
             return request.early
-        fetcher = ctx.backends.fetcher
-        if fetcher is None:
-            return self.failure(request, "unavailable", "Fetch failed: web_fetch is off.")
         try:
-            page = fetcher.fetch(request.url, max_tokens=request.max_tokens,
+            page = ctx.backends.fetcher.fetch(request.url, max_tokens=request.max_tokens,
                                  allowed_domains=list(request.allowed_domains) or None,
                                  blocked_domains=list(request.blocked_domains) or None, cancel=ctx.cancel)
         except FetchError as e:

@@ -154,7 +154,8 @@ def fetch_model_text(outcome: FetchOutcome) -> str:
 
 
 # Each proxy tool as Anthropic's server tool shows it: (its result block, the model's text of the outcome). A new
-# tool the Messages API offers is one entry here and one in request.py's server-tool names.
+# tool the Messages API offers is one entry here, its server-tool names in request.py, and its calls told apart in
+# handler.py and history.py (docs/architecture.md's checklist).
 SERVER_TOOLS: dict[str, tuple[Callable[[str, Any, dict | None], dict], Callable[[Any], str]]] = {
     WEB_SEARCH: (lambda use_id, outcome, citations: result_block(use_id, outcome), format_for_model),
     WEB_FETCH: (lambda use_id, outcome, citations: fetch_result_block(use_id, outcome, citations), fetch_model_text),

@@ -1,0 +1,319 @@
+"""A page's main content, picked by readability's scoring on one lxml parse, and written as Markdown
+(proxy/backends/markdown.py): extract_page, pure, run inside the extraction pool's children (proxy/backends/extract.py)
+and tested in-process by tests/test_extract.py and tests/test_fetch.py; scripts/bench_articles.py measures it.
+"""
+from __future__ import annotations
+
+import logging
+import re
+
+from proxy.backends.markdown import BLOCKS, HEADINGS, MarkdownWriter, normal, tidy
+
+log = logging.getLogger("proxy.fetch")
+
+# -- the extraction itself (runs in a child) -----------------------------------------------------
+#
+# One lxml parse; what is never text a reader sees is dropped; the main content is picked by readability's scoring
+# (Arc90's rules as readability-lxml and Mozilla's Readability.js apply them) in one pass over the paragraphs, without
+# readability-lxml's second parse, retries and HTML round trip; then a Markdown writer of our own turns it into what
+# the model reads, stopping at the budget. scripts/bench_articles.py measures it against the libraries.
+
+def _one_line(text: str | None) -> str | None:
+    return (" ".join(text.split()) or None) if text else None
+
+
+# Above this much text (judged after scripts, styles and comments are gone: a news page's raw HTML is mostly those),
+# scoring is skipped for a cheap rule: keep <main> or <article> if there is one, without navigation.
+FAST_PATH_CHARS = 512 * 1024
+# What holds no text a reader sees, in every path (a comment is not an element: text_content() refuses it).
+NO_TEXT = ("//script|//style|//noscript|//template|//comment()|//processing-instruction()|//svg|//math|//iframe"
+           "|//object|//embed|//canvas|//button|//input|//select|//textarea|//dialog")
+# Photo captions and credits: the benchmark's human-made bodies leave them out, and galleries repeat them.
+CAPTIONS = "//figcaption|//*[contains(@class,'caption') or contains(@class,'credit')][string-length() < 300]"
+NOT_CONTENT = "//nav|//header|//footer|//aside|//menu|//form[not(.//p)]"
+# Hidden by the page itself; a reader never sees it, and a page can hide instructions for the model there.
+HIDDEN = ("//*[@hidden or @aria-hidden='true' or contains(translate(@style,'DISPLAYNOE: ','displaynoe'),"
+          "'displaynone') or contains(translate(@style,'VISBLTYHDEN: ','visbltyhden'),'visibilityhidden')]")
+# Class and id words of what is not the article (readability's unlikely candidates, with what the benchmark and the
+# issue's pages showed leaking: WordPress's "Like this: Loading..." widgets, share bars, related posts, tables of
+# contents), and those that may still hold it.
+UNLIKELY = re.compile(
+    r"-ad-|ad-break|agegate|banner|breadcrumb|combx|comment|communit|cookie|disqus|extra|foot|gdpr|header|legends|"
+    r"menu|modal|nav|newsletter|outbrain|pager|paginat|popup|promo|related|remark|replies|rss|share|sharing|"
+    r"shoutbox|sidebar|skyscraper|social|sponsor|subscri|taboola|tweet|twitter|sd-like|likes-widget|jp-relatedposts|"
+    r"sharedaddy|\btoc\b|gtoc|signup|recommend|most-popular|trending|byline|author-bio|\btags?\b|skip-link|masthead|"
+    r"print-only|visually-hidden|sr-only|screen-reader", re.I)
+NOT_CONTENT_ROLES = frozenset({"navigation", "banner", "contentinfo", "complementary", "search", "menu", "menubar",
+                               "dialog", "alert", "alertdialog", "tooltip"})
+# Unlikely even when a word of MAYBE is in the name too ("jp-relatedposts", "share-post", "newsletter-content").
+BOILERPLATE = re.compile(r"sharedaddy|jp-relatedposts|likes-widget|sd-like|sd-sharing|share|sharing|social|"
+                         r"newsletter|cookie|related|recommend|promo|subscri|outbrain|taboola", re.I)
+MAYBE = re.compile(r"and|article|body|column|main|shadow|content|entry|post|story|text", re.I)
+POSITIVE = re.compile(r"article|body|content|entry|hentry|h-entry|main|page|pagination|post|text|blog|story|"
+                      r"markdown|prose|docs?\b|documentation|readme", re.I)
+NEGATIVE = re.compile(r"-ad-|hidden|^hid$| hid$| hid |^hid |banner|combx|comment|com-|contact|foot|footer|footnote|"
+                      r"gdpr|masthead|media|meta|outbrain|promo|related|scroll|share|shoutbox|sidebar|skyscraper|"
+                      r"sponsor|shopping|tags|tool|widget|caption|credit", re.I)
+# Containers the page says are its article; one with enough text wins over scoring (trafilatura's BODY_XPATH idea).
+ARTICLE_HINT = re.compile(r"articlebody|article-body|article__body|article-content|article__content|articletext|"
+                          r"article-text|post-content|post-body|post_content|entry-content|story-body|storybody|"
+                          r"story-content|body-text|rich-text|markdown-body|js-post-body|content-body", re.I)
+KEEP_XPATH = "boolean(self::table|.//h1|.//h2|.//h3|.//h4|.//h5|.//h6|.//table)"
+PARAGRAPHS = frozenset({"p", "pre", "td", "blockquote"})
+TAG_WEIGHT = {"div": 5, "article": 10, "main": 5, "section": 3, "pre": 3, "td": 3, "blockquote": 3, "address": -3,
+              "ol": -3, "ul": -3, "dl": -3, "dd": -3, "dt": -3, "li": -3, "form": -3, "h1": -5, "h2": -5, "h3": -5,
+              "h4": -5, "h5": -5, "h6": -5, "th": -5}
+
+
+def extract_page(html: str, url: str, max_chars: int | None = None, links: str = "refs",
+                 ) -> tuple[str | None, str, bool]:
+    """(title, Markdown, cut): the main content of a page, about `max_chars` of it written (Markdown is written up to
+    the budget and no further: the fetcher cuts the text to its token budget anyway). `links`: "refs" writes a link as
+    [text][n] with the URLs listed once at the end, "inline" as [text](url), "text" as its words only."""
+    if not html.strip():
+        return None, "", False
+    import lxml.etree
+    import lxml.html
+    try:
+        root = _parse(html)
+    except (ValueError, lxml.etree.ParserError):
+        return None, "", False
+    title = _one_line(root.findtext(".//title"))
+    try:
+        for el in root.xpath(NO_TEXT + "|" + HIDDEN):
+            _drop(el)
+        body = root.find("body")
+        body = body if body is not None else root
+        if len(body.text_content()) > FAST_PATH_CHARS:
+            for el in body.xpath(NOT_CONTENT):
+                _drop(el)
+            content = (body.xpath("//main|//article") or [body])[0]
+        else:
+            content = main_content(body)
+        writer = MarkdownWriter(url, max_chars + max_chars // 4 if max_chars is not None else None, links, title)
+        text = writer.write(content)
+        return title, text, writer.cut
+    except MemoryError:
+        raise
+    except Exception as e:  # lxml's own errors on a broken tree, RecursionError on deep nesting
+        if _out_of_memory(e):
+            raise MemoryError from None
+        log.debug("extraction failed on %s: %s; reading all the page's text", url, e)
+    try:
+        root = _parse(html)
+        for el in root.xpath(NO_TEXT):  # the page's words, not its script source
+            el.drop_tree()
+        return title, tidy(root.text_content()), False
+    except (ValueError, lxml.etree.ParserError):
+        return title, "", False
+
+
+def _parse(html: str):
+    import lxml.etree
+    import lxml.html
+    try:
+        return lxml.html.fromstring(html)
+    except lxml.etree.XMLSyntaxError as e:
+        if _out_of_memory(e):
+            raise MemoryError from None
+        raise lxml.etree.ParserError(str(e)) from None
+
+
+def _out_of_memory(e: Exception) -> bool:
+    """Whether libxml2 failed for want of memory (the child's RLIMIT_AS): lxml raises that as a syntax or XPath error
+    ("unknown error"), with ERR_NO_MEMORY in the error's log."""
+    import lxml.etree
+    log_ = getattr(e, "error_log", None) or ()
+    return any(entry.type == lxml.etree.ErrorTypes.ERR_NO_MEMORY for entry in log_)
+
+
+def _drop(el) -> None:
+    if el.getparent() is not None:
+        el.drop_tree()  # keeps the tail: the text after a dropped element is still the page's
+
+
+def _weight(el) -> int:
+    """readability's class weight: class and id words that say article (+25) or not (-25)."""
+    w = 0
+    for name in (el.get("class"), el.get("id")):
+        if name:
+            if NEGATIVE.search(name):
+                w -= 25
+            if POSITIVE.search(name):
+                w += 25
+    return w
+
+
+def main_content(body):
+    """The element (a new <div> holding the picked elements when siblings join it) that is the page's main content."""
+    # What the page marks as boilerplate goes first: readability's unlikely candidates, by class and id, and the
+    # elements and roles that are navigation; but never one holding most of the page's text, which is a wrapper
+    # whose class happens to say "header-style" or "sidebar-enabled" (readability retries without the rule instead).
+    most = 0.4 * len(body.text_content())
+    # Not inside code: a highlighter's <span class="hljs-comment"> is the code's own text.
+    for el in body.xpath("//*[(@class or @id or @role) and not(ancestor::pre or ancestor::code)]"):
+        if el.tag in ("body", "html", "a", "article", "main", "blockquote") or el.getparent() is None:
+            continue  # a blockquote is quoted text even when its class says twitter (an embedded tweet)
+        names = f"{el.get('class') or ''} {el.get('id') or ''}"
+        if el.get("role") in NOT_CONTENT_ROLES or BOILERPLATE.search(names):
+            pass
+        elif not UNLIKELY.search(names) or MAYBE.search(names) or el.tag == "section" or (
+                len(el) and el[0].tag in HEADINGS):
+            continue  # a document's section named for its subject (Sphinx's id="menus", id="comments") is content
+        if len(el.text_content()) < most:
+            _drop(el)
+    for el in body.xpath(NOT_CONTENT + "|" + CAPTIONS):
+        if len(el.text_content()) < most:
+            _drop(el)
+    hinted = [el for el in body.xpath("//*[@itemprop='articleBody' or @class or @id]")
+              if el.get("itemprop") == "articleBody" or ARTICLE_HINT.search(f"{el.get('class') or ''} {el.get('id') or ''}")]
+    scores: dict = {}
+    for p in body.iter("p", "pre", "td", "blockquote", "div", "section", "article", "font", "span"):
+        if p.tag in ("span", "font") and (p.getparent() is None or p.getparent().tag in ("p", "span", "font", "a")):
+            continue
+        if p.tag in ("div", "section", "article", "span", "font") and any(
+                isinstance(c.tag, str) and c.tag in BLOCKS and c.tag != "br" for c in p):
+            # A box of blocks: its loose text (text between <br>s, beside the blocks) is a paragraph of its own,
+            # as readability-lxml makes <p>s of it; the box is that paragraph's parent.
+            text = (p.text or "") + "".join(c.tail or "" for c in p if c.tag == "br" or not isinstance(c.tag, str)
+                                            or c.tag not in BLOCKS)
+            parent = p
+        else:
+            # A <div> holding only text and inline elements is a paragraph, as readability treats it.
+            text = p.text_content()
+            parent = p.getparent()
+        n = len(text.strip())
+        if n < 25 or parent is None:
+            continue
+        score = 1 + text.count(",") + min(n // 100, 3)
+        for ancestor, share in ((parent, 1.0), (parent.getparent(), 0.5)):
+            if ancestor is None or not isinstance(ancestor.tag, str):
+                continue
+            if ancestor not in scores:
+                scores[ancestor] = TAG_WEIGHT.get(ancestor.tag, 0) + _weight(ancestor)
+            scores[ancestor] += score * share
+    if not scores:
+        return body
+    best, best_score = None, -1e9
+    densities: dict = {}
+    for el, score in scores.items():
+        density = _link_density(el)
+        densities[el] = density
+        final = score * (1 - density)
+        scores[el] = final
+        if final > best_score:
+            best, best_score = el, final
+    assert best is not None
+    # Readability.js's rule for an article split into boxes of equal standing (one per section or card): when three
+    # of the top five score near the best, their nearest common box is the content.
+    near = [el for el, sc in sorted(scores.items(), key=lambda kv: -kv[1])[:5] if el is not best and sc >= 0.75 * best_score]
+    if len(near) >= 2:
+        for anc in best.iterancestors():
+            if sum(1 for el in near if anc in el.iterancestors()) >= 2:
+                if anc.tag not in ("html",):
+                    best = anc
+                    scores[best] = max(scores.get(best, 0), best_score)
+                break
+    # An element the page names as its article wins when it holds most of what scoring found (a paywall teaser or a
+    # related-articles rail can also carry such a class, hence the share).
+    best_len = len(best.text_content())
+    named = [el for el in hinted if len(el.text_content()) >= 0.2 * best_len and _link_density(el) < 0.3]
+    named = [el for el in named if not any(other in el.iterancestors() for other in named)]  # outermost only
+    first = next((el for el in named if len(el.text_content()) >= 0.5 * best_len), None)
+    if first is not None:
+        if best in first.iterancestors() or first in best.iterancestors() or first is best:
+            best = first if len(first.text_content()) <= 2 * best_len else best
+        else:
+            best = first
+    if len(named) >= 2 and first is not None:
+        # Several bodies the page names (a question and its answers, an article split around ads): their nearest
+        # common box holds them all.
+        common = set(named[0].iterancestors())
+        for el in named[1:]:
+            common &= set(el.iterancestors())
+        box = next((anc for anc in named[0].iterancestors() if anc in common), None)
+        if box is not None and box.tag not in ("html",):
+            best = box
+            scores[best] = max(scores.get(best, 0), best_score)
+    # The page's own main element, when the pick lies inside it and it is prose, not a list of links: documentation
+    # generators mark it reliably (Sphinx's role="main", rustdoc's #main-content, <main>).
+    for anc in best.iterancestors():
+        if anc.tag == "main" or anc.get("role") == "main" or anc.get("id") == "main-content":
+            if _link_density(anc) < 0.25 and len(best.text_content()) < 0.5 * len(anc.text_content()):
+                best = anc
+            break
+    parent = best.getparent()
+    if parent is None or best.tag in ("body", "article", "main"):
+        return _clean(best, scores)
+    # Siblings that belong with it: readability's rule (a score near the best's, or a paragraph of prose).
+    threshold = max(10.0, scores.get(best, best_score) * 0.2)
+    picked = []
+    for sib in parent:
+        if not isinstance(sib.tag, str):
+            continue
+        if sib is best:
+            picked.append(sib)
+            continue
+        bonus = 0.2 * scores.get(best, best_score) if sib.get("class") and sib.get("class") == best.get("class") else 0
+        if sib in scores and scores[sib] + bonus >= threshold:
+            picked.append(sib)
+        elif sib.tag == "p":
+            text = normal(sib.text_content())
+            density = densities[sib] if sib in densities else _link_density(sib)
+            if (len(text) > 80 and density < 0.25) or (0 < len(text) <= 80 and density == 0 and re.search(r"\.( |$)", text)):
+                picked.append(sib)
+    if len(picked) == 1:
+        return _clean(best, scores)
+    import lxml.html
+    holder = lxml.html.Element("div")
+    for el in picked:
+        el.tail = None
+        holder.append(el)
+    return _clean(holder, scores)
+
+
+def _link_density(el) -> float:
+    total = len(el.text_content())
+    if not total:
+        return 0.0
+    linked = sum(len(a.text_content()) for a in el.iter("a"))
+    return linked / total
+
+
+def _clean(content, scores: dict):
+    """readability's conditional clean: lists, tables and boxes inside the content that look like navigation,
+    forms or image strips go, unless they carry prose (ten commas or more)."""
+    for el in reversed(list(content.iter("table", "ul", "ol", "div", "section", "figure", "dl"))):
+        if el is content or el.getparent() is None:
+            continue
+        weight = _weight(el)
+        if weight + scores.get(el, 0) < 0:
+            _drop(el)
+            continue
+        text = el.text_content()
+        if text.count(",") >= 10:
+            continue
+        length = len(text.strip())
+        density = _link_density(el)
+        if length >= 500 and density < 0.25:
+            continue  # prose, in a script that uses few commas or in boxes without <p>
+        if el.tag in ("table", "dl") and len(text.strip()) >= 25:
+            continue  # data: a table's cells and a definition list are rarely prose with commas
+        if el.find(".//pre") is not None or el.find(".//code") is not None:
+            continue  # code is what a coding agent reads a page for
+        if el.tag in ("ul", "ol") and density <= 0.5:
+            items = sum(1 for child in el if child.tag == "li")
+            if length * (1 - density) >= 30 * max(items, 1):
+                continue  # items that say something beside their links: a parameter list (name <type> what it is)
+        ps = sum(1 for _ in el.iter("p"))
+        imgs = sum(1 for _ in el.iter("img"))
+        lis = sum(1 for _ in el.iter("li")) - 100
+        if ((imgs > 1 and ps / imgs < 0.5) or (el.tag not in ("ul", "ol") and lis > ps)
+                or (length < 25 and (imgs == 0 or imgs > 2) and el.tag not in ("ul", "ol"))
+                or (weight < 25 and density > 0.2) or (weight >= 25 and density > 0.5)):
+            if density < 0.5 and el.xpath(KEEP_XPATH):
+                continue  # a box around a heading or a table (GitHub's markdown-heading) is structure, not clutter
+            _drop(el)
+    return content
+
+
