@@ -27,7 +27,7 @@ from standins import pdf_files
 from standins.searxng import result
 
 # Pages on loopback may be fetched; no page cache, so each test sees its own downloads.
-LOOPBACK = {"WEB_FETCH_ALLOWED_NETWORKS": "127.0.0.0/8", "WEB_FETCH_CACHE_TTL": "0", "KEEPALIVE_INTERVAL": "0.2"}
+LOOPBACK = {"WEB_FETCH_ALLOWED_NETWORKS": "127.0.0.0/8", "WEB_FETCH_URLS": "any", "WEB_FETCH_CACHE_TTL": "0", "KEEPALIVE_INTERVAL": "0.2"}
 DOC = ("<html><head><title>vLLM 0.32 notes</title></head><body><main><h1>vLLM 0.32</h1>"
        "<p>The Responses loop landed.</p><p>Speculative decoding got faster.</p>"
        "<p>The magic word is PELICAN-7731.</p></main></body></html>")

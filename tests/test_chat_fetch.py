@@ -29,7 +29,7 @@ FACT = "Gated-DeltaNet prefix caching"
 @pytest.fixture
 def fetching(start_proxy):
     """A proxy that may fetch from loopback, as a LAN allow-list would let it."""
-    return start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8")
+    return start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", WEB_FETCH_URLS="any")
 
 
 def client(proxy):
@@ -90,7 +90,9 @@ def test_search_then_read_the_page_then_answer(fetching, backend, searxng, site,
     ("file:///etc/passwd", "http and https"),
     ("http://user:pw@example.com/", "credentials"),
 ])
-def test_refused_urls_are_tool_results_the_model_reads(proxy, backend, site, stream, url, phrase):
+def test_refused_urls_are_tool_results_the_model_reads(start_proxy, backend, site, stream, url, phrase):
+    # The fetcher's own refusals, so any URL is let through to it (provenance refuses first: test_exfiltration.py).
+    proxy = start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_URLS="any")
     site.route("/changelog", PAGE)
     url = url.format(port=site.port)
     backend.script(turn("web_fetch", {"url": url}, stream), answer("I could not read it.", stream))
@@ -127,7 +129,7 @@ def test_search_and_fetch_in_one_turn_run_together(fetching, backend, searxng, s
 
 
 def test_the_cap_counts_fetched_pages(start_proxy, backend, site):
-    p = start_proxy(MAX_SEARCH_ITER="1", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8")
+    p = start_proxy(MAX_SEARCH_ITER="1", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", WEB_FETCH_URLS="any")
     site.route("/a", "x", headers={"Content-Type": "text/plain"})
     url = f"http://127.0.0.1:{site.port}/a"
     backend.script(json_reply(completion(tool_calls=[tool_call("web_fetch", {"url": url})])),

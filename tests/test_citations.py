@@ -145,7 +145,7 @@ def test_messages_stream_sends_citations_delta_inside_the_text_block(proxy, back
 @pytest.mark.parametrize("stream", [False, True])
 def test_messages_fetch_cites_character_ranges_only_when_enabled(start_proxy, backend, site, stream, enabled):
     site.route("/p", PAGE_TEXT, headers={"Content-Type": "text/plain"})
-    proxy = start_proxy(WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8")
+    proxy = start_proxy(WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", WEB_FETCH_URLS="any")
     reply = W.stream_reply if stream else W.message_reply
     url = f"http://127.0.0.1:{site.port}/p"
     backend.script(reply([W.tool_use("web_fetch", {"url": url})]), reply([W.text(["Python 3.9 is ", "gone [1]."])]))

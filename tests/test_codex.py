@@ -167,7 +167,9 @@ def test_codex_standalone_search_is_served_by_the_proxy(start_proxy, backend, se
     try:
         proxy = start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8")
         backend.responder = standalone_model(page_url)
-        proc, items, diagnostics = run_codex(proxy, tmp_path, "--ephemeral", "What changed in vLLM 0.32? Search the web.",
+        # The user names the page: `open` reads only URLs the conversation gave (README, URL provenance).
+        proc, items, diagnostics = run_codex(proxy, tmp_path, "--ephemeral",
+                                             f"What changed in vLLM 0.32? Search the web and read {page_url}.",
                                              config=standalone_config(proxy.url))
     finally:
         site.close()

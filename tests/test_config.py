@@ -32,6 +32,8 @@ def load(**env) -> subprocess.CompletedProcess:
     ("MAX_SEARCH_ITER", "0", "MAX_SEARCH_ITER must be above 0, not 0"),
     ("SEARCH_CACHE_TTL", "-1", "SEARCH_CACHE_TTL must be 0 or more, not -1.0"),
     ("WEB_FETCH_MAX_PER_TURN", "-3", "WEB_FETCH_MAX_PER_TURN must be 0 or more, not -3"),
+    ("WEB_FETCH_URLS", "some", "WEB_FETCH_URLS must be 'given' or 'any', not 'some'"),
+    ("WEB_FETCH_LINK_BUDGET", "-1", "WEB_FETCH_LINK_BUDGET must be 0 or more, not -1"),
     # A URL setting that cannot work is refused at start, not discovered as "an internal error" in every search.
     ("SEARXNG_URL", "searxng:8080", "SEARXNG_URL must be an http:// or https:// URL"),
     ("SEARXNG_URL", "http://:8080/", "SEARXNG_URL must be an http:// or https:// URL (a host)"),
@@ -91,6 +93,11 @@ def test_a_password_in_a_url_or_a_bad_key_is_refused_without_showing_it():
     cfg = Config.from_env({"BRAVE_SEARCH_API_KEY": "sekrit-key", "BRAVE_SEARCH_MODE": " Always "})
     assert (cfg.brave_search_api_key, cfg.brave_search_mode) == ("sekrit-key", "always")
     assert "sekrit-key" not in repr(cfg)
+
+
+def test_url_provenance_is_on_unless_switched_off():
+    assert (Config().web_fetch_urls, Config().web_fetch_link_depth, Config().web_fetch_link_budget) == ("given", 2, 2)
+    assert Config.from_env({"WEB_FETCH_URLS": " ANY "}).web_fetch_urls == "any"  # read case-blind, spaces ignored
 
 
 def test_config_holds_networks_parsed_once():

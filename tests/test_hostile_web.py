@@ -60,7 +60,7 @@ def _calls(calls, stream):
 @pytest.fixture
 def proxy(start_proxy, backend):
     backend.responder = model
-    return start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8",
+    return start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", WEB_FETCH_URLS="any",
                        WEB_FETCH_TIMEOUT=str(TIMEOUT), SEARXNG_TIMEOUT=str(TIMEOUT))
 
 
@@ -177,7 +177,7 @@ def test_many_big_pages_at_once_leave_other_clients_served(proxy, backend, hosti
 ])
 def test_a_page_over_an_extraction_limit_names_it_and_the_next_page_is_read(start_proxy, backend, hostile, path, env, phrase):
     backend.responder = model
-    p = start_proxy(WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", **env)
+    p = start_proxy(WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", WEB_FETCH_URLS="any", **env)
     assert chat(p, "fetch " + hostile.url(path)) == "done"
     [result] = tool_results(backend)
     assert result.startswith("Fetch failed:") and phrase in result
@@ -208,7 +208,7 @@ LEAVING = {
 def test_a_fetch_or_search_ends_when_its_client_leaves(start_proxy, backend, hostile, case):
     path, make_body, settings = LEAVING[case]
     backend.responder = model
-    p = start_proxy(WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", WEB_FETCH_TIMEOUT="60", KEEPALIVE_INTERVAL="0.2",
+    p = start_proxy(WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", WEB_FETCH_URLS="any", WEB_FETCH_TIMEOUT="60", KEEPALIVE_INTERVAL="0.2",
                     **settings(hostile))
     before = len(hostile.requests)
     payload = json.dumps(make_body(hostile)).encode()

@@ -167,7 +167,7 @@ def test_usage_counts_fetches(fetches, expected):
 @pytest.fixture
 def fetching(start_proxy):
     """A proxy that may fetch from loopback, as a LAN allow-list would let it."""
-    return start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8")
+    return start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", WEB_FETCH_URLS="any")
 
 
 def sdk(proxy):
@@ -304,7 +304,10 @@ LONG = "http://127.0.0.1:{port}/" + "a" * 300
     (True, {"blocked_domains": ["127.0.0.1"]}, ("/p", 200, "text/plain"), ["/p"], ["url_not_allowed"], []),
     (True, {"allowed_domains": ["127.0.0.1"]}, ("/p", 200, "text/plain"), ["/p"], [None], ["/p"]),
 ])
-def test_fetch_outcomes_become_result_blocks(proxy, fetching, backend, site, stream, allow, tool, route, inputs, codes, gets):
+def test_fetch_outcomes_become_result_blocks(start_proxy, fetching, backend, site, stream, allow, tool, route, inputs,
+                                            codes, gets):
+    # The fetcher's own outcomes, so any URL is let through to it (provenance refuses first: test_exfiltration.py).
+    proxy = start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_URLS="any")
     tag = fresh("")
     if route:
         site.route(tag + route[0], "page words", status=route[1], headers={"Content-Type": route[2]})
@@ -341,7 +344,7 @@ def test_a_search_and_a_fetch_of_one_turn_run_together(fetching, backend, searxn
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_the_cap_counts_a_search_and_a_fetch_of_one_turn_as_one_round(start_proxy, backend, searxng, site, stream):
-    p = start_proxy(MAX_SEARCH_ITER="1", KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8")
+    p = start_proxy(MAX_SEARCH_ITER="1", KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", WEB_FETCH_URLS="any")
     path = fresh("/a")
     site.route(path, "a", headers={"Content-Type": "text/plain"})
     url = f"http://127.0.0.1:{site.port}{path}"

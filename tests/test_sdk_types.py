@@ -93,6 +93,8 @@ def test_messages_answers_load_strictly(start_proxy, backend, searxng, site, kin
     turns, tools = _messages_turns(kind, stream, site)
     backend.script(*turns)
     ask = [{"role": "user", "content": "Perform a web search for the query: vllm 0.32"}] if kind == "subrequest" else ASK
+    if kind == "fetch":  # the user gives the page, as web_fetch reads only URLs the conversation gave
+        ask = [{"role": "user", "content": f"What do the notes at http://127.0.0.1:{site.port}/notes say?"}]
     body = {"model": "foundation", "max_tokens": 99, "messages": ask, "tools": tools, "stream": stream}
     raw = post(proxy, "/v1/messages", body)
     if not stream:

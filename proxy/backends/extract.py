@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from proxy.backends import pdftext
+from proxy.backends.invisible import visible_html
 from proxy.backends.readable import extract_page
 from proxy.core import codec
 from proxy.runtime.cancel import Cancel
@@ -87,14 +88,17 @@ def _child_main(cpu_seconds: int, memory_bytes: int) -> None:
             job = codec.loads(frame)
             if job.get("memory"):
                 raise MemoryError
+            hidden = 0
             if "pdf" in job:
                 # Half the CPU limit for reading pages: what was read by then is served, cut short, before the
                 # kernel's SIGXCPU would lose it all.
                 title, text, cut, _ = pdftext.pdf_to_text(base64.b64decode(job["pdf"]), job.get("max_chars"),
                                                           cpu_budget=cpu_seconds / 2)
             else:
-                title, text, cut = extract_page(job["html"], job["url"], job.get("max_chars"))
-            answer: dict = {"title": title, "text": text, "cut": cut}
+                # What a browser hides goes before either extraction path sees the page (proxy/backends/invisible.py).
+                html, hidden = visible_html(job["html"])
+                title, text, cut = extract_page(html, job["url"], job.get("max_chars"))
+            answer: dict = {"title": title, "text": text, "cut": cut, "hidden": hidden}
         except pdftext.PdfRefused as e:
             answer = {"refused": e.code, "message": e.message}
         except MemoryError:
@@ -196,17 +200,20 @@ class ExtractPool:
             return pool
 
     def extract(self, html: str, url: str, cancel: Cancel | None = None,
-                max_chars: int | None = None) -> tuple[str | None, str, bool]:
-        """(title, Markdown, cut) of a page, about max_chars of it; raises ExtractError naming the limit a page went over."""
+                max_chars: int | None = None) -> tuple[str | None, str, bool, int]:
+        """(title, Markdown, cut, hidden elements dropped) of a page, about max_chars of it; raises ExtractError naming
+        the limit a page went over."""
         return self._submit({"url": url, "html": html, "max_chars": max_chars}, cancel)
 
     def extract_pdf(self, data: bytes, url: str, cancel: Cancel | None = None,
                     max_chars: int | None = None) -> tuple[str | None, str, bool]:
         """(title, text, cut) of a PDF, under the same limits as a page; raises ExtractError for a limit it went over
         and for a PDF that cannot be read (encrypted, only images: proxy/backends/pdftext.py)."""
-        return self._submit({"url": url, "pdf": base64.b64encode(data).decode("ascii"), "max_chars": max_chars}, cancel)
+        title, text, cut, _ = self._submit({"url": url, "pdf": base64.b64encode(data).decode("ascii"),
+                                            "max_chars": max_chars}, cancel)
+        return title, text, cut
 
-    def _submit(self, job: dict, cancel: Cancel | None) -> tuple[str | None, str, bool]:
+    def _submit(self, job: dict, cancel: Cancel | None) -> tuple[str | None, str, bool, int]:
         with self._lock:
             if self._waiting >= self.queue_size:
                 raise ExtractError("unavailable", f"the proxy is extracting {len(self._children)} pages and has "
@@ -228,7 +235,7 @@ class ExtractPool:
                 undo()
             self._idle.put(child)
 
-    def _run(self, child: _Child, job_fields: dict) -> tuple[str | None, str, bool]:
+    def _run(self, child: _Child, job_fields: dict) -> tuple[str | None, str, bool, int]:
         deadline = time.monotonic() + self.wall_seconds
         try:
             proc = child.ensure()
@@ -249,8 +256,9 @@ class ExtractPool:
             raise ExtractError(reply["refused"], str(reply.get("message") or "the document cannot be read."))
         if not isinstance(reply, dict) or "error" in reply or not isinstance(reply.get("text"), str):
             return self._failed(child, timed_out=False, reported=str(reply.get("error")) if isinstance(reply, dict) else "")
-        title = reply.get("title")
-        return (title if isinstance(title, str) else None), reply["text"], reply.get("cut") is True
+        title, hidden = reply.get("title"), reply.get("hidden")
+        return ((title if isinstance(title, str) else None), reply["text"], reply.get("cut") is True,
+                hidden if isinstance(hidden, int) and not isinstance(hidden, bool) else 0)
 
     def _failed(self, child: _Child, timed_out: bool, reported: str = ""):
         """The child did not answer: stop it (the next page starts a fresh one) and say which limit was hit."""

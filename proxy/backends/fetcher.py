@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from proxy.backends import netguard
 from proxy.backends.cache import TTLCache
 from proxy.backends.extract import ExtractError, ExtractPool
+from proxy.backends.invisible import strip_invisible
 from proxy.backends.pagetext import (
     CHARS_PER_TOKEN,
     OPAQUE_TYPES,
@@ -65,6 +66,8 @@ class Page:
     content_type: str   # "text/html", "text/plain", "application/json", ...
     retrieved_at: str   # ISO 8601 UTC, e.g. "2026-12-03T16:20:00Z"
     truncated: bool
+    invisible: int = 0  # invisible code points removed from its text (proxy/backends/invisible.py)
+    hidden: int = 0     # hidden elements dropped from its HTML
 
 
 def status_error(status: int, reason: str, url: str) -> FetchError:
@@ -334,21 +337,29 @@ class Fetcher:
         if kind is None:
             raise FetchError("unsupported_content_type", f"{body.url} sent {body.mime or 'no Content-Type'} and does not look like text.")
         title: str | None = None
-        cut = body.cut
+        cut, hidden = body.cut, 0
         if kind in ("html", "pdf"):
             try:
                 # Only what the largest budget can hold is written (the cache keeps that much); a PDF goes to the
                 # same pool, under the same limits, as its bytes.
                 budget = self.max_tokens * CHARS_PER_TOKEN
-                title, text, trimmed = (
-                    self.extractor.extract(decode_text(body.data, body.charset, True), body.url, cancel, budget)
-                    if kind == "html" else self.extractor.extract_pdf(body.data, body.url, cancel, budget))
+                if kind == "html":
+                    title, text, trimmed, hidden = self.extractor.extract(
+                        decode_text(body.data, body.charset, True), body.url, cancel, budget)
+                else:
+                    title, text, trimmed = self.extractor.extract_pdf(body.data, body.url, cancel, budget)
             except ExtractError as e:
                 raise self._interrupted(body.url, cancel) or FetchError(e.code, f"{body.url}: {e.message}") from None
             cut = cut or trimmed
         else:
             text = decode_text(body.data, body.charset, False)
-        return Page(url=body.url, title=title, text=text, content_type=mime, retrieved_at=now_iso(), truncated=cut)
+        # Every kind carries invisible code points as well as HTML does (a PDF's text too); the title is read too.
+        text, invisible = strip_invisible(text)
+        if title is not None:
+            title, in_title = strip_invisible(title)
+            invisible += in_title
+        return Page(url=body.url, title=title, text=text, content_type=mime, retrieved_at=now_iso(), truncated=cut,
+                    invisible=invisible, hidden=hidden)
 
     def _read_body(self, target: netguard.Target, opened: webclient.Opened, started: float, cancel: Cancel,
                    ) -> tuple[bytes, bool]:

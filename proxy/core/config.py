@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 STREAM_SEARCH_MODES = ("server", "client")
+WEB_FETCH_URL_MODES = ("given", "any")  # proxy/tools/provenance.py: only URLs the conversation gave, or any URL
 # When the Brave Search API is asked (BRAVE_SEARCH_MODE): only after every SearXNG instance failed, or first.
 BRAVE_SEARCH_MODES = ("fallback", "always")
 
@@ -127,6 +128,12 @@ class Config:
     # web_fetch calls run per model turn and per client request; the model reads that it hit the cap.
     web_fetch_max_per_turn: int = setting("WEB_FETCH_MAX_PER_TURN", 10, whole)
     web_fetch_max_per_request: int = setting("WEB_FETCH_MAX_PER_REQUEST", 50, whole)
+    # "given": web_fetch (and Codex's open) reads only URLs the conversation gave it, never one the model built
+    # (README, Security); "any" lets the model fetch any URL. Links of pages read are followed at most
+    # WEB_FETCH_LINK_DEPTH pages deep and WEB_FETCH_LINK_BUDGET times per request.
+    web_fetch_urls: str = setting("WEB_FETCH_URLS", "given", lowered)
+    web_fetch_link_depth: int = setting("WEB_FETCH_LINK_DEPTH", 2, whole)
+    web_fetch_link_budget: int = setting("WEB_FETCH_LINK_BUDGET", 2, whole)
     # Seconds a search answer with results is reused (agents repeat queries within minutes); 0 turns the cache off.
     search_cache_ttl: float = setting("SEARCH_CACHE_TTL", 600.0, number)
     # Bounds of the search cache, per gunicorn worker: answers kept, and their bytes (16 MiB).
@@ -162,6 +169,8 @@ class Config:
     def __post_init__(self):
         if self.stream_search not in STREAM_SEARCH_MODES:
             raise ValueError(f"STREAM_SEARCH must be 'server' or 'client', not {self.stream_search!r}")
+        if self.web_fetch_urls not in WEB_FETCH_URL_MODES:
+            raise ValueError(f"WEB_FETCH_URLS must be 'given' or 'any', not {self.web_fetch_urls!r}")
         for name in ("backend_url", "brave_search_url"):
             problem = url_problem(getattr(self, name))
             if problem:

@@ -16,9 +16,10 @@ from flask import Response
 from proxy.core import codec
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
-from proxy.engine.events import CLIENT_LEFT, TOOLS_RAN, Events
+from proxy.engine.events import CLIENT_LEFT, TOOLS_RAN, URL_REFUSED, Events
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
+from proxy.tools.provenance import Ledger, Rules
 from proxy.tools.session import ToolSession
 from proxy.transport.http1 import end_to_end_headers
 from proxy.transport.vllm import UpstreamError, UpstreamResponse, gateway_status
@@ -196,6 +197,7 @@ class Exchange:
     target: str                      # path and query string, as sent
     environ: dict
     watch: ClientWatch | None = None
+    ledger: Ledger | None = None     # the URLs its fetches may read, from the client's body (each API's handler)
 
     @property
     def cfg(self) -> Config:
@@ -219,9 +221,12 @@ class Exchange:
     def session(self) -> ToolSession:
         cfg = self.cfg
         # The watch starts after the dialect made its session (loop.run), so the session asks for it per call.
+        # No ledger (a handler that gathered nothing) fetches nothing but search results: it fails closed.
         return ToolSession(self.services.tool_backends, cfg.max_search_iter, cfg.web_fetch_max_per_turn,
                            cfg.web_fetch_max_per_request, watch=lambda: self.watch,
-                           on_round=lambda outcomes: self.emit(TOOLS_RAN, outcomes))
+                           on_round=lambda outcomes: self.emit(TOOLS_RAN, outcomes),
+                           ledger=self.ledger if self.ledger is not None else Ledger(Rules.of(cfg)),
+                           on_refused=lambda reason: self.emit(URL_REFUSED, reason))
 
     def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:
         """Send one request to vLLM and wait for its head, the watch able to abort it

@@ -28,7 +28,7 @@ from proxy.backends.search import SearchBackend, SearchOutcome
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
 from proxy.core.routes import PROXY_METRICS, api_of
-from proxy.engine.events import CAP_HIT, CLIENT_LEFT, ROUND_DONE, TOOL_CALL, Events
+from proxy.engine.events import CAP_HIT, CLIENT_LEFT, ROUND_DONE, TOOL_CALL, URL_REFUSED, Events
 from proxy.runtime.cancel import Cancel
 from proxy.tools.base import Outcome
 
@@ -65,6 +65,9 @@ FETCH_BYTES = Counter("proxy_page_fetch_bytes", "Page body bytes read from web s
                       registry=REGISTRY)
 CAP_HITS = Counter("proxy_cap_hits", "Limits reached, by API and cap: search_rounds (MAX_SEARCH_ITER), "
                    "max_uses (a request's own), page_size (a page cut short).", ["api", "cap"], registry=REGISTRY)
+PROVENANCE_REFUSALS = Counter("proxy_url_refusals", "web_fetch, open and find calls refused before any lookup by URL "
+                              "provenance (WEB_FETCH_URLS), by API and reason: not_given, link_depth, link_budget.",
+                              ["api", "reason"], registry=REGISTRY)
 DISCONNECTS = Counter("proxy_client_disconnects", "Clients that left before their answer was complete, by API.",
                       ["api"], registry=REGISTRY)
 ABORTS = Counter("proxy_backend_aborts", "Calls to vLLM cut because their client left, by API.",
@@ -129,6 +132,7 @@ def observe(events: Events) -> None:
     """Count what the worker's requests do: each event the metrics need, subscribed once per worker."""
     events.subscribe(ROUND_DONE, round_done)
     events.subscribe(TOOL_CALL, tool_call)
+    events.subscribe(URL_REFUSED, url_refused)
     events.subscribe(CAP_HIT, cap_hit)
     events.subscribe(CLIENT_LEFT, client_left)
 
@@ -143,6 +147,14 @@ def round_done(environ, outcomes) -> None:
             CAP_HITS.labels(api, "max_uses").inc()
         if o.truncated:
             CAP_HITS.labels(api, "page_size").inc()
+
+
+def url_refused(environ, reason: str) -> None:
+    """A page read refused by URL provenance (proxy/tools/provenance.py's reasons); the link limits are caps too."""
+    api = api_of(environ.get("PATH_INFO", ""))
+    PROVENANCE_REFUSALS.labels(api, reason).inc()
+    if reason in ("link_depth", "link_budget"):
+        CAP_HITS.labels(api, reason).inc()
 
 
 def tool_call(environ, call: tuple[str, Outcome]) -> None:

@@ -122,6 +122,10 @@ class Tool(Protocol):
     def run(self, request: Any, ctx: RunContext) -> Outcome:
         """Run one call on ctx's backends within ctx.cancel; never raises: every failure is an outcome."""
 
+    def reads(self, request: Any) -> str | None:
+        """The URL a call will read, which URL provenance (proxy/tools/provenance.py) checks before the call runs;
+        None for a call that reads no page. A tool that reads pages must name every URL it will read here. Pure."""
+
     def failure(self, request: Any, code: str, message: str) -> Outcome:
         """The outcome refusing or failing `request` with `code` and the sentence the model reads. Pure."""
 

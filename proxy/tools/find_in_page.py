@@ -138,6 +138,9 @@ class FindInPage:
     def run(self, request: FindRequest, ctx: RunContext) -> FindResult:
         return FindResult(request.pattern, WEB_FETCH.run(request.fetch, ctx))
 
+    def reads(self, request: FindRequest) -> str:
+        return request.fetch.url
+
     def failure(self, request: FindRequest, code: str, message: str) -> FindResult:
         return FindResult(request.pattern, WEB_FETCH.failure(request.fetch, code, message))
 

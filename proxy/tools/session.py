@@ -1,6 +1,6 @@
 """ToolSession: every server-side tool call of one client request, round by round. It hands each call to the
 tool that owns it (proxy/tools/registry.py), runs a round's calls side by side on the client's watch, applies
-the page caps and MAX_SEARCH_ITER, and counts what ran. Each API turns its own tool calls into the requests
+the page caps, URL provenance (proxy/tools/provenance.py) and MAX_SEARCH_ITER, and counts what ran. Each API turns its own tool calls into the requests
 run() takes (registry.parse) and renders the outcomes in its own shape.
 
 Not run on its own; tests/test_rules.py checks the bookkeeping with a SearXNG stand-in.
@@ -14,7 +14,8 @@ from collections.abc import Callable
 from proxy.runtime.cancel import watched
 from proxy.runtime.concurrency import run_together
 from proxy.tools.base import Backends, Outcome, Request, RunContext
-from proxy.tools.registry import TOOLS, WEB_SEARCH
+from proxy.tools.provenance import Ledger
+from proxy.tools.registry import TOOLS, WEB_SEARCH, sources
 
 log = logging.getLogger("proxy.tools")
 
@@ -25,8 +26,12 @@ class ToolSession:
     keep (web_search's answers to repeated queries), and the counts the cap's message and the access log use."""
 
     def __init__(self, backends: Backends, max_rounds: int, max_pages_per_turn: int = 0,
-                 max_pages_per_request: int = 0, watch=None, on_round: Callable[[list], None] | None = None):
+                 max_pages_per_request: int = 0, watch=None, on_round: Callable[[list], None] | None = None,
+                 ledger: Ledger | None = None, on_refused: Callable[[str], None] | None = None):
         self.backends = backends
+        # The URLs this request may read; none given means none allowed, not all.
+        self.ledger = ledger if ledger is not None else Ledger()
+        self._on_refused = on_refused  # hears each provenance refusal's reason (the metrics)
         self.max_rounds = max_rounds
         self.max_per_turn = max_pages_per_turn
         self.max_per_request = max_pages_per_request
@@ -69,11 +74,39 @@ class ToolSession:
             out.append(refusal)
         return out
 
+    def _provenance(self, requests: list[Request], refusals: list[Outcome | None]) -> list[Outcome | None]:
+        """The refusals with each page read of a URL the conversation did not give (or a link past the chain
+        limits) refused too, before its tool runs and so before any name is looked up: a URL the model built is a
+        message to the server or name server it names (issue 33). After the caps, so a capped call spends no link
+        budget."""
+        out = list(refusals)
+        for i, request in enumerate(requests):
+            tool = TOOLS[request.tool]
+            url = tool.reads(request)
+            if out[i] is not None or request.early is not None or url is None:
+                continue
+            refusal = self.ledger.admit(url)
+            if refusal is not None:
+                out[i] = tool.failure(request, "url_not_allowed", f"Fetch failed: {refusal.message}")
+                if self._on_refused:
+                    self._on_refused(refusal.reason)
+        return out
+
+    def _learn(self, requests: list[Request], outcomes: list[Outcome]) -> None:
+        """What the round gave later calls to read: its search results, and the links of the pages it read, as the
+        model read them (each tool's sources: the hits it listed, the page text it showed)."""
+        for request, outcome in zip(requests, outcomes, strict=True):
+            for cited in sources(outcome):
+                if cited.page:
+                    self.ledger.learn_page(TOOLS[request.tool].reads(request) or cited.url, cited.url, cited.text)
+                else:
+                    self.ledger.allow([cited.url], "search")
+
     def run(self, requests: list[Request], limit: int | None = None, language: str | None = None) -> list[Outcome]:
         """Run one round: each request by the tool that owns it, all concurrently; outcomes in the requests'
         order. Never raises: every failure is an outcome the model reads."""
         self.rounds += 1
-        refusals = self._capped(requests)
+        refusals = self._provenance(requests, self._capped(requests))
 
         def one(i: int) -> Outcome:
             request, tool = requests[i], TOOLS[requests[i].tool]
@@ -93,6 +126,7 @@ class ToolSession:
 
         # No requests: a round of calls all refused before running still counts as a round.
         outcomes = run_together(one, list(range(len(requests))), at_most=8)
+        self._learn(requests, outcomes)
         self._count(outcomes)
         if self._on_round:
             self._on_round(outcomes)

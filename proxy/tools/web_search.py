@@ -137,6 +137,9 @@ class WebSearch:
                 memory[key] = outcome
         return shaped(outcome, request)
 
+    def reads(self, request: SearchRequest) -> None:
+        return None  # a search reads SearXNG, not a page the model names
+
     def failure(self, request: SearchRequest, code: str, message: str) -> SearchOutcome:
         return SearchOutcome(request.query, "failed", error_code=code, message=message)
 

@@ -82,14 +82,17 @@ def test_promtool_refuses_a_broken_config(tmp_path):
 
 # ---- Prometheus scraping the proxy and vLLM --------------------------------------------------------------
 
-def forced(real_vllm, function: str, parameter: str, value: str) -> dict:
+def forced(real_vllm, function: str, parameter: str, value: str, said: str | None = None) -> dict:
     """A chat request whose first turn is the model calling the proxy's `function` with `parameter`=`value`
-    (the tool-call grammar of realvllm.forced_call_request, for any tool and argument)."""
+    (the tool-call grammar of realvllm.forced_call_request, for any tool and argument); `said` is what the user's
+    message adds (a page's URL, which web_fetch reads only when the conversation gave it)."""
     call = (f"<tool_call>\n<function={function}>\n<parameter={parameter}>\n{value}\n</parameter>\n</function>\n"
             "</tool_call>")
     body = forced_call_request(real_vllm)
     body["structured_outputs"] = {"regex": re.escape(call)}
     del body["tools"]  # the client sends none: the call is to the tool the proxy adds
+    if said:
+        body["messages"] = [{"role": "user", "content": f"Say something about {said}"}]
     return body
 
 
@@ -168,8 +171,11 @@ def monitored(real_vllm, _proxies, _searxng_server, tmp_path_factory):
                 forced(real_vllm, "web_search", "query", "hello"),  # the search cache's hit, in both rounds
                 forced(real_vllm, "web_search", "query", EMPTY_QUERY),  # an empty answer is never cached
                 forced(real_vllm, "web_search", "query", f"{PARTIAL_QUERY} {round_}"),  # an engine failing
-                forced(real_vllm, "web_fetch", "url", f"http://127.0.0.1:{site.port}/notes{round_}"),
+                forced(real_vllm, "web_fetch", "url", f"http://127.0.0.1:{site.port}/notes{round_}",
+                       said=f"http://127.0.0.1:{site.port}/notes{round_}"),
                 forced(real_vllm, "web_fetch", "url", "ftp://files.example/notes"),  # refused: not http(s)
+                # Refused by URL provenance: the model built it (README, Security).
+                forced(real_vllm, "web_fetch", "url", f"http://127.0.0.1:{site.port}/notes{round_}?k=built"),
             ]
             for i, body in enumerate(requests):
                 reply = http.post(proxy.url + CHAT, body, headers=AUTH)

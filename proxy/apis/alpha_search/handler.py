@@ -11,7 +11,10 @@ tests/data/codex-alpha-search.md.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from flask import Response
@@ -37,15 +40,17 @@ from proxy.apis.alpha_search.rules import (
     view_ref,
     within_cap,
 )
+from proxy.apis.given import input_given
 from proxy.backends.fetcher import FetchError, Page
 from proxy.backends.search import SearchOutcome, filter_domains
 from proxy.core import codec, routes
 from proxy.core.errors import error_response
-from proxy.engine.events import TOOL_CALL, TOOLS_RAN
+from proxy.engine.events import TOOL_CALL, TOOLS_RAN, URL_REFUSED
 from proxy.engine.exchange import ClientWatch
 from proxy.engine.services import Services
 from proxy.runtime.cancel import Watch, watched
 from proxy.runtime.concurrency import run_together
+from proxy.tools.provenance import Ledger, Rules
 from proxy.tools.web_fetch import FetchOutcome
 from proxy.tools.web_search import clean_query
 
@@ -63,6 +68,7 @@ class SearchCall:
     watch: Watch | None
     turn: int
     known_refs: dict[str, str]      # from the thread's earlier answers
+    ledger: Ledger                  # the URLs open and find may read (proxy/tools/provenance.py)
     sections: list[str] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     succeeded: int = 0              # commands that worked; none, with upstream failures only, is a 502/504
@@ -73,6 +79,30 @@ class AlphaSearch:
     def __init__(self, services: Services):
         self.cfg, self.search, self.fetcher, self.events = services.cfg, services.search, services.fetcher, services.events
         self.refs = RefStore()
+        # One ledger per thread and user turn: Codex sends each web.run call alone, so the links a page showed in
+        # one call are followed in the next, and the link budget is per turn of the user, as it is per request
+        # elsewhere. Bounded like the ref store, least recently used first out.
+        self.ledgers: OrderedDict[tuple[str, str], Ledger] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def ledger(self, parsed: Parsed, input_, known_refs: dict[str, str]) -> Ledger:
+        """The thread's ledger for this user turn (a new one when `input` changed): the conversation's URLs and every
+        URL the thread's earlier answers listed; search results of this turn's calls are added as they come."""
+        parts = input_given(input_)
+        turn_key = hashlib.sha256(codec.dumps(input_)).hexdigest() if parts else ""
+        with self._lock:
+            found = self.ledgers.get((parsed.session, turn_key)) if parsed.session else None
+            if found is None:
+                found = Ledger(Rules.of(self.cfg), parts)
+                found.allow(known_refs.values(), "search")  # earlier turns' results and pages, given as Anthropic's are
+                if parsed.session:
+                    self.ledgers[(parsed.session, turn_key)] = found
+                    while len(self.ledgers) > self.refs.max_sessions:
+                        self.ledgers.popitem(last=False)
+            else:
+                self.ledgers.move_to_end((parsed.session, turn_key))
+        found.allow((url for ref, url in known_refs.items() if "search" in ref), "search")
+        return found
 
     def _search(self, query: Query, limit: int, allowed, watch: Watch | None) -> SearchOutcome:
         cleaned, early = clean_query(query.q)
@@ -104,17 +134,23 @@ class AlphaSearch:
             text, got = format_search(outcome, call.turn, len(call.new_refs))
             call.sections.append(text)
             call.new_refs.update(got)
+            call.ledger.allow(got.values(), "search")
 
     def _page_for(self, call: SearchCall, command: str, ref_id: str) -> Page | None:
         """The page a ref id (or URL) names, or None once the failure is counted and written."""
         # This call's search results count too: a model may open what the same call found.
         url = resolve(ref_id, {**call.known_refs, **call.new_refs})
+        refusal = call.ledger.admit(url) if url is not None else None
         if url is None:
             failure = unknown_ref(command, ref_id)
+        elif refusal is not None:  # before any lookup: a URL the model built never reaches a server or the DNS
+            self.events.emit(URL_REFUSED, call.environ, refusal.reason)
+            failure = Failure("url_not_allowed", refusal.message[0].upper() + refusal.message[1:])
         else:
             try:
                 page = self._fetch(url, call.parsed, call.watch)
                 self.events.emit(TOOL_CALL, call.environ, (command, FetchOutcome(url, page=page)))
+                call.ledger.learn_page(url, page.url, page.text)
                 return page
             except FetchError as e:
                 failure = Failure(e.code, e.message, e.timed_out)
@@ -148,13 +184,14 @@ class AlphaSearch:
         if call.parsed.unsupported:
             call.sections.append(unsupported_note(call.parsed.unsupported))
 
-    def run(self, parsed: Parsed, environ: dict,
-            watch: Watch | None = None) -> tuple[list[str], list[Failure], int, int]:
+    def run(self, parsed: Parsed, environ: dict, watch: Watch | None = None,
+            input_=None) -> tuple[list[str], list[Failure], int, int]:
         """-> (output sections, failures, commands that succeeded, searches run). Each search and page read
-        is on the client's `watch`: a client that leaves stops what is under way and what was still to run."""
+        is on the client's `watch`: a client that leaves stops what is under way and what was still to run.
+        `input_` is the request's `input`, the conversation whose URLs open and find may read."""
         parsed, left = within_cap(parsed, self.cfg.alpha_search_max_pages)
         turn, known_refs = self.refs.begin(parsed.session)
-        call = SearchCall(parsed, environ, watch, turn, known_refs)
+        call = SearchCall(parsed, environ, watch, turn, known_refs, self.ledger(parsed, input_, known_refs))
         if parsed.queries:
             self._run_searches(call)
         self._run_page_commands(call)
@@ -174,7 +211,7 @@ class AlphaSearch:
             return error_response(400, e.message, param=e.param)
         watch = ClientWatch(environ, self.events)
         try:
-            sections, failures, succeeded, searches = self.run(parsed, environ, watch)
+            sections, failures, succeeded, searches = self.run(parsed, environ, watch, body.get("input"))
         finally:
             watch.stop()
         if watch.gone:

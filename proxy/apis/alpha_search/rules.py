@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from proxy.backends.fetcher import Page
 from proxy.backends.search import SearchOutcome
+from proxy.tools.web_fetch import removed_note
 
 CHARS_PER_TOKEN = 4            # the fetch core's estimate too
 DEFAULT_OUTPUT_TOKENS = 2500   # what Codex 0.171.0 sends as max_output_tokens
@@ -266,7 +267,8 @@ def format_open(ref: str, page: Page, lineno: int, budget_chars: int) -> str:
     lines = page_lines(page.text)
     start = min(lineno, len(lines) - 1)
     head = (f"## open [{ref}] {page.title or page.url}\nURL: {page.url}\n"
-            f"Retrieved: {page.retrieved_at}; {page.content_type}; {len(lines)} lines")
+            f"Retrieved: {page.retrieved_at}; {page.content_type}; {len(lines)} lines"
+            + (f"\n{removed_note(page)}" if removed_note(page) else ""))
     out: list[str] = []
     used, end = len(head), start
     for n in range(start, len(lines)):

@@ -13,6 +13,7 @@ import logging
 from flask import Response
 
 from proxy.apis import citations
+from proxy.apis.chat.given import given
 from proxy.apis.chat.rules import (
     WEB_SEARCH,
     add_usage,
@@ -31,6 +32,7 @@ from proxy.core.codec import data_of, iter_frame_batches
 from proxy.core.errors import error_response, sse_error
 from proxy.engine import loop
 from proxy.engine.exchange import Exchange, response_headers
+from proxy.tools.provenance import Ledger, Rules
 
 log = logging.getLogger("proxy.chat")
 
@@ -51,6 +53,7 @@ def handle(ex: Exchange) -> Response:
     ours = tools_to_inject(body, ex.cfg.inject_web_search, ex.cfg.inject_web_fetch)
     if not ours:
         return ex.relay()
+    ex.ledger = Ledger(Rules.of(ex.cfg), given(body))
     body = with_tools(body, ours)
     if body.get("stream"):
         if ex.cfg.stream_search == "client":

@@ -17,7 +17,7 @@ from proxy.core import codec
 from proxy.core.codec import as_dict, as_list
 from proxy.tools.base import NOT_EXECUTED, Outcome
 from proxy.tools.registry import WEB_FETCH, WEB_SEARCH
-from proxy.tools.web_fetch import FetchOutcome
+from proxy.tools.web_fetch import FetchOutcome, removed_note
 from proxy.tools.web_search import format_for_model
 
 SERVER_NAME = WEB_SEARCH            # the names Anthropic gives the server tools' blocks: the proxy's tools' own
@@ -147,6 +147,9 @@ def replayed_text(content, sources: citations.Sources | None) -> str:
 def fetch_model_text(outcome: FetchOutcome) -> str:
     """What the model reads for a web_fetch call: the text the block replays, so a replayed page reads the same."""
     text = fetch_text(fetch_content(outcome), outcome.message or None)
+    if outcome.page is not None and removed_note(outcome.page):
+        head, _, rest = text.partition("\n\n")  # on the head, as in the other APIs: the page text follows
+        text = f"{head}\n{removed_note(outcome.page)}\n\n{rest}"
     return text + CUT_NOTE if outcome.truncated else text
 
 

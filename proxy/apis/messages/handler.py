@@ -26,6 +26,7 @@ from proxy.apis.messages.blocks import (
     turn_calls,
     with_searches,
 )
+from proxy.apis.messages.given import given
 from proxy.apis.messages.request import (
     MessagesPlan,
     fetch_request,
@@ -46,6 +47,7 @@ from proxy.engine import loop
 from proxy.engine.exchange import Exchange, response_headers
 from proxy.tools import registry
 from proxy.tools.base import Outcome, Request
+from proxy.tools.provenance import Ledger, Rules
 from proxy.transport.vllm import UpstreamError, gateway_status
 
 
@@ -65,6 +67,10 @@ def handle(ex: Exchange) -> Response:
     if problem:
         return anthropic_error(400, problem)
     vbody, plan = rewrite(body, ex.cfg.citations)
+    parts, pages = given(body)
+    ex.ledger = Ledger(Rules.of(ex.cfg), parts)
+    for url, text in pages:  # links of pages read in earlier requests: links, within this request's budget
+        ex.ledger.learn_page(url, url, text)
     if ex.target.split("?", 1)[0].rstrip("/").endswith("/count_tokens"):
         return count_tokens(ex, vbody)
     # Claude Code's search sub-request names its query; searching it directly saves the model

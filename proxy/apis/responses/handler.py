@@ -15,6 +15,7 @@ from flask import Response
 
 from proxy.apis import citations
 from proxy.apis.responses.calls import internal_calls, next_request, tool_request
+from proxy.apis.responses.given import given
 from proxy.apis.responses.output import (
     add_usage,
     client_view,
@@ -30,6 +31,7 @@ from proxy.core import codec, routes
 from proxy.core.errors import error_response
 from proxy.engine import loop
 from proxy.engine.exchange import Exchange
+from proxy.tools.provenance import Ledger, Rules
 
 PATH = routes.RESPONSES
 
@@ -49,6 +51,7 @@ def handle(ex: Exchange) -> Response:
     if not plan.hosted:
         # History only: the model has no search tool this time, so vLLM's answer is final.
         return ex.relay(codec.dumps(request))
+    ex.ledger = Ledger(Rules.of(ex.cfg), given(body))
     dialect = StreamedResponses if body.get("stream") else PlainResponses
     return loop.run(ex, dialect(ex, request, plan))
 
