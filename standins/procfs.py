@@ -2,6 +2,10 @@
 connections. Used by the fault, fuzz and load tests, by proxy_process.py and by scripts/load_test.py.
 """
 import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
 
 
 def children(pid: int) -> list[int]:
@@ -61,3 +65,26 @@ def backend_connections(pid: int, port: int) -> int:
         if int(f[2].split(":")[1], 16) == port and f[3] == "01" and f[9] in inodes:  # 01: ESTABLISHED
             n += 1
     return n
+
+
+def wait_serving(proc: subprocess.Popen, probe: str, timeout: float, name: str, log: Callable[[], str]) -> str:
+    """The http://127.0.0.1:PORT of a server started on port 0, once GET `probe` answers 200: the port comes from
+    the process's listening socket (procfs), never its log, which a quiet log level may leave empty."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log()}")
+        try:
+            ports = listening_ports(proc.pid)
+        except OSError:
+            ports = []
+        if ports:
+            url = f"http://127.0.0.1:{ports[0]}"
+            try:
+                with urllib.request.urlopen(url + probe, timeout=2) as reply:
+                    if reply.status == 200:
+                        return url
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{name} did not start within {timeout:g} s:\n{log()}")

@@ -11,13 +11,12 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from .procfs import listening_ports
+from .procfs import wait_serving
 
 
 def binary(name: str) -> str:
@@ -41,31 +40,11 @@ class PrometheusServer:
              "--web.listen-address=127.0.0.1:0"],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            self.url = self._wait_ready(timeout)
+            # /-/ready answers once the storage is open.
+            self.url = wait_serving(self.proc, "/-/ready", timeout, "prometheus", self.log)
         except BaseException:
             self.stop()
             raise
-
-    def _wait_ready(self, timeout: float) -> str:
-        # The port from the listening socket (procfs), as for the proxy; /-/ready once the storage is open.
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                ports = listening_ports(self.proc.pid)
-            except OSError:
-                ports = []
-            if ports:
-                url = f"http://127.0.0.1:{ports[0]}"
-                try:
-                    with urllib.request.urlopen(url + "/-/ready", timeout=2) as reply:
-                        if reply.status == 200:
-                            return url
-                except OSError:
-                    pass
-            time.sleep(0.1)
-        raise RuntimeError(f"prometheus not ready within {timeout:g} s:\n{self.log()}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -12,11 +12,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from .procfs import children, listening_ports
+from .procfs import children, wait_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +43,8 @@ class ProxyProcess:
             [sys.executable, "-m", "gunicorn", "--config", "gunicorn.conf.py", *args, app],
             cwd=cwd, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            self.url = self._wait_healthy(timeout)
+            # The health answer means a worker is up.
+            self.url = wait_serving(self.proc, "/proxy/health", timeout, "gunicorn", self.log)
         except BaseException:
             self.stop()  # a proxy that did not come up must not outlive the run that started it
             raise
@@ -56,27 +56,6 @@ class ProxyProcess:
 
     def workers(self) -> list[int]:
         return children(self.proc.pid)
-
-    def _wait_healthy(self, timeout: float) -> str:
-        # The port comes from the master's listening socket, not its log: the log says "Listening at" only at
-        # LOG_LEVEL info, and a benchmark may run the proxy quieter. The health answer means a worker is up.
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gunicorn exited:\n{self.log()}")
-            try:
-                ports = listening_ports(self.proc.pid)
-            except OSError:
-                ports = []
-            if ports:
-                url = f"http://127.0.0.1:{ports[0]}"
-                try:
-                    urllib.request.urlopen(url + "/proxy/health", timeout=2).read()
-                    return url
-                except OSError:
-                    pass
-            time.sleep(0.05)
-        raise RuntimeError(f"gunicorn did not start within {timeout:g} s:\n{self.log()}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from standins.brave import BraveStandIn
 from standins.proxy_process import ProxyProcess
 from standins.scripted_backend import ScriptedBackend
 from standins.searxng import SearxngStandIn
@@ -133,3 +134,16 @@ def site(_site):
     yield _site
     _site.reset()
 
+
+@pytest.fixture(scope="session")
+def _brave():
+    with BraveStandIn() as server:
+        yield server
+
+
+@pytest.fixture
+def brave(_brave):
+    """The Brave Search API stand-in (standins/brave.py), answering with results and its requests forgotten."""
+    _brave.requests.clear()
+    _brave.behave("results")
+    yield _brave

@@ -63,19 +63,6 @@ def test_a_long_description_is_cut_and_the_limit_holds():
 
 # ---- against the stand-in ----------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def _brave():
-    with BraveStandIn() as server:
-        yield server
-
-
-@pytest.fixture
-def brave(_brave):
-    _brave.requests.clear()
-    _brave.behave("results")
-    yield _brave
-
-
 def backend(server, key=KEY, timeout=10.0, max_bytes=4 * 1024 * 1024):
     return BraveSearch(key, results=5, timeout=timeout, max_bytes=max_bytes, api_url=server.api_url)
 

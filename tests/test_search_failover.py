@@ -19,7 +19,7 @@ from proxy.backends.failover import DEVELOPER_ENGINES, FailoverSearch
 from proxy.backends.search_health import COOL_DOWN_FIRST
 from proxy.backends.searxng import SearXNG
 from proxy.runtime.cancel import Cancel
-from standins.brave import KEY, BraveStandIn
+from standins.brave import KEY
 from standins.rawhttp import raw_request
 from standins.searxng import SearxngStandIn
 from standins.vllm_wire import completion, json_reply, tool_call
@@ -50,19 +50,6 @@ def servers(_servers):
         s.reset()
         if s.server is None:
             s.start()  # a test closed it to play a dead instance
-
-
-@pytest.fixture(scope="module")
-def _brave():
-    with BraveStandIn() as server:
-        yield server
-
-
-@pytest.fixture
-def brave(_brave):
-    _brave.requests.clear()
-    _brave.behave("results")
-    yield _brave
 
 
 def failover(servers, timeout=10.0, clock=None, keyed=None, mode="fallback", seen=None):
