@@ -8,6 +8,7 @@ event carries. An event nobody subscribed to costs one dictionary lookup.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 TOOLS_RAN = "tools_ran"          # a ToolSession ran a round; payload: the outcomes as the tools gave them
@@ -16,8 +17,20 @@ TOOL_CALL = "tool_call"          # one call outside the loop (Codex's /v1/alpha/
 URL_REFUSED = "url_refused"      # URL provenance refused a page read before it ran; payload: the reason
 CAP_HIT = "cap_hit"              # a limit ended the loop; payload: the cap's name ("search_rounds")
 CLIENT_LEFT = "client_left"      # the client hung up; payload: the calls to vLLM that this cut
+REQUEST_ENDED = "request_ended"  # a request's body is done or abandoned; payload: its Finished record
 
 Observer = Callable[[dict, Any], None]
+
+
+@dataclass(frozen=True)
+class Finished:
+    """One request as it ended, measured around the whole app (proxy/http/flow.py): monotonic times in seconds."""
+    status: str                  # the HTTP status code as text, "-" when none was sent
+    started: float
+    first_byte: float | None     # when the first non-empty body bytes left; None when none did
+    ended: float
+    sent: int                    # body bytes handed to the server
+    complete: bool               # the body was sent to its end (else the server stopped sending: the client left)
 
 
 class Events:

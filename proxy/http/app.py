@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import time
 import urllib.parse
 
 from flask import Flask, Response, request
@@ -19,8 +18,10 @@ from proxy.apis.responses import handler as responses
 from proxy.core import codec, routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
+from proxy.engine.events import REQUEST_ENDED
 from proxy.engine.exchange import Exchange
-from proxy.http.wiring import SEARCHES, build_services
+from proxy.http.flow import RequestFlow, access_log
+from proxy.http.wiring import build_services
 from proxy.observe import metrics
 from proxy.transport.http1 import end_to_end_headers
 
@@ -29,30 +30,6 @@ log = logging.getLogger("proxy")
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 # Client credentials are for the proxy; vLLM gets BACKEND_API_KEY or nothing in their place.
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key"})
-
-
-class AccessLog:
-    """WSGI wrapper: one log line per request, written when its body has been sent.
-
-    Never logs prompt or completion text; handlers add the number of searches to the environ.
-    """
-
-    def __init__(self, app):
-        self.app = app
-
-    def __call__(self, environ, start_response):
-        started = time.monotonic()
-        environ[SEARCHES] = 0
-        state = {"status": "-"}
-
-        def sr(status, headers, exc_info=None):
-            state["status"] = status.split(" ", 1)[0]
-            return start_response(status, headers, exc_info)
-
-        body = self.app(environ, sr)
-        return _CountingIterable(body, lambda sent: log.info(
-            "%s %s %s %.0fms searches=%d bytes=%d", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"),
-            state["status"], (time.monotonic() - started) * 1000, environ[SEARCHES], sent))
 
 
 class WholePath:
@@ -73,25 +50,6 @@ class WholePath:
             environ["PATH_INFO"] = urllib.parse.unquote_to_bytes(script).decode("latin-1") + environ.get("PATH_INFO", "")
             environ["SCRIPT_NAME"] = ""
         return self.app(environ, start_response)
-
-
-class _CountingIterable:
-    def __init__(self, body, done):
-        self._body = body
-        self._done = done
-        self._sent = 0
-
-    def __iter__(self):
-        for chunk in self._body:
-            self._sent += len(chunk)
-            yield chunk
-
-    def close(self):
-        try:
-            if hasattr(self._body, "close"):
-                self._body.close()
-        finally:
-            self._done(self._sent)
 
 
 def outbound_headers(headers, cfg: Config) -> list[tuple[str, str]]:
@@ -175,8 +133,10 @@ def create_app(cfg: Config) -> Flask:
     def passthrough(path):
         return exchange().relay()
 
-    app.wsgi_app = WholePath(AccessLog(app.wsgi_app))  # type: ignore[method-assign]  # Flask's documented way to add WSGI middleware
-    metrics.install(app, cfg)  # GET /proxy/metrics, and the request metrics around everything
+    metrics.install(app, cfg)  # GET /proxy/metrics
+    services.events.subscribe(REQUEST_ENDED, access_log)
+    # Flask's documented way to add WSGI middleware; RequestFlow outermost, so its times are the whole request's.
+    app.wsgi_app = RequestFlow(WholePath(app.wsgi_app), services.events)  # type: ignore[method-assign]
     return app
 
 

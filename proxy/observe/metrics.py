@@ -28,7 +28,16 @@ from proxy.backends.search import SearchBackend, SearchOutcome
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
 from proxy.core.routes import PROXY_METRICS, api_of
-from proxy.engine.events import CAP_HIT, CLIENT_LEFT, ROUND_DONE, TOOL_CALL, URL_REFUSED, Events
+from proxy.engine.events import (
+    CAP_HIT,
+    CLIENT_LEFT,
+    REQUEST_ENDED,
+    ROUND_DONE,
+    TOOL_CALL,
+    URL_REFUSED,
+    Events,
+    Finished,
+)
 from proxy.runtime.cancel import Cancel
 from proxy.tools.base import Outcome
 
@@ -135,6 +144,7 @@ def observe(events: Events) -> None:
     events.subscribe(URL_REFUSED, url_refused)
     events.subscribe(CAP_HIT, cap_hit)
     events.subscribe(CLIENT_LEFT, client_left)
+    events.subscribe(REQUEST_ENDED, request_ended)
 
 
 def round_done(environ, outcomes) -> None:
@@ -176,58 +186,16 @@ def client_left(environ, aborted: int) -> None:
 
 # ---- the request middleware -----------------------------------------------------------------
 
-class RequestMetrics:
-    """WSGI wrapper around the whole app: a request's count, latency and time to first byte,
-    recorded when its body is done (or the client left). The body passes through untouched."""
-
-    def __init__(self, app):
-        self.app = app
-
-    def __call__(self, environ, start_response):
-        started = time.monotonic()
-        status = ["-"]
-
-        def sr(line, headers, exc_info=None):
-            status[0] = line[:3]
-            return start_response(line, headers, exc_info)
-
-        return _Timed(self.app(environ, sr), environ, started, status)
-
-
-class _Timed:
-    __slots__ = ("_body", "_environ", "_started", "_status", "_first", "_complete")
-
-    def __init__(self, body, environ, started, status):
-        self._body, self._environ, self._started, self._status = body, environ, started, status
-        self._first: float | None = None
-        self._complete = False
-
-    def __iter__(self):
-        # Only the first non-empty chunk is looked at; the rest is delegated as it comes.
-        rest = iter(self._body)
-        for chunk in rest:
-            if chunk:
-                self._first = time.monotonic()
-                yield chunk
-                break
-            yield chunk
-        yield from rest
-        self._complete = True
-
-    def close(self):
-        try:
-            if hasattr(self._body, "close"):
-                self._body.close()
-        finally:
-            now = time.monotonic()
-            api = api_of(self._environ.get("PATH_INFO", ""))
-            REQUESTS.labels(api, self._status[0]).inc()
-            REQUEST_SECONDS.labels(api).observe(now - self._started)
-            if self._first is not None:
-                FIRST_BYTE_SECONDS.labels(api).observe(self._first - self._started)
-            # gunicorn closes a body it stopped sending early: a client that hung up mid-answer.
-            if self._environ.get(LEFT) or not self._complete:
-                DISCONNECTS.labels(api).inc()
+def request_ended(environ, done: Finished) -> None:
+    """A request's count, latency and time to first byte, recorded when its body is done (or the client left)."""
+    api = api_of(environ.get("PATH_INFO", ""))
+    REQUESTS.labels(api, done.status).inc()
+    REQUEST_SECONDS.labels(api).observe(done.ended - done.started)
+    if done.first_byte is not None:
+        FIRST_BYTE_SECONDS.labels(api).observe(done.first_byte - done.started)
+    # gunicorn closes a body it stopped sending early: a client that hung up mid-answer.
+    if environ.get(LEFT) or not done.complete:
+        DISCONNECTS.labels(api).inc()
 
 
 # ---- around SearXNG and the fetcher --------------------------------------------------------------
@@ -308,15 +276,11 @@ def exposition(multiproc_dir: str) -> bytes:
 
 
 def install(app: Flask, cfg: Config) -> None:
-    """GET /proxy/metrics, behind PROXY_API_KEY like every path not in routes.OPEN_PATHS, and the
-    request middleware (outermost, so its latency is the whole request's)."""
+    """GET /proxy/metrics, behind PROXY_API_KEY like every path not in routes.OPEN_PATHS."""
 
     @app.route(PATH)
     def proxy_metrics():
         if not cfg.proxy_metrics:
             return error_for_path(PATH, 404, "The proxy's metrics are off (PROXY_METRICS=off).")
         return Response(exposition(cfg.metrics_dir), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    if cfg.proxy_metrics:
-        app.wsgi_app = RequestMetrics(app.wsgi_app)  # type: ignore[method-assign]  # Flask's documented way
 

@@ -1,0 +1,72 @@
+"""RequestFlow: the one WSGI wrapper around the whole app that times each request (arrival, first body byte, end)
+and counts what its body sent, then tells the worker's event hub the request ended (engine/events.py's
+REQUEST_ENDED); the access log and the metrics subscribe. Installed by create_app; not run on its own
+(tests/test_faults.py reads its log line, tests/test_metrics.py its counts).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from proxy.engine.events import REQUEST_ENDED, Events, Finished
+from proxy.http.wiring import SEARCHES
+
+log = logging.getLogger("proxy")
+
+
+class RequestFlow:
+    """Outermost, so its times are the whole request's. The body passes through untouched, chunk for chunk."""
+
+    def __init__(self, app, events: Events):
+        self.app = app
+        self.events = events
+
+    def __call__(self, environ, start_response):
+        started = time.monotonic()
+        environ[SEARCHES] = 0
+        status = ["-"]
+
+        def sr(line, headers, exc_info=None):
+            status[0] = line.split(" ", 1)[0]
+            return start_response(line, headers, exc_info)
+
+        return _Body(self.app(environ, sr), environ, started, status, self.events)
+
+
+class _Body:
+    __slots__ = ("_body", "_environ", "_started", "_status", "_events", "_first", "_sent", "_complete")
+
+    def __init__(self, body, environ, started, status, events):
+        self._body, self._environ, self._started, self._status, self._events = body, environ, started, status, events
+        self._first: float | None = None
+        self._sent = 0
+        self._complete = False
+
+    def __iter__(self):
+        # Until the first non-empty chunk, each is looked at for the time to first byte; after it, only counted.
+        rest = iter(self._body)
+        for chunk in rest:
+            self._sent += len(chunk)
+            if chunk:
+                self._first = time.monotonic()
+                yield chunk
+                break
+            yield chunk
+        for chunk in rest:
+            self._sent += len(chunk)
+            yield chunk
+        self._complete = True
+
+    def close(self):
+        try:
+            if hasattr(self._body, "close"):
+                self._body.close()
+        finally:
+            self._events.emit(REQUEST_ENDED, self._environ, Finished(
+                self._status[0], self._started, self._first, time.monotonic(), self._sent, self._complete))
+
+
+def access_log(environ: dict, done: Finished) -> None:
+    """One line per request, written when its body has been sent; never prompt or completion text."""
+    log.info("%s %s %s %.0fms searches=%d bytes=%d", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"),
+             done.status, (done.ended - done.started) * 1000, environ.get(SEARCHES, 0), done.sent)
