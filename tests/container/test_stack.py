@@ -242,7 +242,9 @@ def test_codex_standalone_search_opens_a_page_from_the_proxy_container(stack):
                      "the extractor sees a real paragraph of text and keeps it as the main content.</p>" * 3
                    + "</article></body></html>")
         url = f"http://host.docker.internal:{site.port}/notes"
-        body = {"id": "thread-1", "model": "foundation", "commands": {"open": [{"ref_id": url}]},
+        # The user names the page, as Codex's input carries it: URL provenance lets open read only a given URL.
+        body = {"id": "thread-1", "model": "foundation", "input": f"What do the release notes at {url} say?",
+                "commands": {"open": [{"ref_id": url}]},
                 "settings": {"allowed_callers": ["direct"], "external_web_access": False}, "max_output_tokens": 2500}
         req = urllib.request.Request(stack.proxy_url + "/v1/alpha/search", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
