@@ -123,12 +123,9 @@ class AttackerWeb(SocketStandIn):
     def serve(self, conn: socket.socket, index: int) -> None:
         try:
             conn.settimeout(10)
-            head = b""
-            while b"\r\n\r\n" not in head and len(head) < 65536:
-                data = conn.recv(4096)
-                if not data:
-                    return
-                head += data
+            head = self.read_head(conn)
+            if head is None:
+                return
             lines = head.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
             target = lines[0].split(" ")[1] if lines[0].count(" ") >= 2 else "/"
             host = next((v.strip() for n, _, v in (line.partition(":") for line in lines[1:]) if n.lower() == "host"), "")

@@ -210,12 +210,9 @@ class HostileWeb(SocketStandIn):
             self.open_now += 1
         try:
             conn.settimeout(30)
-            head = b""
-            while b"\r\n\r\n" not in head and len(head) < 65536:
-                data = conn.recv(4096)
-                if not data:
-                    return
-                head += data
+            head = self.read_head(conn)
+            if head is None:
+                return
             path = head.split(b" ", 2)[1].decode("latin-1") if head.count(b" ") >= 2 else "/"
             with self._lock:
                 self.requests.append(path)

@@ -89,6 +89,18 @@ class SocketStandIn:
     def serve(self, conn: socket.socket, index: int) -> None:
         raise NotImplementedError
 
+    @staticmethod
+    def read_head(conn: socket.socket) -> bytes | None:
+        """A request's head, up to and including its blank line (at most 64 KiB read), or None when the client
+        closed first; the socket's timeout bounds each receive."""
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 65536:
+            data = conn.recv(4096)
+            if not data:
+                return None
+            head += data
+        return head
+
     def _accept(self) -> None:
         while True:
             try:
