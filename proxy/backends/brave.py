@@ -43,8 +43,9 @@ def request_url(api_url: str, query: str, language: str | None, count: int, time
     return api_url + "?" + urllib.parse.urlencode(params)
 
 
-def request_headers(host: str, api_key: str) -> dict[str, str]:
-    return {"Host": host, "Accept": "application/json", "Accept-Encoding": "gzip", "User-Agent": USER_AGENT,
+def request_headers(api_key: str) -> dict[str, str]:
+    """Brave's headers (the web client adds Host): the key only in X-Subscription-Token, as Brave documents."""
+    return {"Accept": "application/json", "Accept-Encoding": "gzip", "User-Agent": USER_AGENT,
             "X-Subscription-Token": api_key}
 
 
@@ -143,17 +144,12 @@ class BraveSearch:
         connect, head and body together."""
         seconds = timeout if timeout is not None else self.timeout
         url = request_url(self.api_url, query, language, limit or self.results, time_range)
-        parts = urllib.parse.urlsplit(url)
         started = time.monotonic()
         cancel = cancel or Cancel()
-        cancel.arm(seconds)
-        opened = None
         try:
-            opened = webclient.get(parts.scheme, parts.hostname or "", parts.port, parts.path + "?" + parts.query,
-                                   request_headers(parts.netloc, self._key), seconds, cancel)
-            body, too_big = webclient.read_body(opened, self.max_bytes, cancel)
+            status, body, too_big = webclient.get_url(url, request_headers(self._key), seconds, self.max_bytes, cancel)
             outcome = (_failed(query, f"Search failed: the {SOURCE} answered more than {self.max_bytes} bytes.")
-                       if too_big else outcome_from_response(query, opened.status, body, limit or self.results))
+                       if too_big else outcome_from_response(query, status, body, limit or self.results))
         except webclient.WebError as e:
             if cancel.reason == GONE:
                 outcome = _failed(query, "Search failed: the client closed the request.")
@@ -162,10 +158,6 @@ class BraveSearch:
                                   timed_out=True)
             else:
                 outcome = _failed(query, f"Search failed: cannot reach the {SOURCE}: {e.detail}")
-        finally:
-            cancel.disarm()
-            if opened is not None:
-                opened.close()
         log.info("brave search -> %s (%d hits, %.0f ms)", outcome.status, len(outcome.hits),
                  (time.monotonic() - started) * 1000)
         return outcome

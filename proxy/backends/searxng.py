@@ -171,32 +171,22 @@ class SearXNG:
         instance's own by default) and the engines or categories asked (default: the instance's usual ones)."""
         seconds = self.timeout if timeout is None else timeout
         url = search_url(self.base_url, query, language, time_range, engines, categories)
-        parts = urllib.parse.urlsplit(url)
         started = time.monotonic()
         cancel = cancel or Cancel()
-        cancel.arm(seconds)
-        opened = None
         try:
             # A fresh connection per search: searches are seconds apart and few, and the
             # client's X-Forwarded-For never rides along (SearXNG would rate-limit by it).
-            headers = {"Host": parts.netloc, **dict(REQUEST_HEADERS)}
-            opened = webclient.get(parts.scheme, parts.hostname or "", parts.port, parts.path + "?" + parts.query,
-                                   headers, seconds, cancel)
-            body, too_big = webclient.read_body(opened, self.max_bytes, cancel)
+            status, body, too_big = webclient.get_url(url, dict(REQUEST_HEADERS), seconds, self.max_bytes, cancel)
             if too_big:
                 answer = Answer(SearchOutcome(query, "failed", error_code="unavailable", message=(
                     f"Search failed: {self.base_url} answered more than {self.max_bytes} bytes (SEARXNG_MAX_BYTES).")))
             else:
-                answer = read_response(query, self.base_url, opened.status, body, limit or self.results)
+                answer = read_response(query, self.base_url, status, body, limit or self.results)
         except webclient.WebError as e:
             answer = Answer(self._interrupted(query, cancel, seconds) or SearchOutcome(
                 query, "failed", error_code="unavailable", message=(
                     f"Search failed: {self.base_url} did not answer within {seconds:g} s." if e.kind == "timeout" else
                     f"Search failed: cannot reach SearXNG at {self.base_url}: {e.detail}"), timed_out=e.kind == "timeout"))
-        finally:
-            cancel.disarm()
-            if opened is not None:
-                opened.close()
         outcome = answer.outcome
         # The query is model-written from the prompt, so its text is logged only at DEBUG.
         log.info("search -> %s (%d hits, %.0f ms)", outcome.status, len(outcome.hits),

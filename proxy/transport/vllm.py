@@ -13,6 +13,7 @@ a JSON answer and 2-7x faster on chunked ones (SSE streams, large bodies).
 """
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import ssl
@@ -217,14 +218,8 @@ class UpstreamResponse:
         size = READ_SIZE
         if self._framing == "length":  # what is left of it in few reads, at most 1 MiB each
             size = min(max(self._left - sum(map(len, self._body)), READ_SIZE), 1 << 20)
-        try:
+        with self._broken("broke"):
             body = b"".join(self._pieces(size))
-        except TimeoutError as e:
-            self.abort()
-            raise UpstreamError("timeout", f"{self._backend.base_url} stopped answering for {self._backend.read_timeout:g} s") from e
-        except (OSError, ProtocolError) as e:
-            self.abort()
-            raise UpstreamError("unreachable", f"connection to {self._backend.base_url} broke: {e}") from e
         self.close()
         return body
 
@@ -233,15 +228,22 @@ class UpstreamResponse:
 
         Raises UpstreamError if the backend dies or goes silent before the body ends.
         """
-        try:
+        with self._broken("broke mid-response"):
             yield from self._pieces(size)
+        self.close()
+
+    @contextlib.contextmanager
+    def _broken(self, what: str):
+        """A body read that fails is UpstreamError (timeout, or unreachable: the connection `what`), the connection
+        aborted first so it never goes back to the pool."""
+        try:
+            yield
         except TimeoutError as e:
             self.abort()
             raise UpstreamError("timeout", f"{self._backend.base_url} stopped answering for {self._backend.read_timeout:g} s") from e
         except (OSError, ProtocolError) as e:
             self.abort()
-            raise UpstreamError("unreachable", f"connection to {self._backend.base_url} broke mid-response: {e}") from e
-        self.close()
+            raise UpstreamError("unreachable", f"connection to {self._backend.base_url} {what}: {e}") from e
 
     def _pieces(self, size: int):
         """The body's pieces as they arrive: as sent, or decoded when decode_content() asked for it (picked once

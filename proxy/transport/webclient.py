@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import ssl
+import urllib.parse
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -146,3 +147,22 @@ def short(e) -> str:
     """An exception as a short phrase: urllib3 nests the cause in long reprs."""
     text = str(getattr(e, "reason", None) or e)
     return text.split(": ", 1)[-1][:200] if text else type(e).__name__
+
+
+def get_url(url: str, headers: dict, seconds: float, max_bytes: int, cancel: Cancel) -> tuple[int, bytes, bool]:
+    """(status, at most max_bytes of the decoded body, whether there was more) of one GET of an API's `url` (a search
+    backend's: its name resolved as the system resolves it, not SSRF-checked like a page) on a fresh connection, with
+    Host added to `headers`; `cancel` is armed with `seconds` over connect, head and body together and disarmed
+    after. Raises WebError; the caller asks its Cancel first."""
+    parts = urllib.parse.urlsplit(url)
+    cancel.arm(seconds)
+    opened = None
+    try:
+        opened = get(parts.scheme, parts.hostname or "", parts.port, parts.path + "?" + parts.query,
+                     {"Host": parts.netloc, **headers}, seconds, cancel)
+        body, too_big = read_body(opened, max_bytes, cancel)
+        return opened.status, body, too_big
+    finally:
+        cancel.disarm()
+        if opened is not None:
+            opened.close()
