@@ -9,7 +9,14 @@ from proxy.backends.brave import BraveSearch
 from proxy.backends.cache import SharedTier, TTLCache
 from proxy.backends.failover import FailoverSearch
 from proxy.backends.fetcher import Fetcher, fetched_from_json, fetched_json
-from proxy.backends.search import CachedSearch, SearchBackend, SearchOutcome, outcome_from_json, outcome_json, outcome_size
+from proxy.backends.search import (
+    CachedSearch,
+    SearchBackend,
+    SearchOutcome,
+    outcome_from_json,
+    outcome_json,
+    outcome_size,
+)
 from proxy.backends.searxng import SearXNG
 from proxy.backends.state import open_state
 from proxy.core.config import Config
@@ -35,7 +42,7 @@ def build_services(cfg: Config) -> Services:
                          cfg.brave_search_url) if cfg.brave_search_api_key else None)
     failover = FailoverSearch(instances, cfg.searxng_timeout, keyed=keyed, keyed_mode=cfg.brave_search_mode,
                               on_engine_failure=metrics.search_engine_failed if on else None,
-                              on_fallback=metrics.search_fallback if on else None)
+                              on_fallback=metrics.search_fallback if on else None, shared=state)
     search: SearchBackend = failover
     if on:
         search = metrics.MeteredSearch(search)  # under the cache: only searches that went out are timed
