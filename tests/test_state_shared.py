@@ -14,13 +14,12 @@ import time
 import uuid
 
 import pytest
+from test_alpha_search import DOC, post
+from test_metrics import scrape, value
 
-from conftest import WORK
 from standins.proxy_process import ProxyProcess
 from standins.redis_server import RedisServer
 from standins.searxng import result
-from test_alpha_search import DOC, post
-from test_metrics import scrape, value
 
 pytestmark = [pytest.mark.redis, pytest.mark.xdist_group("state_shared")]
 
@@ -34,18 +33,22 @@ def store(tmp_path_factory):
         yield server
 
 
-def start(name: str, store: RedisServer, backend, searxng, **env) -> ProxyProcess:
-    WORK.mkdir(parents=True, exist_ok=True)
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    return tmp_path_factory.mktemp("proxies")
+
+
+def start(logs, name: str, store: RedisServer, backend, searxng, **env) -> ProxyProcess:
     return ProxyProcess({"BACKEND_URL": backend.url, "SEARXNG_URL": searxng.url, "STATE_URL": store.url,
-                         **SHARED, **env}, WORK / f"state-{name}-{uuid.uuid4().hex[:6]}.log")
+                         **SHARED, **env}, logs / f"proxy-{name}.log")
 
 
 @pytest.fixture(scope="module")
-def pair(store, _backend_server, _searxng_server):
+def pair(logs, store, _backend_server, _searxng_server):
     """Proxies A and B, one worker each, on the same store."""
-    a = start("a", store, _backend_server, _searxng_server)
+    a = start(logs, "a", store, _backend_server, _searxng_server)
     try:
-        b = start("b", store, _backend_server, _searxng_server)
+        b = start(logs, "b", store, _backend_server, _searxng_server)
     except BaseException:
         a.stop()
         raise
@@ -145,11 +148,10 @@ def test_the_store_dies_and_returns(pair, store, searxng, site):
     assert searxng.queries == [query]
 
 
-def test_two_workers_of_one_proxy_share_caches_and_refs(store, backend, searxng, site, _backend_server,
-                                                        _searxng_server):
+def test_two_workers_of_one_proxy_share_caches_and_refs(logs, store, searxng, site, _backend_server, _searxng_server):
     """PROXY_WORKERS=2: gunicorn hands each connection to either worker; with STATE_URL both see one cache and one
     set of ref ids. Requests go on until both workers have answered some (their metric files say which did)."""
-    proxy = start("workers", store, _backend_server, _searxng_server, PROXY_WORKERS="2")
+    proxy = start(logs, "workers", store, _backend_server, _searxng_server, PROXY_WORKERS="2")
     try:
         site.route("/doc", DOC)
         query = f"workers {uuid.uuid4().hex[:8]}"
