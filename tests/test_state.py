@@ -319,3 +319,11 @@ def test_a_hostile_cool_down_is_capped():
     from proxy.backends.search_health import COOL_DOWN_MAX, shared_cool_down
     found = shared_cool_down({"failures": 3, "until": 1e12, "error": "x\n\x1b[31m", "at": 1.0}, 1000.0)
     assert found is not None and found[1] == COOL_DOWN_MAX and found[2] == "x [31m"
+
+
+def test_ref_ids_of_a_shape_the_proxy_never_writes_are_not_known(store, redis_server):
+    """A hostile store can't hand the model a `javascript:` URL, or a ref id under a name no listing showed."""
+    redis_server.client().hset(key_of(REFS_USE, "t"), mapping={
+        TURN: "4", "turn0search0": "javascript:alert(1)", "bogus": "https://x.example/", "turn1view0": "https://ok/",
+        "turn0search1": "https://" + "a" * 9000})
+    assert RefStore(store).begin("t") == (4, {"turn1view0": "https://ok/"})

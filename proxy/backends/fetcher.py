@@ -98,7 +98,7 @@ def fetched_json(f: Fetched) -> dict:
     return {"page": asdict(f.page), "hops": list(f.hops), "status": f.status}
 
 
-_PAGE_TYPES = {"url": str, "title": (str, type(None)), "text": str, "content_type": str, "retrieved_at": str,
+_PAGE_TYPES: dict[str, type | tuple[type, ...]] = {"url": str, "title": (str, type(None)), "text": str, "content_type": str, "retrieved_at": str,
                "truncated": bool, "invisible": int, "hidden": int}
 
 

@@ -130,9 +130,9 @@ def shared_cool_down(doc: Any, now_wall: float) -> tuple[int, float, str, float]
     if not isinstance(doc, dict):
         return None
     failures, until, error, at = doc.get("failures"), doc.get("until"), doc.get("error"), doc.get("at")
-    numbers = (failures, until, at)
-    if (any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers) or not isinstance(error, str)
-            or not isinstance(failures, int) or not 0 < failures <= 64):
+    if (isinstance(failures, bool) or not isinstance(failures, int) or not 0 < failures <= 64
+            or not isinstance(error, str) or isinstance(until, bool) or not isinstance(until, (int, float))
+            or isinstance(at, bool) or not isinstance(at, (int, float))):
         return None
     left = min(float(until) - now_wall, COOL_DOWN_MAX)
     return (failures, left, short_message(error), float(at)) if left > 0 else None

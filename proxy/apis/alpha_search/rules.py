@@ -171,6 +171,7 @@ REFS_USE = "refs"              # the state store's name for them (proxy/backends
 # the store forgot is answered with a note asking for the URL, which every listing shows.
 REFS_TTL = 24 * 3600.0
 TURN = "#turn"                 # the thread's turn counter, a field beside its ref ids (which never start with #)
+MAX_REF_URL = 8192            # longer is no URL a listing showed
 _REF = re.compile(r"turn(\d{1,9})(search|view)(\d{1,9})")
 
 
@@ -199,7 +200,9 @@ class RefStore:
         if not session_id:
             return 0, {}
         turn = self.state.count(REFS_USE, session_id, TURN, REFS_TTL) - 1
-        refs = {k: v for k, v in self.state.fields(REFS_USE, session_id).items() if k != TURN}
+        # Only fields of the shape this store writes: a ref id naming an http(s) URL (a shared store is hostile too).
+        refs = {k: v for k, v in self.state.fields(REFS_USE, session_id).items()
+                if _REF.fullmatch(k) and v.startswith(("http://", "https://")) and len(v) <= MAX_REF_URL}
         return turn, refs
 
     def add(self, session_id: str, refs: dict):
