@@ -114,6 +114,7 @@ def test_the_store_dies_and_returns(pair, store, searxng, site):
     before = thread(search_query=[{"q": "before the outage"}])
     assert post(a, before)[0] == 200
     assert state_up(a) == 1 and state_up(b) == 1
+    assert value(scrape(a), "proxy_state_up", store=store.url) == 1  # labelled by its STATE_URL
     store.stop()
     try:
         # Both keep serving: searches (each proxy's own cache still works), pages, and a ref id says it is unavailable.
@@ -170,3 +171,9 @@ def test_two_workers_of_one_proxy_share_caches_and_refs(logs, store, searxng, si
         assert searxng.queries == [query] and [r.path for r in site.requests] == ["/doc"]
     finally:
         proxy.stop()
+
+
+def test_without_state_url_there_is_no_store_to_report(proxy):
+    """No series at all (an unlabelled gauge's 0 would read as a store that is down)."""
+    assert post(proxy, thread(search_query=[{"q": "no store"}]))[0] == 200
+    assert not [name for name, _ in scrape(proxy) if name.startswith("proxy_state")]

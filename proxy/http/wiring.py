@@ -5,6 +5,8 @@ metrics, the access log's search count). create_app calls build_services(cfg) on
 """
 from __future__ import annotations
 
+import functools
+
 from proxy.backends.brave import BraveSearch
 from proxy.backends.cache import SharedTier, TTLCache
 from proxy.backends.failover import FailoverSearch
@@ -19,7 +21,7 @@ from proxy.backends.search import (
 )
 from proxy.backends.searxng import SearXNG
 from proxy.backends.state import open_state
-from proxy.core.config import Config
+from proxy.core.config import Config, masked_url
 from proxy.engine.events import TOOLS_RAN, Events
 from proxy.engine.services import Services
 from proxy.observe import metrics
@@ -32,10 +34,11 @@ SEARCHES = "proxy.searches"  # environ key: the searches a request ran, for the 
 def build_services(cfg: Config) -> Services:
     on = cfg.proxy_metrics
     # STATE_URL empty: None, and every use keeps its state in this process as before (redis is never imported).
+    store = masked_url(cfg.state_url)
     state = open_state(cfg.state_url, cfg.state_timeout, on_error=metrics.state_error if on else None,
-                       on_up=metrics.state_up if on else None)
+                       on_up=functools.partial(metrics.state_up, store) if on else None)
     if state is not None and on:
-        metrics.state_up(True)  # until a call finds it down
+        metrics.state_up(store, True)  # until a call finds it down
     backend = Backend(cfg.backend_url, cfg.connect_timeout, cfg.read_timeout, cfg.backend_api_key)
     instances = [SearXNG(url, cfg.searxng_results, cfg.searxng_timeout, cfg.searxng_max_bytes) for url in cfg.searxng_urls]
     keyed = (BraveSearch(cfg.brave_search_api_key, cfg.searxng_results, cfg.searxng_timeout, cfg.searxng_max_bytes,
