@@ -9,6 +9,7 @@ shared tier on a real redis-server, and tests/test_metrics.py and tests/test_fet
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -189,10 +190,8 @@ class TTLCache(Generic[V]):
     def _share(self, key: Hashable, value: V) -> None:
         tier = self.shared
         assert tier is not None
-        try:
+        with contextlib.suppress(StateDown):  # counted by the store (proxy_state_errors_total); this process keeps its copy
             tier.state.put(tier.use, shared_key(key), tier.to_json(value), self.ttl)
-        except StateDown:
-            pass  # counted by the store (proxy_state_errors_total); this process keeps its copy
 
     def _get(self, key: Hashable) -> Lookup[V] | None:
         entry = self._entries.get(key)
