@@ -208,6 +208,19 @@ def test_fields_of_another_type_or_bad_bytes(store, redis_server, errors):
 
 # ---- a store that is gone or hangs: one deadline, then the circuit ---------------------------------------------------
 
+def test_a_store_that_refuses_every_call_is_down_and_says_why(redis_server, caplog):
+    """A database number the server does not have answers every call with an error: down, with one log line."""
+    store = RedisState(redis_server.url.rsplit("/", 1)[0] + "/99", 0.5)
+    with caplog.at_level(logging.WARNING, logger="proxy.state"):
+        for _ in range(3):
+            with pytest.raises(StateDown):
+                store.get("search", "a")
+    assert not store.circuit.up
+    lines = [r.getMessage() for r in caplog.records if r.name == "proxy.state"]
+    assert len(lines) == 1 and "DB index is out of range" in lines[0], lines
+    store.close()
+
+
 def test_a_store_that_hangs_costs_one_deadline_then_none_until_it_answers(tmp_path, caplog):
     ups = []
     with RedisServer(tmp_path) as server:

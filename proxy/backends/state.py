@@ -270,8 +270,9 @@ class RedisState:
         self.name = masked_url(url)
         self._redis = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                            retry=Retry(NoBackoff(), 0), health_check_interval=0)
-        # Down: no answer (refused, reset, timed out). Anything else the server said (WRONGTYPE on a key another
-        # program wrote, a read-only replica) is that call's failure only; the store itself answers.
+        # Down: no answer (refused, reset, timed out), or an error that every call would get (a database number
+        # out of range, a read-only replica, out of memory): the circuit opens and the log says why, once. A key
+        # of another type (WRONGTYPE: another program's key, or a hostile one) is that call's failure only.
         self._down = (redis.ConnectionError, redis.TimeoutError, OSError)
         self._failed = redis.RedisError
         self._on_error = on_error
@@ -293,7 +294,10 @@ class RedisState:
             raise StateDown(f"state store {self.name}: {_reason(e)}") from None
         except self._failed as e:
             self._error(use, op)
-            self.circuit.worked()
+            if "WRONGTYPE" in str(e):
+                self.circuit.worked()
+            else:
+                self.circuit.failed(e)
             raise StateDown(f"state store {self.name}: {_reason(e)}") from None
         self.circuit.worked()
         return result
