@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 TOOLS_RAN = "tools_ran"          # a ToolSession ran a round; payload: the outcomes as the tools gave them
-ROUND_DONE = "round_done"        # the loop finished a round; payload: the outcomes as the client gets them
-TOOL_CALL = "tool_call"          # one call outside the loop (Codex's /v1/alpha/search); payload: (tool, outcome)
+ROUND_DONE = "round_done"        # a round is done (the loop's, alpha search's); payload: the outcomes as the client gets them
 URL_REFUSED = "url_refused"      # URL provenance refused a page read before it ran; payload: the reason
 CAP_HIT = "cap_hit"              # a limit ended the loop; payload: the cap's name ("search_rounds")
 CLIENT_LEFT = "client_left"      # the client hung up; payload: the calls to vLLM that this cut

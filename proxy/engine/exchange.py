@@ -218,12 +218,16 @@ class Exchange:
         """Tell the worker's observers (proxy/engine/events.py) what happened to this request."""
         self.services.events.emit(name, self.environ, payload)
 
-    def session(self) -> ToolSession:
+    def session(self, max_pages: int | None = None) -> ToolSession:
+        """The request's ToolSession, its page caps WEB_FETCH_MAX_PER_TURN and _PER_REQUEST unless `max_pages`
+        gives one for both (Codex's alpha search: ALPHA_SEARCH_MAX_PAGES)."""
         cfg = self.cfg
+        per_turn, per_request = ((cfg.web_fetch_max_per_turn, cfg.web_fetch_max_per_request) if max_pages is None
+                                 else (max_pages, max_pages))
         # The watch starts after the dialect made its session (loop.run), so the session asks for it per call.
         # No ledger (a handler that gathered nothing) fetches nothing but search results: it fails closed.
-        return ToolSession(self.services.tool_backends, cfg.max_search_iter, cfg.web_fetch_max_per_turn,
-                           cfg.web_fetch_max_per_request, watch=lambda: self.watch,
+        return ToolSession(self.services.tool_backends, cfg.max_search_iter, per_turn, per_request,
+                           watch=lambda: self.watch,
                            on_round=lambda outcomes: self.emit(TOOLS_RAN, outcomes),
                            ledger=self.ledger if self.ledger is not None else Ledger(Rules.of(cfg)),
                            on_refused=lambda reason: self.emit(URL_REFUSED, reason))

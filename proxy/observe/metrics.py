@@ -33,7 +33,6 @@ from proxy.engine.events import (
     CLIENT_LEFT,
     REQUEST_ENDED,
     ROUND_DONE,
-    TOOL_CALL,
     URL_REFUSED,
     Events,
     Finished,
@@ -138,8 +137,8 @@ TOOL_LABELS = {"find_in_page": "find"}
 
 
 def tool_of(o: Outcome, api: str) -> str:
-    """web_search, web_fetch, open (the Responses API's open_page action) or find. Pure."""
-    if o.tool == "web_fetch" and api == "responses":
+    """web_search, web_fetch, open (the Responses API's open_page action, Codex's web.run open) or find. Pure."""
+    if o.tool == "web_fetch" and api in ("responses", "alpha_search"):
         return "open"
     return TOOL_LABELS.get(o.tool, o.tool)
 
@@ -149,7 +148,6 @@ def tool_of(o: Outcome, api: str) -> str:
 def observe(events: Events) -> None:
     """Count what the worker's requests do: each event the metrics need, subscribed once per worker."""
     events.subscribe(ROUND_DONE, round_done)
-    events.subscribe(TOOL_CALL, tool_call)
     events.subscribe(URL_REFUSED, url_refused)
     events.subscribe(CAP_HIT, cap_hit)
     events.subscribe(CLIENT_LEFT, client_left)
@@ -174,12 +172,6 @@ def url_refused(environ, reason: str) -> None:
     PROVENANCE_REFUSALS.labels(api, reason).inc()
     if reason in ("link_depth", "link_budget"):
         CAP_HITS.labels(api, reason).inc()
-
-
-def tool_call(environ, call: tuple[str, Outcome]) -> None:
-    """One call counted where no loop runs it (Codex's /v1/alpha/search): its tool label and outcome."""
-    label, outcome = call
-    TOOL_CALLS.labels(api_of(environ.get("PATH_INFO", "")), label, outcome_of(outcome)).inc()
 
 
 def cap_hit(environ, cap: str) -> None:

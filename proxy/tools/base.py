@@ -62,11 +62,13 @@ class Outcome(Protocol):
 @dataclass(frozen=True)
 class Limits:
     """What a client's own tool options bound a call by: its domain filters (on results, and on pages read),
-    a page's token budget, a search's result count after filtering. Each tool reads the ones that apply to it."""
+    a page's token budget, a search's result count after filtering, how recent its results must be (SearXNG's
+    time_range: day, week, month, year). Each tool reads the ones that apply to it."""
     allowed_domains: tuple[str, ...] = ()
     blocked_domains: tuple[str, ...] = ()
     max_tokens: int | None = None
     results: int | None = None
+    time_range: str | None = None
 
 
 NO_LIMITS = Limits()

@@ -102,8 +102,9 @@ class ToolSession:
                 else:
                     self.ledger.allow([cited.url], "search")
 
-    def run(self, requests: list[Request], limit: int | None = None, language: str | None = None) -> list[Outcome]:
-        """Run one round: each request by the tool that owns it, all concurrently; outcomes in the requests'
+    def run(self, requests: list[Request], limit: int | None = None, language: str | None = None,
+            at_most: int = 8) -> list[Outcome]:
+        """Run one round: each request by the tool that owns it, `at_most` at a time; outcomes in the requests'
         order. Never raises: every failure is an outcome the model reads."""
         self.rounds += 1
         refusals = self._provenance(requests, self._capped(requests))
@@ -125,7 +126,7 @@ class ToolSession:
                     return tool.failure(request, "unavailable", tool.broken)
 
         # No requests: a round of calls all refused before running still counts as a round.
-        outcomes = run_together(one, list(range(len(requests))), at_most=8)
+        outcomes = run_together(one, list(range(len(requests))), at_most=at_most)
         self._learn(requests, outcomes)
         self._count(outcomes)
         if self._on_round:
