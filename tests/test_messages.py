@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 from clients import anthropic
 
-from proxy.apis.messages.blocks import add_usage, encode_content, outcome_from_block, result_block, with_searches
+from proxy.apis.messages.blocks import add_usage, encode_content, outcome_from_block, result_block
 from proxy.apis.messages.history import rewrite_history
+from proxy.apis.messages.presentation import with_counts
 from proxy.apis.messages.request import (
     MessagesPlan,
+    ToolPlan,
     internal_name,
     needs_rewrite,
     next_request,
@@ -135,7 +137,8 @@ def test_rewrite_replaces_only_the_server_tool():
     assert out["tools"][1]["name"] == "web_search" and out["tools"][1]["input_schema"]["required"] == ["query"]
     assert "type" not in out["tools"][1] and "docs.example" in out["tools"][1]["description"]
     assert {k: v for k, v in out.items() if k != "tools"} == {k: v for k, v in body.items() if k != "tools"}
-    assert (plan.max_uses, plan.allowed, plan.client_tools) == (8, ["docs.example"], True)
+    searching = plan.offered["web_search"]
+    assert (searching.max_uses, searching.limits.allowed_domains, plan.client_tools) == (8, ("docs.example",), True)
 
 
 @pytest.mark.parametrize("problem,body", [
@@ -189,7 +192,7 @@ BASH = {"type": "tool_use", "id": "toolu_b", "name": "Bash", "input": {}}
       ("assistant", [("text", "so"), ("tool_use", "toolu_b")]), ("user", [_tr("toolu_b", None)])]),
 ])
 def test_replayed_history_becomes_tool_use_and_tool_result(history, expected):
-    assert _shape(rewrite_history(history, "web_search")) == expected
+    assert _shape(rewrite_history(history, {"web_search": "web_search", "web_fetch": "web_fetch"})) == expected
 
 
 def test_replayed_result_gives_the_model_the_same_text():
@@ -237,7 +240,8 @@ def test_claude_code_subrequest_detection(body, expected):
     ({"type": "auto"}, False, {"type": "auto"}),
 ])
 def test_forced_choice_applies_to_the_first_turn_only(tool_choice, client_tools, expected):
-    plan = MessagesPlan(name="web_search", server=True, client_tools=client_tools)
+    plan = MessagesPlan({"web_search": "web_search", "web_fetch": "web_fetch"},
+                        {"web_search": ToolPlan("web_search", "web_search")}, client_tools=client_tools)
     assert next_request({"tool_choice": tool_choice}, [], plan)["tool_choice"] == expected
 
 
@@ -255,7 +259,7 @@ def test_vllm_errors_in_anthropic_shape(status, raw, expected):
 def test_usage_adds_up():
     total = add_usage(add_usage(None, {"input_tokens": 10, "output_tokens": 3}),
                         {"input_tokens": 30, "output_tokens": 5, "cache_read_input_tokens": 4})
-    assert with_searches(total, 2) == {"input_tokens": 40, "output_tokens": 8, "cache_read_input_tokens": 4,
+    assert with_counts(total, {"web_search_requests": 2}) == {"input_tokens": 40, "output_tokens": 8, "cache_read_input_tokens": 4,
                                          "server_tool_use": {"web_search_requests": 2, "web_fetch_requests": 0}}
 
 
