@@ -14,6 +14,7 @@ from flask import Response
 
 from proxy.apis import citations
 from proxy.apis.chat.given import given
+from proxy.apis.chat.presentation import offered
 from proxy.apis.chat.rules import (
     WEB_SEARCH,
     add_usage,
@@ -50,7 +51,7 @@ def handle(ex: Exchange) -> Response:
     problem = validate(body)
     if problem:
         return error_response(400, problem[0], param=problem[1])
-    ours = tools_to_inject(body, ex.cfg.inject_web_search, ex.cfg.inject_web_fetch)
+    ours = tools_to_inject(body, offered(ex.cfg))
     if not ours:
         return ex.relay()
     ex.ledger = Ledger(Rules.of(ex.cfg), given(body))

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 from proxy.apis import citations
 from proxy.apis.responses.request import ResponsesPlan
-from proxy.core import codec
-from proxy.core.codec import as_dict
 from proxy.tools import registry
 from proxy.tools.base import NOT_EXECUTED, Limits, Outcome, Request
-from proxy.tools.registry import FIND_IN_PAGE, WEB_FETCH, WEB_SEARCH
 
 
 def is_call_of(item, name: str) -> bool:
@@ -28,15 +25,7 @@ def internal_calls(output, plan: ResponsesPlan) -> list[dict]:
 
 def tool_name(call: dict, plan: ResponsesPlan) -> str:
     """The proxy tool a call of the model's runs: its vLLM-side names are the plan's."""
-    return {plan.fetch_name: WEB_FETCH, plan.find_name: FIND_IN_PAGE}.get(call.get("name"), WEB_SEARCH)
-
-
-def arguments_of(call: dict) -> dict:
-    """A call's arguments as an object; {} when they are not one (the parsers say why)."""
-    try:
-        return as_dict(codec.tool_arguments(call.get("arguments")))
-    except ValueError:
-        return {}
+    return plan.functions[str(call.get("name"))]
 
 
 def tool_request(call: dict, plan: ResponsesPlan) -> Request:

@@ -22,6 +22,7 @@ from proxy.apis.responses.output import (
     failed_response,
     final_response,
     pending_item,
+    row_of,
     visible_output,
     web_search_item,
 )
@@ -182,27 +183,27 @@ class StreamedResponses(_Responses):
         yield self.out.emit({"type": "response.completed", "response": final, "sequence_number": 0})
 
     def announce(self, calls):
-        """Each call shown starting (a search or a page read alike, as OpenAI shows page opens):
-        its web_search_call item, in progress and searching."""
+        """Each call shown starting (a search or a page read alike, as OpenAI shows page opens): its item, in
+        progress, then its row's events (web_search_call's in_progress and searching)."""
         self.placed, shown = [], []
         for call in calls:
-            item = pending_item(call, self.plan)
+            item, row = pending_item(call, self.plan), row_of(call, self.plan)
             index = self.out.new_index(item)
             self.placed.append((call, index))
-            shown += [self.out.emit({"type": kind, **fields, "output_index": index, "sequence_number": 0})
-                      for kind, fields in (("response.output_item.added", {"item": item}),
-                                           ("response.web_search_call.in_progress", {"item_id": item["id"]}),
-                                           ("response.web_search_call.searching", {"item_id": item["id"]}))]
+            shown.append(self.out.emit({"type": "response.output_item.added", "item": item, "output_index": index,
+                                        "sequence_number": 0}))
+            shown += [self.out.emit({"type": kind, "item_id": item["id"], "output_index": index, "sequence_number": 0})
+                      for kind in row.events]
         return shown
 
     def record(self, turn: ResponsesTurn, calls, outcomes):
-        """Each search's result shown: completed (unless it failed), then its item done."""
+        """Each call's result shown: its row's completed event (unless it failed), then its item done."""
         self.follow(turn, calls, outcomes)
         shown = []
         for (call, index), outcome in zip(self.placed, outcomes, strict=True):
             item = self.out.items[index] = web_search_item(call, outcome, self.plan)
             if item["status"] == "completed":
-                shown.append(self.out.emit({"type": "response.web_search_call.completed", "item_id": item["id"],
+                shown.append(self.out.emit({"type": row_of(call, self.plan).completed, "item_id": item["id"],
                                             "output_index": index, "sequence_number": 0}))
             shown.append(self.out.emit({"type": "response.output_item.done", "item": item, "output_index": index,
                                         "sequence_number": 0}))
