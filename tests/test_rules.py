@@ -41,17 +41,17 @@ CLIENT_WEB_SEARCH = {"type": "function", "function": {"name": "web_search", "par
     ({"messages": USER}, False, False),
 ])
 def test_web_search_is_injected(body, enabled, expected):
-    assert (chat_wire.WEB_SEARCH in chat_wire.tools_to_inject(body, (chat_wire.WEB_SEARCH,) if enabled else ())) is expected
+    assert ("web_search" in chat_wire.tools_to_inject(body, ("web_search",) if enabled else ())) is expected
 
 
 def test_with_tools_keeps_every_other_field():
     body = {"messages": USER, "tools": [CLIENT_TOOL], "temperature": 0.3, "chat_template_kwargs": {"enable_thinking": False},
             "structured_outputs": {"regex": "x"}, "stream_options": {"include_usage": True}, "vendor_x": [1]}
-    out = chat_wire.with_tools(body, (chat_wire.WEB_SEARCH,))
-    assert out["tools"] == [CLIENT_TOOL, chat_wire.chat_tool(chat_wire.WEB_SEARCH)]
+    out = chat_wire.with_tools(body, ("web_search",))
+    assert out["tools"] == [CLIENT_TOOL, chat_wire.chat_tool("web_search")]
     assert {k: v for k, v in out.items() if k != "tools"} == {k: v for k, v in body.items() if k != "tools"}
     assert body["tools"] == [CLIENT_TOOL]  # the client's request is not mutated
-    fn = chat_wire.chat_tool(chat_wire.WEB_SEARCH)["function"]
+    fn = chat_wire.chat_tool("web_search")["function"]
     assert fn["parameters"]["required"] == ["query"] and fn["parameters"]["properties"]["query"]["type"] == "string"
 
 

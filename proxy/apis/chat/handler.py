@@ -16,7 +16,6 @@ from proxy.apis import citations
 from proxy.apis.chat.given import given
 from proxy.apis.chat.presentation import offered
 from proxy.apis.chat.rules import (
-    WEB_SEARCH,
     add_usage,
     assistant_turn,
     completion_calls,
@@ -71,7 +70,7 @@ class _Chat:
     first_turn = None
     headers: list = []
 
-    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...] = (WEB_SEARCH,)):
+    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...]):
         body = {**body, "messages": citations.without_annotations(body["messages"])}  # an earlier answer's, sent back
         self.session = ex.session()
         self.request = body
@@ -210,7 +209,7 @@ class StreamedChat(_Chat):
     name = "chat stream"
     stream = True
 
-    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...] = (WEB_SEARCH,)):
+    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...]):
         super().__init__(ex, body, ours)
         self.ident = self.created = self.model = None  # the first turn's, which every later chunk takes
         # The answer's annotations: positions in the content the client gathers over every turn of the stream.

@@ -10,7 +10,6 @@ from proxy.core import codec
 from proxy.core import validate as V
 from proxy.tools import registry
 from proxy.tools.base import NOT_EXECUTED
-from proxy.tools.registry import WEB_SEARCH
 
 
 def chat_tool(name: str) -> dict:
@@ -92,8 +91,8 @@ def call_name(call: dict):
     return (call.get("function") or {}).get("name")
 
 
-def is_proxy_call(call: dict, ours=(WEB_SEARCH,)) -> bool:
-    """Whether the proxy runs this call: one of its injected tools (web_search by default)."""
+def is_proxy_call(call: dict, ours: tuple[str, ...]) -> bool:
+    """Whether the proxy runs this call: one of its injected tools (`ours`)."""
     return call_name(call) in ours
 
 

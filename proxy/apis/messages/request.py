@@ -186,8 +186,10 @@ class MessagesPlan:
                    for tp in self.offered.values())
 
 
-def internal_name(tools, base: str = registry.WEB_SEARCH) -> str:
-    """The tool's own name (`web_search`), unless the client has an ordinary tool of that name: then a free variant."""
+def internal_name(tools, base: str | None = None) -> str:
+    """A tool's own name (`base`; the table's first, web_search, when None), unless the client has an ordinary tool
+    of that name: then a free variant."""
+    base = base or next(iter(SERVER_TOOLS))
     taken = {t.get("name") for t in tools or [] if isinstance(t, dict) and not is_server_tool(t)}
     name, n = base, 1
     while name in taken:

@@ -17,6 +17,9 @@ from proxy.tools import registry
 from proxy.tools.registry import FIND_IN_PAGE, WEB_FETCH, WEB_SEARCH
 from proxy.tools.web_search import parse_arguments
 
+# The hosted tool whose actions the rows are, in each of its type names: the proxy plays it.
+HOSTED_TYPES = frozenset({"web_search", "web_search_2025_08_26", "web_search_preview",
+                          "web_search_preview_2025_03_11"})
 WEB_SEARCH_EVENTS = ("response.web_search_call.in_progress", "response.web_search_call.searching")
 
 

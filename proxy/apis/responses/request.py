@@ -6,14 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from proxy.apis import citations
-from proxy.apis.responses.presentation import HOSTED_ACTIONS, first_row, row_for_action
+from proxy.apis.responses.presentation import HOSTED_ACTIONS, HOSTED_TYPES, first_row, row_for_action
 from proxy.core import codec
 from proxy.core import validate as V
 from proxy.core.codec import as_dict
 from proxy.tools import registry
 
-HOSTED_TYPES = frozenset({"web_search", "web_search_2025_08_26", "web_search_preview",
-                          "web_search_preview_2025_03_11"})
 # The hosted tool also opens pages and finds text in them (OpenAI's `open_page` and `find_in_page` actions): each
 # action is a proxy tool offered as a function beside the search (presentation.HOSTED_ACTIONS).
 SOURCES = "web_search_call.action.sources"
