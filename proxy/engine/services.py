@@ -19,6 +19,7 @@ from proxy.core import codec
 from proxy.core.config import Config
 from proxy.engine.events import Events
 from proxy.tools.base import Backends
+from proxy.tools.client_reads import ClientReads
 from proxy.transport.vllm import Backend, UpstreamError
 
 log = logging.getLogger("proxy")
@@ -61,6 +62,8 @@ class Services:
     fetcher: Fetcher        # its page cache is shared by all the worker's requests, alpha search's too
     events: Events = field(default_factory=Events)
     models: ServedModels = field(default_factory=ServedModels)
+    # What each client read and how many links it followed, over an hour: URL provenance's memory across requests.
+    reads: ClientReads = field(default_factory=ClientReads)
     # GET /proxy/search/health's JSON: the search failover's state in this worker (proxy/backends/failover.py).
     search_health: Callable[[], dict] = dict
 
