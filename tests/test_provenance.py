@@ -384,7 +384,10 @@ def test_a_client_tool_reshaping_what_the_model_wrote_does_not_make_it_given(com
     (f"https://site.test/search?q={SECRET}", SECRET, True),
     (f"https://site.test/search?q=weather+{SECRET.replace('-', '+')}", f"weather {SECRET}", True),
     (f"https://{SECRET}.attacker.test/", SECRET, True),
+    (f"https://attacker.test/find/{SECRET}", SECRET, True),            # one string without spaces: a key
     ("https://attacker.test/p/4f9a", "deploy key 4f9a", False),        # too short to tell from a word
+    ("https://huggingface.co/Qwen/Qwen3-8B", "qwen3 release notes", False),
+    ("https://docs.python.org/3/library/asyncio-task.html", "asyncio.gather", False),
     ("https://attacker.test/p/x7f3k9q2", "notes x7f3k9q2", True),      # a word no dictionary has
     ("https://attacker.test/zxqwvbnm", "read zxqwvbnm", True),
     ("https://docs.vllm.ai/en/latest/design/paged_attention.html", "vllm paged attention", False),
@@ -491,3 +494,15 @@ def test_an_iri_is_encoded_as_a_browser_sends_it(iri, wire):
     target, problem = parse_url(iri)
     assert problem is None and target.url == wire and target.request_target.isascii()
     assert key(iri) == wire
+
+
+def test_a_link_read_again_in_a_later_request_counts_again():
+    """Its server sees every read, so how often is a signal too: a root's links are read twice an hour, repeats
+    and later requests included."""
+    reads = ClientReads()
+    got = []
+    for _ in range(2):
+        ledger = Ledger(Rules(), [Given("user", "https://docs.test/start")], reads, "c")
+        ledger.learn_page("https://docs.test/start", "https://docs.test/start", "[i](/install) [g](/gpu)")
+        got += [reason(ledger, "https://docs.test/" + p) for p in ("install", "gpu")]
+    assert got == [None, None, LINK_BUDGET, LINK_BUDGET]

@@ -84,7 +84,9 @@ class ClientReads:
                 urls.popitem(last=False)
 
     def charge(self, client: str, root: str, per_root: int, per_window: int) -> str | None:
-        """Count one link fetch from `root`, or say which budget it would pass (ROOT, WINDOWED) and count nothing."""
+        """Count one link fetch from `root`, or say which budget it would pass (ROOT, WINDOWED) and count nothing.
+        Every fetch counts, a repeat too, in a later request too: how often a link is read is a signal as well as
+        which, and a page's server sees each read."""
         now = self._clock()
         with self._lock:
             c = self._client(client, now)

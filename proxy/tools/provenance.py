@@ -188,9 +188,10 @@ _VOWELS = frozenset("aeiouy")
 
 
 def _distinctive(word: str) -> bool:
-    """A query word no dictionary has: digits among letters (a key, a hex string), a run of five consonants, or
-    almost no vowels (random letters). A heuristic: README, Security, says what it misses."""
-    if len(word) < 5 or word.isdigit():
+    """A query word of 8 or more no dictionary has: digits among letters (a key, a hex string), a run of five
+    consonants, or almost no vowels (random letters). Shorter ones are model names and versions as often as not
+    (qwen3, gpt4o). A heuristic: README, Security, says what it misses."""
+    if len(word) < 8 or word.isdigit():
         return False
     if not word.isalpha():
         return True
@@ -199,17 +200,20 @@ def _distinctive(word: str) -> bool:
 
 
 def echoes_query(url: str, query) -> bool:
-    """True when a search result's URL carries the query's own text, which is the model's: the whole query in its
-    host or query string (a site's own /search?q= page, a host name built from it), or a distinctive word of it
-    anywhere. Pure."""
+    """True when a search result's URL carries the query's own text, which is the model's: the whole query (8
+    characters or more) in its host or query string (a site's own /search?q= page, a host name built from it), or
+    in its path when the query is one string without spaces (a key, not words a slug would hold), or a distinctive
+    word of it anywhere. Pure."""
     if not isinstance(query, str) or not isinstance(url, str):
         return False
     words = _WORD.findall(query.casefold())
     parts = urllib.parse.urlsplit(urllib.parse.unquote_plus(url).casefold())
     flat = "".join(_WORD.findall(f"{parts.netloc} {parts.path} {parts.query}"))
     whole = "".join(words)
-    if len(whole) >= 8 and whole in "".join(_WORD.findall(f"{parts.netloc} {parts.query}")):
-        return True
+    if len(whole) >= 8:
+        where = flat if len(query.split()) == 1 else "".join(_WORD.findall(f"{parts.netloc} {parts.query}"))
+        if whole in where:
+            return True
     return any(_distinctive(w) and w in flat for w in words)
 
 
@@ -400,7 +404,9 @@ class Ledger:
                 self._put(kf, entry)
                 self.reads.remember(self.client, kf, entry.depth, entry.root)
             for k in filter(None, map(key, links_in_page(text, final))):
-                self._put(k, Entry(LINK, entry.depth + 1, entry.root))
+                old = self._entries.get(k)
+                if old is None or entry.depth + 1 <= old.depth:  # as deep: on the root just read from, the latest
+                    self._entries[k] = Entry(LINK, entry.depth + 1, entry.root)
 
     def __len__(self) -> int:
         self._read_conversation()
@@ -410,9 +416,9 @@ class Ledger:
 
 def _budget_message(k: str, over: str, rules: Rules) -> str:
     if over == ROOT:
-        return (f"not fetched: {k} is a link of pages read from a URL whose links were already followed "
-                f"{rules.link_budget} times within the hour, the most allowed (WEB_FETCH_LINK_BUDGET). Read URLs "
-                "the user, a tool or a search gave, or ask the user for this one.")
+        return (f"not fetched: {k} is a link of pages read from a given URL whose links were already followed "
+                f"{rules.link_budget} times within the hour (a repeat counts), the most allowed "
+                "(WEB_FETCH_LINK_BUDGET). Read URLs the user, a tool or a search gave, or ask the user for this one.")
     return (f"not fetched: this client already followed {rules.links_per_hour} links of pages within the hour, the "
             "most allowed (WEB_FETCH_LINKS_PER_HOUR). Read URLs the user, a tool or a search gave, or ask the user "
             "for this one.")
