@@ -270,7 +270,6 @@ class Ledger:
         self._written: set[str] = set()        # keys the model wrote, case-folded
         self._written_sites: set[str] = set()  # and their sites
         self.link_fetches = 0                  # this request's
-        self.withheld = 0                      # URLs of client text or search results not given for the model's
         self._lock = threading.Lock()
         # Read at the first check, not here: most requests never fetch, and a long conversation takes milliseconds.
         self._pending: list[Given] | None = list(given)
@@ -311,8 +310,7 @@ class Ledger:
         # Scheme-less host names count only where people write them (messages, tool output), not in page links.
         for k in filter(None, map(key, urls_in_value(given.value, bare=given.origin != "search"))):
             if given.origin in CLIENT_ORIGINS and self._by_model(k):
-                self.withheld += 1  # a client echoing what the model wrote, however reshaped: not given
-                continue
+                continue  # a client echoing what the model wrote, however reshaped: not given
             self._put(k, self._root(given.origin, k))
 
     def _root(self, origin: str, k: str) -> Entry:
@@ -341,7 +339,6 @@ class Ledger:
                 if k is None:
                     continue
                 if query is not None and echoes_query(k, query):
-                    self.withheld += 1
                     continue
                 self._put(k, self._root(origin, k))
 
