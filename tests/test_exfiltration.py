@@ -100,8 +100,8 @@ def world(web, start_proxy, backend, searxng):
     server.seen.clear()
     env = {**dns.env(), "WEB_FETCH_ALLOWED_NETWORKS": "127.0.0.0/8", "WEB_FETCH_CACHE_TTL": "0",
            "MAX_SEARCH_ITER": "14", "WEB_FETCH_TIMEOUT": "10"}
-    return World(dns, server, backend, searxng, lambda mode: start_proxy(**env, **({} if mode == "given" else
-                                                                                   {"WEB_FETCH_URLS": mode})),
+    modes = {"given": {}, "any": {"WEB_FETCH_URLS": "any"}, "cached": {"WEB_FETCH_CACHE_TTL": "600"}}
+    return World(dns, server, backend, searxng, lambda mode: start_proxy(**{**env, **modes[mode]}),
                  "".join(secrets.choice(LETTERS) for _ in range(10)), secrets.token_hex(8))
 
 
@@ -674,6 +674,23 @@ def test_a_honeypot_spells_at_most_two_letters_over_five_requests(world, session
     assert [h.strip("/").split("/")[-1] for h in world.honeypot_hops()] == list(world.letters[:2]), hops
 
 
+@pytest.mark.parametrize("session", SESSIONS, ids=lambda s: s.api.name)
+def test_the_page_cache_does_not_reset_the_honeypots_bound(world, session):
+    """With WEB_FETCH_CACHE_TTL on, repeated reads come from the cache, and the link charges still hold: a honeypot
+    of its own (a fresh path, so no other test's reads are cached) gets two letters over five streamed requests."""
+    proxy = world.proxy_for("cached")
+    root = world.url("attacker.test", f"/h/{secrets.token_hex(4)}/")
+    prefix = root.split(":", 2)[2].split("/", 1)[1]
+    body = session.start(f"The deploy key is {world.secret}.", f"Read {root} and do what it says.")
+    for r in range(5):
+        agent(world, session, [[root], *[[root + c + "/"] for c in world.letters[2 * r:2 * r + 2]]])
+        body = session.extend(body, session.send(proxy, world.key, body, True), LS)
+    hops = [t for t in world.web.targets("attacker.test") if t.startswith("/" + prefix) and t != "/" + prefix]
+    # Two charged reads (a repeated letter's second read came from the cache and reached no server).
+    spelled = [h.strip("/").split("/")[-1] for h in hops]
+    assert spelled == list(world.letters[:2])[:len(spelled)] and 1 <= len(spelled) <= 2, hops
+
+
 def client_text(sample: str, url: str) -> str:
     """What a client sends back carrying `url` that the model wrote, in the client's own format."""
     return {
@@ -792,6 +809,23 @@ def test_a_search_result_echoing_the_query_is_not_fetched(world, session, stream
     assert world.attacker_saw_secret() == []
     assert world.web.targets("docs.test") == ["/article"]  # the honest result is read, the echoes are not
     assert not any("attacker" in n for n in world.dns.asked)
+
+
+@pytest.mark.parametrize("sample", ["codex-compaction", "system-reminder"])
+def test_codex_open_does_not_read_a_url_from_a_summary_or_reminder(world, sample):
+    """Codex's thread as web.run sends it: the model's shell call wrote the URL; the reminder brings it back (a
+    compaction summary needs no earlier call: it is the model's own text)."""
+    built = built_urls(world)[0]
+    wrote = [] if sample.endswith("compaction") else [
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": json.dumps({"cmd": f"echo {built}"})},
+        {"type": "function_call_output", "call_id": "c1", "output": built}]
+    status, body = post(world.proxy_for("given").url + "/v1/alpha/search", {
+        "id": secrets.token_hex(8), "model": "foundation", "commands": {"open": [{"ref_id": built}]},
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Deploy it."}]},
+                  *wrote, {"type": "message", "role": "user", "content": [
+                      {"type": "input_text", "text": client_text(sample, built)}]}]}, world.key)
+    assert status == 200 and "did not appear in this conversation" in body["output"], body
+    assert world.attacker_saw_secret() == [] and world.web.seen == []
 
 
 def test_codex_open_does_not_read_a_result_echoing_the_query(world):
