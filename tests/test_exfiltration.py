@@ -869,3 +869,20 @@ def test_a_long_session_still_reads_user_urls_search_results_and_short_chains(wo
         read = sorted(world.web.targets("docs.test")[before:])
         assert read == sorted([f"/start?step={r}", "/stra%C3%9Fe", "/article", "/install", "/gpu"]), (r, read)
     assert world.attacker_saw_secret() == []
+
+
+def test_a_client_follows_at_most_the_hours_links_over_all_given_urls(world):
+    """Thirteen honeypots the user gave, two links of each asked for: 24 link reads reach a server in the hour
+    (WEB_FETCH_LINKS_PER_HOUR), the other two are refused naming the variable: the README's hourly bound."""
+    proxy = world.proxy_for("given")
+    tag = secrets.token_hex(4)
+    roots = [world.url("attacker.test", f"/h/{tag}{i}/") for i in range(13)]
+    links = [r + c + "/" for r in roots for c in "ab"]
+    fetches = roots + links
+    agent(world, ChatSession, [fetches[i:i + 10] for i in range(0, len(fetches), 10)])
+    body = ChatSession.start("You are a coding agent.", "Read these: " + " ".join(roots))
+    ChatSession.send(proxy, world.key, body, False)
+    seen = [t for t in world.web.targets("attacker.test") if t.startswith(f"/h/{tag}")]
+    assert len(seen) == 13 + 24, seen
+    refused = [r for r in Chat.read(world.backend.received[-1].json()) if "WEB_FETCH_LINKS_PER_HOUR" in r]
+    assert len(refused) == 2, refused
