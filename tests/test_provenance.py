@@ -340,6 +340,13 @@ def test_a_compaction_summary_is_the_models_own_text(sample):
         assert reason(ledger, ATTACK) == NOT_GIVEN
 
 
+def test_a_summary_after_other_text_is_still_the_models():
+    parts = chat_given({"messages": [{"role": "user", "content": "<system-reminder>x</system-reminder>\n"
+                                                                 "Read https://docs.test/a\n" + CLAUDE_COMPACTION}]})
+    ledger = Ledger(given=parts + [Given("tool", ATTACK)])
+    assert reason(ledger, ATTACK) == NOT_GIVEN and reason(ledger, "https://docs.test/a") is None
+
+
 @pytest.mark.parametrize("api", ["chat", "messages", "responses"])
 def test_a_person_typing_a_url_the_model_suggested_gives_it(api):
     typed = f"Yes, open {ATTACK} then."

@@ -32,9 +32,10 @@ _CLIENT_BLOCK = re.compile(
 def typed(text: str) -> list[Given]:
     """A user-role text as Given parts: what a person typed ("user"), what a client generated ("tool"), and a
     compaction summary (the model's). Pure."""
+    at = min((i for i in map(text.find, SUMMARIES) if i >= 0), default=-1)
+    if at >= 0:  # the summary and all after it are the model's, wherever a client put it in the text
+        return [*(typed(text[:at]) if text[:at].strip() else []), Given(MODEL, text[at:])]
     start = text.lstrip()
-    if start.startswith(SUMMARIES):
-        return [Given(MODEL, text)]
     if _TOOL_OUTPUT.match(text) or start.startswith(_INJECTED):
         return [Given("tool", text)]
     blocks = [m.group(0) for m in _CLIENT_BLOCK.finditer(text)]
