@@ -53,6 +53,7 @@ from proxy.engine.exchange import ClientWatch
 from proxy.engine.services import Services
 from proxy.runtime.cancel import Watch, watched
 from proxy.runtime.concurrency import run_together
+from proxy.tools.client_reads import client_of
 from proxy.tools.provenance import Ledger, Rules
 from proxy.tools.web_fetch import FetchOutcome
 from proxy.tools.web_search import clean_query
@@ -82,6 +83,7 @@ class SearchCall:
 class AlphaSearch:
     def __init__(self, services: Services):
         self.cfg, self.search, self.fetcher, self.events = services.cfg, services.search, services.fetcher, services.events
+        self.reads = services.reads  # the client's link depths and charges across calls (proxy/tools/client_reads.py)
         self.refs = RefStore(services.state)  # with STATE_URL, shared by every worker and replica
         # One ledger per thread and user turn: Codex sends each web.run call alone, so the links a page showed in
         # one call are followed in the next, and the link budget is per turn of the user, as it is per request
@@ -89,7 +91,7 @@ class AlphaSearch:
         self.ledgers: OrderedDict[tuple[str, str], Ledger] = OrderedDict()
         self._lock = threading.Lock()
 
-    def ledger(self, parsed: Parsed, input_, known_refs: dict[str, str]) -> Ledger:
+    def ledger(self, parsed: Parsed, input_, known_refs: dict[str, str], environ: dict) -> Ledger:
         """The thread's ledger for this user turn (a new one when `input` changed): the conversation's URLs and every
         URL the thread's earlier answers listed; search results of this turn's calls are added as they come."""
         parts = input_given(input_)
@@ -97,7 +99,7 @@ class AlphaSearch:
         with self._lock:
             found = self.ledgers.get((parsed.session, turn_key)) if parsed.session else None
             if found is None:
-                found = Ledger(Rules.of(self.cfg), parts)
+                found = Ledger(Rules.of(self.cfg), parts, self.reads, client_of(environ))
                 found.allow(known_refs.values(), "search")  # earlier turns' results and pages, given as Anthropic's are
                 if parsed.session:
                     self.ledgers[(parsed.session, turn_key)] = found
@@ -129,7 +131,7 @@ class AlphaSearch:
         outcomes = run_together(lambda query: self._search(query, limit, parsed.allowed, call.watch),
                                 list(parsed.queries), at_most=4)
         self.events.emit(TOOLS_RAN, call.environ, outcomes)
-        for outcome in outcomes:
+        for query, outcome in zip(parsed.queries, outcomes, strict=True):
             self.events.emit(TOOL_CALL, call.environ, ("web_search", outcome))
             if outcome.status == "failed":
                 call.failures.append(Failure(outcome.error_code or "unavailable", outcome.message, outcome.timed_out))
@@ -138,7 +140,7 @@ class AlphaSearch:
             text, got = format_search(outcome, call.turn, len(call.new_refs))
             call.sections.append(text)
             call.new_refs.update(got)
-            call.ledger.allow(got.values(), "search")
+            call.ledger.allow(got.values(), "search", query=str(query.q))
 
     def _page_for(self, call: SearchCall, command: str, ref_id: str) -> Page | None:
         """The page a ref id (or URL) names, or None once the failure is counted and written."""
@@ -198,7 +200,7 @@ class AlphaSearch:
             (turn, known_refs), refs_down = self.refs.begin(parsed.session), False
         except StateDown:  # counted by the store; this call's own refs still work, earlier ones are unavailable
             (turn, known_refs), refs_down = (0, {}), True
-        call = SearchCall(parsed, environ, watch, turn, known_refs, self.ledger(parsed, input_, known_refs),
+        call = SearchCall(parsed, environ, watch, turn, known_refs, self.ledger(parsed, input_, known_refs, environ),
                           refs_down=refs_down)
         if parsed.queries:
             self._run_searches(call)
