@@ -130,10 +130,13 @@ class Config:
     web_fetch_max_per_request: int = setting("WEB_FETCH_MAX_PER_REQUEST", 50, whole)
     # "given": web_fetch (and Codex's open) reads only URLs the conversation gave it, never one the model built
     # (README, Security); "any" lets the model fetch any URL. Links of pages read are followed at most
-    # WEB_FETCH_LINK_DEPTH pages deep and WEB_FETCH_LINK_BUDGET times per request.
+    # WEB_FETCH_LINK_DEPTH pages deep, WEB_FETCH_LINK_BUDGET times from one given URL and WEB_FETCH_LINKS_PER_HOUR
+    # times in all, per client (its key or address) over an hour: agents make many requests, and each would
+    # otherwise start a fresh budget (issue 39).
     web_fetch_urls: str = setting("WEB_FETCH_URLS", "given", lowered)
     web_fetch_link_depth: int = setting("WEB_FETCH_LINK_DEPTH", 2, whole)
     web_fetch_link_budget: int = setting("WEB_FETCH_LINK_BUDGET", 2, whole)
+    web_fetch_links_per_hour: int = setting("WEB_FETCH_LINKS_PER_HOUR", 24, whole)
     # Seconds a search answer with results is reused (agents repeat queries within minutes); 0 turns the cache off.
     search_cache_ttl: float = setting("SEARCH_CACHE_TTL", 600.0, number)
     # Bounds of the search cache, per gunicorn worker: answers kept, and their bytes (16 MiB).

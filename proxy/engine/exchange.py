@@ -19,6 +19,7 @@ from proxy.core.errors import error_for_path
 from proxy.engine.events import CLIENT_LEFT, TOOLS_RAN, URL_REFUSED, Events
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
+from proxy.tools.client_reads import client_of
 from proxy.tools.provenance import Ledger, Rules
 from proxy.tools.session import ToolSession
 from proxy.transport.http1 import end_to_end_headers
@@ -218,6 +219,10 @@ class Exchange:
         """Tell the worker's observers (proxy/engine/events.py) what happened to this request."""
         self.services.events.emit(name, self.environ, payload)
 
+    def new_ledger(self, parts) -> Ledger:
+        """The ledger of the URLs this request may read, from its conversation's parts, on its client's memory."""
+        return Ledger(Rules.of(self.cfg), parts, self.services.reads, client_of(self.environ))
+
     def session(self, max_pages: int | None = None) -> ToolSession:
         """The request's ToolSession, its page caps WEB_FETCH_MAX_PER_TURN and _PER_REQUEST unless `max_pages`
         gives one for both (Codex's alpha search: ALPHA_SEARCH_MAX_PAGES)."""
@@ -229,7 +234,7 @@ class Exchange:
         return ToolSession(self.services.tool_backends, cfg.max_search_iter, per_turn, per_request,
                            watch=lambda: self.watch,
                            on_round=lambda outcomes: self.emit(TOOLS_RAN, outcomes),
-                           ledger=self.ledger if self.ledger is not None else Ledger(Rules.of(cfg)),
+                           ledger=self.ledger if self.ledger is not None else self.new_ledger([]),
                            on_refused=lambda reason: self.emit(URL_REFUSED, reason))
 
     def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:

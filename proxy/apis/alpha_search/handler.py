@@ -54,7 +54,7 @@ from proxy.engine.exchange import Exchange
 from proxy.engine.services import Services
 from proxy.tools import registry
 from proxy.tools.base import Limits, Outcome, Request
-from proxy.tools.provenance import Ledger, Rules
+from proxy.tools.provenance import Ledger
 from proxy.tools.session import ToolSession
 
 log = logging.getLogger("proxy.alpha_search")
@@ -105,7 +105,7 @@ class AlphaSearch:
         self.ledgers: OrderedDict[tuple[str, str], Ledger] = OrderedDict()
         self._lock = threading.Lock()
 
-    def ledger(self, parsed: Parsed, input_, known_refs: dict[str, str]) -> Ledger:
+    def ledger(self, parsed: Parsed, input_, known_refs: dict[str, str], ex: Exchange) -> Ledger:
         """The thread's ledger for this user turn (a new one when `input` changed): the conversation's URLs and every
         URL the thread's earlier answers listed; search results of this turn's calls are added as they come."""
         parts = input_given(input_)
@@ -113,7 +113,7 @@ class AlphaSearch:
         with self._lock:
             found = self.ledgers.get((parsed.session, turn_key)) if parsed.session else None
             if found is None:
-                found = Ledger(Rules.of(self.cfg), parts)
+                found = ex.new_ledger(parts)  # on the client's link depths and charges (proxy/tools/client_reads.py)
                 found.allow(known_refs.values(), "search")  # earlier turns' results and pages, given as Anthropic's are
                 if parsed.session:
                     self.ledgers[(parsed.session, turn_key)] = found
@@ -204,7 +204,7 @@ class AlphaSearch:
             (turn, known_refs), refs_down = self.refs.begin(parsed.session), False
         except StateDown:  # counted by the store; this call's own refs still work, earlier ones are unavailable
             (turn, known_refs), refs_down = (0, {}), True
-        ex.ledger = self.ledger(parsed, input_, known_refs)
+        ex.ledger = self.ledger(parsed, input_, known_refs, ex)
         call = SearchCall(parsed, ex, ex.session(max_pages=self.cfg.alpha_search_max_pages), turn, known_refs,
                           refs_down=refs_down)
         if parsed.queries:

@@ -32,7 +32,6 @@ from proxy.core.codec import data_of, iter_frame_batches
 from proxy.core.errors import error_response, sse_error
 from proxy.engine import loop
 from proxy.engine.exchange import Exchange, response_headers
-from proxy.tools.provenance import Ledger, Rules
 
 log = logging.getLogger("proxy.chat")
 
@@ -53,7 +52,7 @@ def handle(ex: Exchange) -> Response:
     ours = tools_to_inject(body, offered(ex.cfg))
     if not ours:
         return ex.relay()
-    ex.ledger = Ledger(Rules.of(ex.cfg), given(body))
+    ex.ledger = ex.new_ledger(given(body))
     body = with_tools(body, ours)
     if body.get("stream"):
         if ex.cfg.stream_search == "client":
