@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from proxy.backends.fetcher import Fetcher
 from proxy.backends.search import SearchBackend
-from proxy.backends.state import State
+from proxy.backends.state import MemoryState, State, StateDown  # noqa: F401 (MemoryState, StateDown: for the APIs)
 from proxy.core import codec
 from proxy.core.config import Config
 from proxy.engine.events import Events

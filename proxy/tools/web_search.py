@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from proxy.backends.search import SearchOutcome, filter_domains
+# A search's outcome is the search backend's answer: the APIs take Hit and SearchOutcome from here, never backends/.
+from proxy.backends.search import Hit, SearchOutcome, filter_domains  # noqa: F401 (Hit: for the APIs)
 from proxy.core import codec
 from proxy.tools.base import NO_LIMITS, NOT_EXECUTED, Cited, Limits, RunContext  # noqa: F401 (NOT_EXECUTED: the APIs' stub, named here as before)
 

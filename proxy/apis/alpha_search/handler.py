@@ -46,12 +46,11 @@ from proxy.apis.alpha_search.rules import (
     within_cap,
 )
 from proxy.apis.given import input_given
-from proxy.backends.state import StateDown
 from proxy.core import codec, routes
 from proxy.core.errors import error_response
 from proxy.engine.events import ROUND_DONE
 from proxy.engine.exchange import Exchange
-from proxy.engine.services import Services
+from proxy.engine.services import Services, StateDown
 from proxy.tools import registry
 from proxy.tools.base import Limits, Outcome, Request
 from proxy.tools.provenance import Ledger

@@ -11,10 +11,10 @@ import re
 import uuid
 
 from proxy.apis import citations
-from proxy.backends.search import Hit, SearchOutcome
 from proxy.core import codec
 from proxy.core.codec import as_dict, as_list
 from proxy.tools.web_fetch import FetchOutcome, removed_note
+from proxy.tools.web_search import Hit, SearchOutcome
 
 # What the model reads again when a replayed error block is all that is left of a search.
 ERROR_TEXT = {

@@ -32,10 +32,9 @@ from proxy.apis.messages.stream import PING, SSE_HEADERS, ClientMessage, error_e
 from proxy.core import codec
 from proxy.core.errors import anthropic_error, as_anthropic_error
 from proxy.engine import loop
-from proxy.engine.exchange import Exchange, response_headers
+from proxy.engine.exchange import Exchange, UpstreamError, gateway_status, response_headers
 from proxy.tools import registry
 from proxy.tools.base import Outcome, Request
-from proxy.transport.vllm import UpstreamError, gateway_status
 
 
 def handle(ex: Exchange) -> Response:
