@@ -83,8 +83,11 @@ class _Chat:
         return [c for c in turn.calls if is_proxy_call(c, self.ours)]
 
 
-    def run_tools(self, calls: list) -> list:
-        return self.session.run([tool_request(c) for c in calls])
+    def requests(self, calls: list) -> list:
+        return [tool_request(c) for c in calls]
+
+    def run_tools(self, calls: list, requests: list) -> list:
+        return self.session.run(requests)
 
     def error_reply(self, status, message, type_=None) -> Response:
         return error_response(status, message, type_=type_)
@@ -313,8 +316,8 @@ class StreamedChat(_Chat):
     def error(self, status, message, type_=None) -> bytes:
         return sse_error(status, message, type_)
 
-    def keepalive(self, calls: list) -> bytes:
-        return loop.searching_comment([tool_request(c).shown for c in calls])
+    def keepalive(self, requests: list) -> bytes:
+        return loop.searching_comment([r.shown for r in requests])
 
     def refused(self, status, raw) -> bytes:
         if status == 200:

@@ -129,10 +129,12 @@ class _Messages:
         ours = self.plan.ours()
         return [b for b in turn.blocks if b.get("type") == "tool_use" and b.get("name") in ours]
 
-    def run_tools(self, calls: list) -> list:
+    def requests(self, calls: list) -> list[Request]:
+        return [tool_request(c, self.plan) for c in calls]
+
+    def run_tools(self, calls: list, requests: list[Request]) -> list:
         """One round: the calls within max_uses run together on the session (one round of MAX_SEARCH_ITER, even
-        when every call is over max_uses); outcomes in call order. Each call is parsed once, here."""
-        requests = [tool_request(c, self.plan) for c in calls]
+        when every call is over max_uses); outcomes in call order."""
         out: list = [self.over_max_uses(c, r) for c, r in zip(calls, requests, strict=True)]
         at = [i for i, o in enumerate(out) if o is None]
         for i, o in zip(at, self.session.run([requests[i] for i in at], limit=self.limit), strict=True):
@@ -259,7 +261,7 @@ class StreamedMessages(_Messages):
         opening = [] if self.out.started else [self.out.open(self.body.get("model"))]
         return opening + self.out.blocks(self.uses)
 
-    def keepalive(self, calls) -> bytes:
+    def keepalive(self, requests) -> bytes:
         return PING
 
     def record(self, turn, calls, outcomes):

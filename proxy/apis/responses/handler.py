@@ -84,11 +84,12 @@ class _Responses:
     def own_calls(self, turn) -> list:
         return internal_calls(turn.output, self.plan)
 
-    def run_tools(self, calls: list) -> list:
+    def requests(self, calls: list) -> list:
+        return [tool_request(c, self.plan) for c in calls]
+
+    def run_tools(self, calls: list, requests: list) -> list:
         """One round: every internal call of the turn (searches and page reads), concurrently."""
-        plan = self.plan
-        return self.session.run([tool_request(c, plan) for c in calls], limit=plan.search_limit,
-                                language=plan.language)
+        return self.session.run(requests, limit=self.plan.search_limit, language=self.plan.language)
 
     def follow(self, turn, calls: list, outcomes: list) -> dict:
         """The next request: the turn's items and their outputs appended; the outcomes by call_id."""
@@ -149,8 +150,8 @@ class StreamedResponses(_Responses):
     name = "responses stream"
     stream = True
 
-    def keepalive(self, calls: list) -> bytes:
-        return loop.searching_comment([tool_request(c, self.plan).shown for c in calls])
+    def keepalive(self, requests: list) -> bytes:
+        return loop.searching_comment([r.shown for r in requests])
 
     def __init__(self, ex, request, plan):
         super().__init__(ex, request, plan)
