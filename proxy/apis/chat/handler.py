@@ -4,7 +4,8 @@ plain responses and inside live streams; everything else goes back to the client
 Used by proxy.http.app; not run on its own (tests/run.sh tests/test_chat_search.py tests/test_chat_stream.py
 tests/test_chat_fetch.py drive it end to end). This is the handler and the plain and streamed dialects
 that proxy.engine.loop drives; the rules they follow (when to inject, which calls are the proxy's, how turns
-and usage add up) are pure functions in chat_wire.
+and usage add up) are pure functions in proxy/apis/chat/rules.py; which tools chat offers is its
+presentation table (proxy/apis/chat/presentation.py).
 """
 from __future__ import annotations
 

@@ -4,12 +4,12 @@ and request of the next turn), tested without a network by tests/run.sh tests/te
 """
 from __future__ import annotations
 
-from proxy.apis import citations
 from proxy.apis.chat.presentation import CHAT_TOOLS
 from proxy.core import codec
 from proxy.core import validate as V
 from proxy.tools import registry
 from proxy.tools.base import NOT_EXECUTED
+from proxy.tools.sources import Sources, numbered
 
 
 def chat_tool(name: str) -> dict:
@@ -134,12 +134,12 @@ def assistant_turn(message: dict) -> dict:
 
 
 def tool_results(calls: list[dict], outcomes: list, ours=tuple(CHAT_TOOLS),
-                 sources: citations.Sources | None = None) -> list[dict]:
+                 sources: Sources | None = None) -> list[dict]:
     """One tool message per call, in order: the proxy's results (of the calls named in `ours`,
     in `outcomes`' order, their sources numbered for citing), or the not-executed stub."""
     found = iter(outcomes)
     return [{"role": "tool", "tool_call_id": c.get("id"),
-             "content": citations.numbered(sources, o := next(found), registry.text(o)) if is_proxy_call(c, ours)
+             "content": numbered(sources, o := next(found), registry.text(o)) if is_proxy_call(c, ours)
              else NOT_EXECUTED}
             for c in calls]
 

@@ -10,9 +10,9 @@ import binascii
 import re
 import uuid
 
-from proxy.apis import citations
 from proxy.core import codec
 from proxy.core.codec import as_dict, as_list
+from proxy.tools.sources import Sources
 from proxy.tools.web_fetch import FetchOutcome, removed_note
 from proxy.tools.web_search import Hit, SearchOutcome
 
@@ -128,7 +128,7 @@ def fetch_text(content, message: str | None = None) -> str:
     return head + (f"\nRetrieved {content['retrieved_at']}" if content.get("retrieved_at") else "") + "\n\n" + data
 
 
-def replayed_text(content, sources: citations.Sources | None) -> str:
+def replayed_text(content, sources: Sources | None) -> str:
     """A replayed web_fetch result's text, numbered as it was when its document had citations enabled."""
     text, doc = fetch_text(content), as_dict(as_dict(content).get("content"))
     if sources is None or as_dict(doc.get("citations")).get("enabled") is not True:

@@ -4,10 +4,10 @@ tests/run.sh tests/test_messages.py tests/test_messages_fetch.py.
 """
 from __future__ import annotations
 
-from proxy.apis import citations
 from proxy.apis.messages.presentation import row_for_result, server_blocks
 from proxy.core import validate as V
 from proxy.core.codec import as_dict
+from proxy.tools.sources import Sources
 
 
 def rewrite_history(messages: list[dict], names: dict[str, str], cite: bool = True) -> list[dict]:
@@ -56,7 +56,7 @@ def _split_answer(msg: dict, names: dict[str, str], cite: bool) -> tuple[list[di
     ids = set(inputs)
     # Numbered as when this answer was made (one counter per answer, pages only when they were cited), so the
     # model reads the same text again (CITATIONS=off: unnumbered, as then).
-    sources = citations.Sources() if cite else None
+    sources = Sources() if cite else None
     out: list[dict] = []
     seg: list[dict] = []
     results: list[dict] = []
@@ -84,7 +84,7 @@ def _split_answer(msg: dict, names: dict[str, str], cite: bool) -> tuple[list[di
     return out, _complete(seg, results, ids) if results or _pending(seg, results, ids) else []
 
 
-def _replayed_result(block: dict, row, inputs: dict, sources: citations.Sources | None) -> dict:
+def _replayed_result(block: dict, row, inputs: dict, sources: Sources | None) -> dict:
     """A server tool's result block as the tool_result the model first read (its row's replay)."""
     tid = block.get("tool_use_id")
     return {"type": "tool_result", "tool_use_id": tid, "content": row.replayed(block.get("content"), inputs.get(tid, {}), sources)}

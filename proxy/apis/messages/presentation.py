@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.apis import citations
 from proxy.apis.messages import blocks
 from proxy.tools.base import NOT_EXECUTED, Outcome
 from proxy.tools.registry import WEB_FETCH, WEB_SEARCH
+from proxy.tools.sources import Sources, numbered
 from proxy.tools.web_search import format_for_model
 
 
@@ -31,16 +31,16 @@ class ServerTool:
     scope: tuple[str, str]     # the description's sentences for allowed_domains and blocked_domains ({domains})
     result_block: Callable[[str, Any, dict | None], dict]       # (tool_use_id, outcome, citations) -> its block
     model_text: Callable[[Any, dict], str]                      # (outcome, the call's input) -> what the model reads
-    replayed: Callable[[Any, dict, citations.Sources | None], str]  # (block content, call input, sources) -> text
+    replayed: Callable[[Any, dict, Sources | None], str]  # (block content, call input, sources) -> text
     counted: Callable[[dict], bool]                             # a result block that counts in usage
     # Claude Code's sub-request for this tool: (the text its one user message starts with, the argument the rest is);
     # the proxy makes the model's call itself (request.subrequest).
     subrequest: tuple[str, str] | None = None
 
 
-def _search_replayed(content, call_input: dict, sources: citations.Sources | None) -> str:
+def _search_replayed(content, call_input: dict, sources: Sources | None) -> str:
     outcome = blocks.outcome_from_block(str(call_input.get("query", "")), content)
-    return citations.numbered(sources, outcome, format_for_model(outcome))
+    return numbered(sources, outcome, format_for_model(outcome))
 
 
 SERVER_TOOLS: dict[str, ServerTool] = {t.tool: t for t in (
@@ -111,11 +111,11 @@ def model_text(outcome: Outcome, call_input: dict | None = None) -> str:
 
 
 def tool_results(calls: list[dict], ours: list[dict], outcomes: list,
-                 sources: citations.Sources | None = None, pages: bool = False) -> dict:
+                 sources: Sources | None = None, pages: bool = False) -> dict:
     """The user turn answering every tool call of a turn: the results of the proxy's calls (`ours`, in `outcomes`'
     order; `sources`: numbered for citing, pages only when their server tool has citations enabled), the
     not-executed stub for the client's own."""
-    text = {id(c): citations.numbered(sources, o, model_text(o, blocks.as_dict(c.get("input"))), pages)
+    text = {id(c): numbered(sources, o, model_text(o, blocks.as_dict(c.get("input"))), pages)
             for c, o in zip(ours, outcomes, strict=True)}
     return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": c.get("id"),
                                          "content": text.get(id(c), NOT_EXECUTED)} for c in calls]}

@@ -7,7 +7,8 @@ Used by proxy.http.app; not run on its own (tests/test_responses.py drives it en
 the handler and the plain and streamed dialects that proxy.engine.loop drives; the rules they follow
 are pure functions in request.py (what vLLM gets first), calls.py (the proxy's own
 calls and the next request) and output.py (what the client sees), and the streamed
-dialect numbers its events with responses_stream.
+dialect numbers its events with stream.py; how each tool shows (its action, item and events) is the
+presentation table in presentation.py.
 """
 from __future__ import annotations
 
