@@ -16,7 +16,7 @@ from flask import Response
 from proxy.core import codec
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
-from proxy.engine.events import CLIENT_LEFT, TOOLS_RAN, URL_REFUSED, Events
+from proxy.engine.events import ClientLeft, Events, UrlRefused
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
 from proxy.tools.client_reads import client_of
@@ -106,7 +106,7 @@ class ClientWatch:
 
     def _left(self, aborted: int):
         if self._events is not None:
-            self._events.emit(CLIENT_LEFT, self._environ, aborted)
+            self._events.emit(self._environ, ClientLeft(aborted))
 
     def detach(self, call: Abortable):
         self._calls.discard(call)
@@ -215,9 +215,9 @@ class Exchange:
         self.watch = ClientWatch(self.environ, self.services.events)
         return self.watch
 
-    def emit(self, name: str, payload=None) -> None:
+    def emit(self, event) -> None:
         """Tell the worker's observers (proxy/engine/events.py) what happened to this request."""
-        self.services.events.emit(name, self.environ, payload)
+        self.services.events.emit(self.environ, event)
 
     def new_ledger(self, parts) -> Ledger:
         """The ledger of the URLs this request may read, from its conversation's parts, on its client's memory."""
@@ -233,9 +233,8 @@ class Exchange:
         # No ledger (a handler that gathered nothing) fetches nothing but search results: it fails closed.
         return ToolSession(self.services.tool_backends, cfg.max_search_iter, per_turn, per_request,
                            watch=lambda: self.watch,
-                           on_round=lambda outcomes: self.emit(TOOLS_RAN, outcomes),
                            ledger=self.ledger if self.ledger is not None else self.new_ledger([]),
-                           on_refused=lambda reason: self.emit(URL_REFUSED, reason))
+                           on_refused=lambda reason: self.emit(UrlRefused(reason)))
 
     def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:
         """Send one request to vLLM and wait for its head, the watch able to abort it

@@ -22,7 +22,7 @@ from flask import Response
 
 from proxy.core import codec
 from proxy.core.codec import comment
-from proxy.engine.events import CAP_HIT, ROUND_DONE
+from proxy.engine.events import CapHit, RoundDone
 from proxy.engine.exchange import Call, ClientWatch, Exchange, response_headers
 from proxy.runtime.concurrency import run_with_keepalive
 from proxy.tools.base import Request
@@ -224,13 +224,14 @@ def _rounds(ex: Exchange, d: AnyDialect, call, watch: ClientWatch):
                 yield from d.finish(turn)
                 return
             if session.exhausted:
-                ex.emit(CAP_HIT, "search_rounds")
+                ex.emit(CapHit("search_rounds"))
                 yield d.error(422, session.cap_message(), CAP_TYPE)
                 return
             yield from d.announce(calls)
+            searched = session.searches
             outcomes = yield from _run_round(ex, d, calls, watch)
             if outcomes is not None:
-                ex.emit(ROUND_DONE, outcomes)
+                ex.emit(RoundDone(tuple(outcomes), session.searches - searched))
             if watch.gone or outcomes is None:
                 return
             yield from d.record(turn, calls, outcomes)

@@ -18,9 +18,8 @@ from proxy.apis.responses import handler as responses
 from proxy.core import codec, routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
-from proxy.engine.events import REQUEST_ENDED
 from proxy.engine.exchange import Exchange
-from proxy.http.flow import RequestFlow, access_log
+from proxy.http.flow import RequestFlow
 from proxy.http.wiring import build_services
 from proxy.observe import metrics
 from proxy.transport.http1 import end_to_end_headers
@@ -134,7 +133,6 @@ def create_app(cfg: Config) -> Flask:
         return exchange().relay()
 
     metrics.install(app, cfg)  # GET /proxy/metrics
-    services.events.subscribe(REQUEST_ENDED, access_log)
     # Flask's documented way to add WSGI middleware; RequestFlow outermost, so its times are the whole request's.
     app.wsgi_app = RequestFlow(WholePath(app.wsgi_app), services.events)  # type: ignore[method-assign]
     return app

@@ -1,6 +1,6 @@
 """RequestFlow: the one WSGI wrapper around the whole app that times each request (arrival, first body byte, end)
 and counts what its body sent, then tells the worker's event hub the request ended (engine/events.py's
-REQUEST_ENDED); the access log and the metrics subscribe. Installed by create_app; not run on its own
+RequestEnded, with what the request's events added up to); the access log and the metrics subscribe. Installed by create_app; not run on its own
 (tests/test_faults.py reads its log line, tests/test_metrics.py its counts).
 """
 from __future__ import annotations
@@ -8,8 +8,7 @@ from __future__ import annotations
 import logging
 import time
 
-from proxy.engine.events import REQUEST_ENDED, Events, Finished
-from proxy.http.wiring import SEARCHES
+from proxy.engine.events import Events, RequestEnded, tally
 
 log = logging.getLogger("proxy")
 
@@ -23,7 +22,6 @@ class RequestFlow:
 
     def __call__(self, environ, start_response):
         started = time.monotonic()
-        environ[SEARCHES] = 0
         status = ["-"]
 
         def sr(line, headers, exc_info=None):
@@ -62,11 +60,13 @@ class _Body:
             if hasattr(self._body, "close"):
                 self._body.close()
         finally:
-            self._events.emit(REQUEST_ENDED, self._environ, Finished(
-                self._status[0], self._started, self._first, time.monotonic(), self._sent, self._complete))
+            seen = tally(self._environ)
+            self._events.emit(self._environ, RequestEnded(
+                self._status[0], self._started, self._first, time.monotonic(), self._sent, self._complete,
+                seen.searches, seen.client_left))
 
 
-def access_log(environ: dict, done: Finished) -> None:
+def access_log(environ: dict, done: RequestEnded) -> None:
     """One line per request, written when its body has been sent; never prompt or completion text."""
     log.info("%s %s %s %.0fms searches=%d bytes=%d", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"),
-             done.status, (done.ended - done.started) * 1000, environ.get(SEARCHES, 0), done.sent)
+             done.status, (done.ended - done.started) * 1000, done.searches, done.sent)

@@ -1,7 +1,7 @@
 """The one place a worker is put together from its settings: the vLLM client, the search backend (the failover over
 SEARXNG_URL's instances and the optional Brave key, under the meters, under the search cache), the page fetcher with its observer,
-the shared state store when STATE_URL names one (under both caches, Codex's ref ids and the cool-downs), the event hub with its subscribers (the
-metrics, the access log's search count). create_app calls build_services(cfg) once per worker; not run on its own.
+the shared state store when STATE_URL names one (under both caches, Codex's ref ids and the cool-downs), the event hub with every
+subscriber (the access log, the metrics). create_app calls build_services(cfg) once per worker; not run on its own.
 """
 from __future__ import annotations
 
@@ -22,13 +22,11 @@ from proxy.backends.search import (
 from proxy.backends.searxng import SearXNG
 from proxy.backends.state import open_state
 from proxy.core.config import Config, masked_url
-from proxy.engine.events import TOOLS_RAN, Events
+from proxy.engine.events import Events, RequestEnded
 from proxy.engine.services import Services
+from proxy.http.flow import access_log
 from proxy.observe import metrics
-from proxy.tools.session import searches_in
 from proxy.transport.vllm import Backend
-
-SEARCHES = "proxy.searches"  # environ key: the searches a request ran, for the access log
 
 
 def build_services(cfg: Config) -> Services:
@@ -59,12 +57,14 @@ def build_services(cfg: Config) -> Services:
         errors = metrics.state_error if on else None
         cache.shared = SharedTier(state, "search", outcome_json, outcome_from_json, errors)
         fetcher.cache.shared = SharedTier(state, "page", fetched_json, fetched_from_json, errors)
+    return Services(cfg, backend, search, fetcher, observe(cfg), state=state, search_health=failover.health)
+
+
+def observe(cfg: Config) -> Events:
+    """The worker's event hub with every subscriber, registered here and nowhere else: the access log, and the
+    metrics with PROXY_METRICS."""
     events = Events()
-    events.subscribe(TOOLS_RAN, count_searches)
-    if on:
+    events.subscribe(RequestEnded, access_log)
+    if cfg.proxy_metrics:
         metrics.observe(events)
-    return Services(cfg, backend, search, fetcher, events, state=state, search_health=failover.health)
-
-
-def count_searches(environ: dict, outcomes: list) -> None:
-    environ[SEARCHES] = environ.get(SEARCHES, 0) + searches_in(outcomes)
+    return events

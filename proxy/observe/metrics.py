@@ -28,20 +28,11 @@ from proxy.backends.search import SearchBackend, SearchOutcome
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
 from proxy.core.routes import PROXY_METRICS, api_of
-from proxy.engine.events import (
-    CAP_HIT,
-    CLIENT_LEFT,
-    REQUEST_ENDED,
-    ROUND_DONE,
-    URL_REFUSED,
-    Events,
-    Finished,
-)
+from proxy.engine.events import CapHit, ClientLeft, Events, RequestEnded, RoundDone, UrlRefused
 from proxy.runtime.cancel import Cancel
 from proxy.tools.base import Outcome
 
 PATH = PROXY_METRICS
-LEFT = "proxy.client_left"   # environ key: the client watch saw the client leave
 
 # No `_created` series: multiprocess mode has none, and one process should look like several.
 disable_created_metrics()
@@ -147,17 +138,17 @@ def tool_of(o: Outcome, api: str) -> str:
 
 def observe(events: Events) -> None:
     """Count what the worker's requests do: each event the metrics need, subscribed once per worker."""
-    events.subscribe(ROUND_DONE, round_done)
-    events.subscribe(URL_REFUSED, url_refused)
-    events.subscribe(CAP_HIT, cap_hit)
-    events.subscribe(CLIENT_LEFT, client_left)
-    events.subscribe(REQUEST_ENDED, request_ended)
+    events.subscribe(RoundDone, round_done)
+    events.subscribe(UrlRefused, url_refused)
+    events.subscribe(CapHit, cap_hit)
+    events.subscribe(ClientLeft, client_left)
+    events.subscribe(RequestEnded, request_ended)
 
 
-def round_done(environ, outcomes) -> None:
+def round_done(environ, done: RoundDone) -> None:
     """One round's outcomes, as the search loop hands them to the client (domain filters applied)."""
     api = api_of(environ.get("PATH_INFO", ""))
-    for o in outcomes:
+    for o in done.outcomes:
         outcome = outcome_of(o)
         TOOL_CALLS.labels(api, tool_of(o, api), outcome).inc()
         if outcome == "capped":
@@ -166,28 +157,27 @@ def round_done(environ, outcomes) -> None:
             CAP_HITS.labels(api, "page_size").inc()
 
 
-def url_refused(environ, reason: str) -> None:
+def url_refused(environ, refused: UrlRefused) -> None:
     """A page read refused by URL provenance (proxy/tools/provenance.py's reasons); the link limits are caps too."""
-    api = api_of(environ.get("PATH_INFO", ""))
+    api, reason = api_of(environ.get("PATH_INFO", "")), refused.reason
     PROVENANCE_REFUSALS.labels(api, reason).inc()
     if reason in ("link_depth", "link_budget"):
         CAP_HITS.labels(api, reason).inc()
 
 
-def cap_hit(environ, cap: str) -> None:
-    CAP_HITS.labels(api_of(environ.get("PATH_INFO", "")), cap).inc()
+def cap_hit(environ, hit: CapHit) -> None:
+    CAP_HITS.labels(api_of(environ.get("PATH_INFO", "")), hit.cap).inc()
 
 
-def client_left(environ, aborted: int) -> None:
+def client_left(environ, left: ClientLeft) -> None:
     """The client watch saw the client go and cut `aborted` calls to vLLM (more may follow, one each)."""
-    environ[LEFT] = True
-    if aborted:
-        ABORTS.labels(api_of(environ.get("PATH_INFO", ""))).inc(aborted)
+    if left.aborted:
+        ABORTS.labels(api_of(environ.get("PATH_INFO", ""))).inc(left.aborted)
 
 
 # ---- the request middleware -----------------------------------------------------------------
 
-def request_ended(environ, done: Finished) -> None:
+def request_ended(environ, done: RequestEnded) -> None:
     """A request's count, latency and time to first byte, recorded when its body is done (or the client left)."""
     api = api_of(environ.get("PATH_INFO", ""))
     REQUESTS.labels(api, done.status).inc()
@@ -195,7 +185,7 @@ def request_ended(environ, done: Finished) -> None:
     if done.first_byte is not None:
         FIRST_BYTE_SECONDS.labels(api).observe(done.first_byte - done.started)
     # gunicorn closes a body it stopped sending early: a client that hung up mid-answer.
-    if environ.get(LEFT) or not done.complete:
+    if done.client_left or not done.complete:
         DISCONNECTS.labels(api).inc()
 
 

@@ -48,7 +48,7 @@ from proxy.apis.alpha_search.rules import (
 from proxy.apis.given import input_given
 from proxy.core import codec, routes
 from proxy.core.errors import error_response
-from proxy.engine.events import ROUND_DONE
+from proxy.engine.events import RoundDone
 from proxy.engine.exchange import Exchange
 from proxy.engine.services import Services, StateDown
 from proxy.tools import registry
@@ -76,9 +76,12 @@ class SearchCall:
     new_refs: dict[str, str] = field(default_factory=dict)
     refs_down: bool = False         # the state store that keeps ref ids did not answer: a ref is unavailable
 
+    searched: int = 0               # the session's searches already told
+
     def counted(self, outcomes: list[Outcome]) -> None:
-        """The outcomes as the client gets them, for the metrics (the loop's round_done, as on every API)."""
-        self.ex.emit(ROUND_DONE, outcomes)
+        """The outcomes as the client gets them, for the metrics and the access log (RoundDone, as on every API)."""
+        searched, self.searched = self.searched, self.session.searches
+        self.ex.emit(RoundDone(tuple(outcomes), self.session.searches - searched))
 
 
 # web.run's page commands as the proxy's tools: open reads a page, find looks for a pattern in one.
