@@ -98,6 +98,15 @@ class Config:
     max_body_bytes: int = setting("MAX_BODY_BYTES", 64 * 1024 * 1024, whole, positive=True)
     # Comma-separated keys clients must present; empty leaves the proxy open.
     proxy_api_keys: tuple[str, ...] = setting("PROXY_API_KEY", (), keys)
+    # A keys file of people's keys (scripts/keys.py writes it; proxy/backends/keys.py reads it, again whenever it
+    # changes): each a name, a SHA-256 of the key, optional limits. Beside PROXY_API_KEY, which stays the admin key.
+    proxy_keys_file: str = setting("PROXY_KEYS_FILE", "")
+    # The SQLite file of usage per key, quota windows and the fair queue's tickets, shared by every worker (and kept
+    # across restarts in the compose volume). Empty: a file of this run's own, made by gunicorn.conf.py.
+    proxy_state_db: str = setting("PROXY_STATE_DB", "")
+    # Generation requests admitted to vLLM at once (vLLM's --max-num-seqs, which the compose file passes to both);
+    # the rest wait in the proxy's fair queue, taken round-robin across keys. 0: no queue, vLLM's own FIFO.
+    max_num_seqs: int = setting("MAX_NUM_SEQS", 0, whole)
     # Answer unknown model names on /v1/messages (Claude Code's claude-...) with the served model.
     anthropic_any_model: bool = setting("ANTHROPIC_ANY_MODEL", False, flag)
     # open + find commands one /v1/alpha/search request may run (each fetches a page); Codex sends one or two.

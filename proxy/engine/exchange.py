@@ -16,6 +16,7 @@ from flask import Response
 from proxy.core import codec
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
+from proxy.engine.admission import Seat, queues
 from proxy.engine.events import CLIENT_LEFT, TOOLS_RAN, URL_REFUSED, Events
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
@@ -130,13 +131,14 @@ class Call:
     the call off the watch, so nothing of this request holds the connection afterwards.
     """
 
-    __slots__ = ("_response", "_conn", "_aborted", "_watch")
+    __slots__ = ("_response", "_conn", "_aborted", "_watch", "seat")
 
-    def __init__(self, watch: ClientWatch | None):
+    def __init__(self, watch: ClientWatch | None, seat: Seat | None = None):
         self._response: UpstreamResponse | None = None  # set by Exchange.call once vLLM's head is in
         self._conn = None
         self._aborted = False
         self._watch = watch
+        self.seat = seat  # its seat in the fair queue, given back when it ends
         if watch is not None:
             watch.attach(self)
 
@@ -175,6 +177,8 @@ class Call:
             self._watch.detach(self)
         if self._response is not None:
             self._response.close()
+        if self.seat is not None:
+            self.seat.release()
 
 
 def _cut(conn):
@@ -198,6 +202,8 @@ class Exchange:
     environ: dict
     watch: ClientWatch | None = None
     ledger: Ledger | None = None     # the URLs its fetches may read, from the client's body (each API's handler)
+    seat: Seat | None = None         # its ticket in the fair queue for the next call, taken ahead by the loop
+    served: bool = False             # a generation call of this request has run: later ones are resumed turns
 
     @property
     def cfg(self) -> Config:
@@ -228,10 +234,28 @@ class Exchange:
                            ledger=self.ledger if self.ledger is not None else Ledger(Rules.of(cfg)),
                            on_refused=lambda reason: self.emit(URL_REFUSED, reason))
 
+    def queue_seat(self, method: str = "POST", target: str | None = None) -> Seat | None:
+        """This request's ticket for its next call to vLLM (taken now if it has none), or None when the call does
+        not queue: no fair queue, or not a generation call (admission.queues)."""
+        queue = self.services.queue
+        if queue is None or not queues(method, self.target if target is None else target):
+            return None
+        if self.seat is None or self.seat.released:
+            self.seat = queue.take(self.environ, resumed=self.served)
+        return self.seat
+
     def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:
         """Send one request to vLLM and wait for its head, the watch able to abort it
-        throughout; raises UpstreamError. The caller ends the call when it is done with it."""
-        call = Call(self.watch)
+        throughout; raises UpstreamError. The caller ends the call when it is done with it.
+        A generation call waits for its seat in the fair queue first (here, blocking, unless the loop waited
+        with a stream's keep-alives already); a client that leaves meanwhile gives up its place."""
+        seat = self.queue_seat(method, target)
+        if seat is not None:
+            watch = self.watch
+            if not seat.wait(lambda: watch is not None and watch.gone):
+                raise UpstreamError("unreachable", "the client left while queued for the model")
+            self.seat, self.served = None, True
+        call = Call(self.watch, seat)
         try:
             call._response = self.services.backend.request(method, target, body, headers, on_open=call.opened)
         except BaseException:

@@ -17,6 +17,7 @@ from proxy.backends.fetcher import Fetcher
 from proxy.backends.search import SearchBackend
 from proxy.core import codec
 from proxy.core.config import Config
+from proxy.engine.admission import Queue
 from proxy.engine.events import Events
 from proxy.tools.base import Backends
 from proxy.transport.vllm import Backend, UpstreamError
@@ -63,6 +64,8 @@ class Services:
     models: ServedModels = field(default_factory=ServedModels)
     # GET /proxy/search/health's JSON: the search failover's state in this worker (proxy/backends/failover.py).
     search_health: Callable[[], dict] = dict
+    # The fair queue in front of the card (MAX_NUM_SEQS); None: every call goes straight to vLLM.
+    queue: Queue | None = None
 
     @property
     def tool_backends(self) -> Backends:

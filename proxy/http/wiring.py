@@ -4,13 +4,18 @@ metrics, the access log's search count). create_app calls build_services(cfg) on
 """
 from __future__ import annotations
 
+import os
+import tempfile
+
 from proxy.backends.brave import BraveSearch
 from proxy.backends.cache import TTLCache
 from proxy.backends.failover import FailoverSearch
 from proxy.backends.fetcher import Fetcher
 from proxy.backends.search import CachedSearch, SearchBackend, SearchOutcome, outcome_size
 from proxy.backends.searxng import SearXNG
+from proxy.backends.teamstore import TeamStore
 from proxy.core.config import Config
+from proxy.engine.admission import Queue
 from proxy.engine.events import TOOLS_RAN, Events
 from proxy.engine.services import Services
 from proxy.observe import metrics
@@ -42,7 +47,18 @@ def build_services(cfg: Config) -> Services:
     events.subscribe(TOOLS_RAN, count_searches)
     if on:
         metrics.observe(events)
-    return Services(cfg, backend, search, fetcher, events, search_health=failover.health)
+    store = build_store(cfg) if cfg.max_num_seqs else None
+    queue = Queue(store, cfg.max_num_seqs, on_wait=metrics.queue_waited if on else None) if store else None
+    return Services(cfg, backend, search, fetcher, events, search_health=failover.health, queue=queue)
+
+
+def build_store(cfg: Config) -> TeamStore | None:
+    """The shared SQLite store, when keys or the fair queue need it: PROXY_STATE_DB, or (unset, as outside compose
+    and not under gunicorn.conf.py, which makes one per run) a file of this process's own."""
+    if not (cfg.proxy_keys_file or cfg.max_num_seqs):
+        return None
+    path = cfg.proxy_state_db or os.path.join(tempfile.mkdtemp(prefix="proxy-state-"), "state.sqlite3")
+    return TeamStore(path)
 
 
 def count_searches(environ: dict, outcomes: list) -> None:

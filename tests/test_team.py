@@ -1,0 +1,285 @@
+"""A stack shared by a team (README "Sharing the stack"): people's keys from PROXY_KEYS_FILE made by scripts/keys.py,
+their quotas, usage per key and day, and the fair queue, through the real proxy under gunicorn with two workers
+in front of the paced vLLM stand-in (standins/paced_backend.py), which serves one sequence at a time where a test
+says so, as vLLM does with --max-num-seqs 1.
+
+Run: tests/run.sh tests/test_team.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from clients import anthropic, openai
+
+from standins.proxy_process import ProxyProcess
+from standins.rawhttp import raw_request
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYS = ROOT / "scripts" / "keys.py"
+PACED = ROOT / "standins" / "paced_backend.py"
+ADMIN_KEY = "admin-key-for-the-tests"
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+def keys(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(KEYS), *args], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, **(env or {})})
+
+
+def add_key(path: Path, name: str, *limits: str) -> str:
+    proc = keys("add", name, *limits, "--file", str(path))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sk-cs-"), proc.stdout
+    return lines[0]
+
+
+def chat(key: str | None, *, stream: bool = False, tokens: int = 3, user: str = "", **extra) -> dict:
+    body = {"model": "foundation", "messages": [{"role": "user", "content": "say three words"}],
+            "max_tokens": tokens, "ignore_eos": True, "stream": stream, "user": user, **extra}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return {"body": json.dumps(body).encode(),
+            "headers": {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}}
+
+
+def post(proxy, path: str, request: dict, timeout: float = 60) -> tuple[int, dict, bytes]:
+    return raw_request(proxy.url, "POST", path, request["body"], request["headers"], timeout=timeout)
+
+
+def usage(proxy) -> dict:
+    status, _, raw = raw_request(proxy.url, "GET", "/proxy/usage", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert status == 200, raw
+    return json.loads(raw)
+
+
+def today(proxy, name: str) -> dict:
+    days = usage(proxy)["keys"].get(name, {})
+    return next(iter(days.values())) if days else {}
+
+
+def stream_usage(raw: bytes) -> dict:
+    """The usage a streamed chat answer ended with, as the client read it."""
+    found = {}
+    for line in raw.decode().splitlines():
+        if line.startswith("data: {") and '"usage"' in line:
+            found = json.loads(line[6:])["usage"] or found
+    return found
+
+
+@pytest.fixture
+def paced(tmp_path):
+    """paced(*flags) -> the base URL of a paced vLLM stand-in (stopped by its pid at the end)."""
+    procs = []
+
+    def start(*flags: str) -> str:
+        proc = subprocess.Popen([sys.executable, str(PACED), "--port", "0", *flags], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), "the paced stand-in did not start"
+        return url
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def team(tmp_path, paced):
+    """team(**env) -> a proxy under gunicorn with two workers, a keys file and a state file of the test's own."""
+    running: list[ProxyProcess] = []
+    keys_file = tmp_path / "keys.json"
+
+    def start(backend: str | None = None, **env) -> ProxyProcess:
+        full = {"BACKEND_URL": backend or paced("--gap", "0.001"), "SEARXNG_URL": "http://127.0.0.1:9",
+                "PROXY_WORKERS": "2", "PROXY_API_KEY": ADMIN_KEY, "PROXY_KEYS_FILE": str(keys_file),
+                "PROXY_STATE_DB": str(tmp_path / "state" / "state.sqlite3"), "KEEPALIVE_INTERVAL": "0.2",
+                **{k: str(v) for k, v in env.items()}}
+        proxy = ProxyProcess(full, tmp_path / f"proxy-{len(running)}.log")
+        running.append(proxy)
+        # Both workers up (each reads the keys file as it starts), so a test's requests may land on either.
+        deadline = time.monotonic() + 30
+        while proxy.log().count("PROXY_KEYS_FILE") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return proxy
+
+    start.keys_file = keys_file  # type: ignore[attr-defined]
+    yield start
+    for p in running:
+        p.stop()
+
+
+# ---- scripts/keys.py ------------------------------------------------------------------------------
+
+def test_keys_script_adds_lists_and_revokes_writing_the_file_whole_and_private(tmp_path):
+    path = tmp_path / "keys.json"
+    key = add_key(path, "alice", "--rpm", "60", "--concurrent", "2")
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert key not in path.read_text() and [p.name for p in tmp_path.iterdir()] == ["keys.json"]  # no temp file left
+    listed = keys("list", env={"PROXY_KEYS_FILE": str(path)})  # the default file is $PROXY_KEYS_FILE
+    assert listed.returncode == 0 and "alice" in listed.stdout and key not in listed.stdout
+    assert listed.stdout.split("\n")[1].split()[:4] == ["alice", "60", "-", "2"]
+    inode = path.stat().st_ino
+    assert keys("revoke", "alice", "--file", str(path)).returncode == 0
+    assert path.stat().st_ino != inode, "rewritten in place: a reader could see half a file"
+    assert "alice" not in keys("list", "--file", str(path)).stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["add", "bad name"], "a key's name is 1-64 letters"),
+    (["add", "admin"], "'admin' is the name of PROXY_API_KEY's keys"),
+    (["add", "bob", "--rpm", "0"], "--rpm: must be above 0"),
+    (["add", "bob", "--tokens-per-day", "many"], "must be a whole number"),
+    (["revoke", "nobody"], "no key named 'nobody'"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_keys_script_errors_are_one_line_and_non_zero(tmp_path, args, message):
+    proc = keys(*args, "--file", str(tmp_path / "keys.json"))
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_keys_script_refuses_a_broken_file_and_a_missing_path(tmp_path):
+    path = tmp_path / "keys.json"
+    path.write_text("{not json")
+    proc = keys("add", "carol", "--file", str(path))
+    assert proc.returncode == 1 and proc.stderr.startswith("keys.py: ") and path.read_text() == "{not json"
+    proc = keys("list", env={"PROXY_KEYS_FILE": ""})
+    assert proc.returncode == 2 and "PROXY_KEYS_FILE" in proc.stderr and proc.stderr.count("\n") == 1
+    assert keys("-h").returncode == 0 and "revoke NAME" in keys("-h").stdout
+
+
+# ---- keys per person -------------------------------------------------------------------------------
+
+def test_each_person_has_a_key_revoked_alone_at_the_next_request(team):
+    alice = add_key(team.keys_file, "alice")
+    bob = add_key(team.keys_file, "bob")
+    proxy = team()
+    for key in (alice, bob, ADMIN_KEY):
+        for _ in range(4):  # both workers
+            assert post(proxy, "/v1/chat/completions", chat(key))[0] == 200
+    assert keys("revoke", "alice", "--file", str(team.keys_file)).returncode == 0
+    for _ in range(4):
+        status, head, raw = post(proxy, "/v1/chat/completions", chat(alice))
+        assert status == 401 and json.loads(raw)["error"]["type"] == "authentication_error", raw
+        assert post(proxy, "/v1/chat/completions", chat(bob))[0] == 200
+    # Anthropic's shape on /v1/messages, for a key nobody holds.
+    status, _, raw = raw_request(proxy.url, "POST", "/v1/messages", b"{}", {"x-api-key": "sk-cs-nobody"})
+    assert status == 401 and json.loads(raw)["error"]["type"] == "authentication_error" and json.loads(raw)["type"] == "error"
+    # People read no one's usage; the admin reads everyone's, by name.
+    assert raw_request(proxy.url, "GET", "/proxy/usage", headers={"Authorization": f"Bearer {bob}"})[0] == 403
+    assert {"alice", "bob", "admin"} <= set(usage(proxy)["keys"])
+    _, _, metrics = raw_request(proxy.url, "GET", "/proxy/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert b'key="bob"' in metrics
+    time.sleep(0.3)  # the last access lines
+    for key in (alice, bob, ADMIN_KEY):
+        assert key.encode() not in metrics and key not in proxy.log(), "a key reached the metrics or the log"
+    assert proxy.log().count(" key=bob") >= 8
+
+
+def test_a_broken_keys_file_keeps_the_keys_read_before(team):
+    alice = add_key(team.keys_file, "alice")
+    proxy = team()
+    assert post(proxy, "/v1/chat/completions", chat(alice))[0] == 200
+    team.keys_file.write_text('{"keys": [{"name": "alice"')  # a hand edit, half saved
+    for _ in range(4):
+        assert post(proxy, "/v1/chat/completions", chat(alice))[0] == 200
+    assert "keeping the 1 keys read before" in proxy.log()
+
+
+# ---- quotas -------------------------------------------------------------------------------------------
+
+def test_requests_per_minute_hold_exactly_across_two_workers(team):
+    burst = add_key(team.keys_file, "burst", "--rpm", "7")
+    other = add_key(team.keys_file, "other", "--rpm", "7")
+    proxy = team()
+    assert len(proxy.workers()) == 2
+    with ThreadPoolExecutor(24) as pool:
+        statuses = list(pool.map(lambda _: post(proxy, "/v1/chat/completions", chat(burst))[0], range(24)))
+    assert sorted(statuses) == [200] * 7 + [429] * 17, statuses
+    assert post(proxy, "/v1/chat/completions", chat(other))[0] == 200, "one key's limit is not another's"
+    day = today(proxy, "burst")
+    assert (day["requests"], day["limited"]) == (7, 17)
+    _, _, metrics = raw_request(proxy.url, "GET", "/proxy/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert b'proxy_key_limited_total{key="burst",limit="rpm"} 17.0' in metrics
+
+
+def test_the_429_loads_in_the_openai_and_anthropic_sdks(team):
+    key = add_key(team.keys_file, "sdk", "--rpm", "1")
+    proxy = team()
+    assert post(proxy, "/v1/chat/completions", chat(key))[0] == 200
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.chat.completions.create(model="foundation", messages=[{"role": "user", "content": "hi"}])
+    err = caught.value
+    assert err.status_code == 429 and "requests per minute" in err.message and err.type == "rate_limit_exceeded"
+    headers = err.response.headers
+    assert 1 <= int(headers["retry-after"]) <= 60 and headers["x-ratelimit-remaining-requests"] == "0"
+    assert headers["x-ratelimit-limit-requests"] == "1"
+    waits = client._parse_retry_after_header(headers)  # the SDK's own reading of the retry headers
+    assert waits is not None and 0 < waits <= 60
+    aclient = anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0)
+    with pytest.raises(anthropic.RateLimitError) as acaught:
+        aclient.messages.create(model="foundation", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    aerr = acaught.value
+    assert aerr.status_code == 429 and aerr.body["error"]["type"] == "rate_limit_error"
+    assert aerr.response.headers["anthropic-ratelimit-requests-remaining"] == "0"
+    assert 0 < aclient._parse_retry_after_header(aerr.response.headers) <= 60
+
+
+def test_tokens_per_day_are_counted_from_real_usage_streamed_and_not(team):
+    key = add_key(team.keys_file, "tokens", "--tokens-per-day", "60")
+    proxy = team()
+    status, _, raw = post(proxy, "/v1/chat/completions", chat(key, tokens=7))
+    assert status == 200
+    plain = json.loads(raw)["usage"]
+    status, _, raw = post(proxy, "/v1/chat/completions", chat(key, stream=True, tokens=9))
+    streamed = stream_usage(raw)
+    assert status == 200 and streamed["completion_tokens"] == 9
+    time.sleep(0.3)  # usage is recorded when the answer's last byte has gone
+    day = today(proxy, "tokens")
+    assert day["prompt_tokens"] == plain["prompt_tokens"] + streamed["prompt_tokens"]
+    assert day["completion_tokens"] == 7 + 9
+    spent = day["prompt_tokens"] + day["completion_tokens"]
+    while spent < 60:  # up to the limit; the request that crosses it is served, the next is not
+        status, _, raw = post(proxy, "/v1/chat/completions", chat(key, tokens=9))
+        assert status == 200
+        spent += json.loads(raw)["usage"]["total_tokens"]
+    time.sleep(0.3)
+    status, head, raw = post(proxy, "/v1/chat/completions", chat(key))
+    assert status == 429 and "tokens per day" in json.loads(raw)["error"]["message"]
+    assert head["x-ratelimit-limit-tokens"] == "60" and int(head["retry-after"]) <= 86400
+
+
+def test_concurrent_requests_are_limited_and_freed_when_they_end(team, paced):
+    key = add_key(team.keys_file, "solo", "--concurrent", "1")
+    proxy = team(paced("--gap", "0.05"))
+    with ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(post, proxy, "/v1/chat/completions", chat(key, tokens=30))
+        time.sleep(0.5)
+        status, _, raw = post(proxy, "/v1/chat/completions", chat(key))
+        assert status == 429 and "1 requests at once" in json.loads(raw)["error"]["message"]
+        assert slow.result()[0] == 200
+    assert post(proxy, "/v1/chat/completions", chat(key))[0] == 200
+
+
+def test_usage_survives_a_restart(team):
+    key = add_key(team.keys_file, "keeper")
+    proxy = team()
+    for _ in range(3):
+        assert post(proxy, "/v1/chat/completions", chat(key, tokens=4))[0] == 200
+    time.sleep(0.3)
+    before = today(proxy, "keeper")
+    assert before["requests"] == 3 and before["completion_tokens"] == 12
+    proxy.stop()
+    again = team()
+    assert today(again, "keeper") == before
