@@ -46,6 +46,7 @@ def write(path: str, people: list[Person]) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             os.fchmod(f.fileno(), 0o600)
+            keep_owner(f.fileno(), path)
             f.write(dump(people))
             f.flush()
             os.fsync(f.fileno())
@@ -60,6 +61,17 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"keys.py: {message} (see scripts/keys.py -h)\n")
+
+
+def keep_owner(fd: int, path: str) -> None:
+    """The new file keeps the old one's owner when we may give it (run as root): the proxy's container reads the
+    file as uid 10001, and a 0600 file is readable by its owner alone (README "Sharing the stack")."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (0, 0):
+        os.fchown(fd, st.st_uid, st.st_gid)
 
 
 def positive(text: str) -> int:

@@ -20,6 +20,7 @@ from clients import anthropic, openai
 
 from standins.proxy_process import ProxyProcess
 from standins.rawhttp import raw_request
+from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames, tool_call
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ROOT / "scripts" / "keys.py"
@@ -283,3 +284,79 @@ def test_usage_survives_a_restart(team):
     proxy.stop()
     again = team()
     assert today(again, "keeper") == before
+
+
+# ---- usage per key --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_usage_counts_searches_page_reads_refused_fetches_and_the_tokens_the_client_got(
+        start_proxy, backend, searxng, site, tmp_path, stream):
+    keys_file = tmp_path / "keys.json"
+    key = add_key(keys_file, "reader")
+    proxy = start_proxy(PROXY_KEYS_FILE=str(keys_file), PROXY_STATE_DB=str(tmp_path / "state.sqlite3"),
+                        PROXY_API_KEY=ADMIN_KEY, WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", KEEPALIVE_INTERVAL="0.2")
+    path = f"/notes-{stream}"
+    site.route(path, "<html><head><title>Notes</title></head><body><article><h1>Notes</h1><p>"
+               + "The release adds prefix caching. " * 20 + "</p></article></body></html>")
+    given = f"http://127.0.0.1:{site.port}{path}"
+
+    def turn(calls):
+        if stream:
+            return sse_reply(stream_frames(tool_calls=calls, finish_reason="tool_calls", include_usage=True,
+                                           completion_tokens=11))
+        return json_reply(completion(tool_calls=calls, completion_tokens=11))
+
+    backend.script(turn([tool_call("web_search", {"query": "release notes"})]),
+                   turn([tool_call("web_fetch", {"url": given}),
+                         tool_call("web_fetch", {"url": "http://127.0.0.1:9/never-given"})]),
+                   sse_reply(stream_frames(content=["Done."], finish_reason="stop", include_usage=True,
+                                           completion_tokens=5)) if stream
+                   else json_reply(completion(content="Done.", completion_tokens=5)))
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
+    messages = [{"role": "user", "content": f"Search, then read {given}"}]
+    if stream:
+        chunks = list(client.chat.completions.create(model="foundation", messages=messages, stream=True,
+                                                     stream_options={"include_usage": True}))
+        got = next(c.usage for c in chunks if c.usage is not None)
+    else:
+        got = client.chat.completions.create(model="foundation", messages=messages).usage
+    assert got.completion_tokens == 11 + 11 + 5
+    time.sleep(0.3)
+    day = today(proxy, "reader")
+    assert {k: day[k] for k in ("requests", "searches", "page_reads", "refused_fetches")} == {
+        "requests": 1, "searches": 1, "page_reads": 1, "refused_fetches": 1}, day
+    assert (day["prompt_tokens"], day["completion_tokens"]) == (got.prompt_tokens, got.completion_tokens)
+    _, _, metrics = raw_request(proxy.url, "GET", "/proxy/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert b'proxy_key_usage_total{figure="searches",key="reader"}' in metrics
+
+
+SPLITS = [1, 7, 64, 10_000]
+
+
+def feed(scan, raw: bytes, size: int) -> dict:
+    for i in range(0, len(raw), size):
+        scan.feed(raw[i:i + size])
+    return scan.result()
+
+
+@pytest.mark.parametrize("size", SPLITS)
+@pytest.mark.parametrize("kind, raw, want", [
+    ("text/event-stream", b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\ndata: {"choices":[],"usage":'
+     b'{"prompt_tokens":40,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":32}}}\n\ndata: [DONE]\n\n',
+     (40, 9, 32)),
+    ("text/event-stream; charset=utf-8", b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
+     b'{"input_tokens":10,"cache_read_input_tokens":30,"output_tokens":1}}}\n\nevent: ping\ndata: {"type":"ping"}\n\n'
+     b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":12}}\n\n', (40, 12, 30)),
+    ("text/event-stream", b'event: response.completed\ndata: {"type":"response.completed","response":{"usage":'
+     b'{"input_tokens":50,"output_tokens":6,"input_tokens_details":{"cached_tokens":48}}}}\n\n', (50, 6, 48)),
+    ("application/json", b'{"id":"x","usage":{"prompt_tokens":17,"completion_tokens":20}}', (17, 20, 0)),
+    ("application/json", b'{"type":"message","usage":{"input_tokens":8,"output_tokens":3}}', (8, 3, 0)),
+    ("application/json", b'{"error":{"message":"no"}}', (0, 0, 0)),
+    ("text/event-stream", b'data: {"usage": "not an object"}\n\ndata: {broken "usage"\n\n', (0, 0, 0)),
+])
+def test_usage_is_read_from_every_apis_answer_however_it_is_cut(kind, raw, want, size):
+    from proxy.observe.usage import UsageScan
+    scan = UsageScan()
+    scan.headers([("Content-Type", kind)])
+    found = feed(scan, raw, size)
+    assert (found["prompt_tokens"], found["completion_tokens"], found["cached_tokens"]) == want

@@ -143,7 +143,8 @@ class KeysFile:
 
     def _reload(self, stamp: tuple) -> None:
         if stamp[0] == "missing":
-            log.warning("PROXY_KEYS_FILE %s cannot be read: only PROXY_API_KEY's keys are accepted", self.path)
+            log.info("PROXY_KEYS_FILE %s does not exist (yet): no people's keys, PROXY_API_KEY alone decides",
+                     self.path)
             self._people = ()
             return
         try:
@@ -154,6 +155,12 @@ class KeysFile:
             return
         self._people = tuple(people)
         log.info("PROXY_KEYS_FILE %s: %d keys (%d disabled)", self.path, len(people), sum(p.disabled for p in people))
+
+    def exists(self) -> bool:
+        """Whether there is a keys file (perhaps with nobody left in it). A stack that never made one stays as it
+        was, open or behind PROXY_API_KEY; once it exists, a key is needed even after the last person is revoked."""
+        self.people()
+        return self._stamp is not None and self._stamp[0] != "missing"
 
     def find(self, key: str) -> Person | None:
         return find(self.people(), key)

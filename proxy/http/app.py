@@ -55,16 +55,17 @@ class WholePath:
         return self.app(environ, start_response)
 
 
-def outbound_headers(headers, cfg: Config) -> list[tuple[str, str]]:
+def outbound_headers(headers, cfg: Config, guarded: bool | None = None) -> list[tuple[str, str]]:
     """The client's headers as vLLM should see them. Pure.
 
     Hop-by-hop and Host belong to the client's connection. Credentials: with BACKEND_API_KEY
     the proxy's own key replaces the client's; with PROXY_API_KEY the client's key was for
-    the proxy and stays here (a keys file's too); with neither the proxy is transparent and passes it on.
+    the proxy and stays here (`guarded`: a keys file's too, once it exists); with neither the
+    proxy is transparent and passes it on.
     """
     out = [(n, v) for n, v in end_to_end_headers(headers)
            if n.lower() not in ("host", "content-length")]
-    if cfg.backend_api_key or cfg.proxy_api_keys or cfg.proxy_keys_file:
+    if cfg.backend_api_key or (bool(cfg.proxy_api_keys) if guarded is None else guarded):
         out = [(n, v) for n, v in out if n.lower() not in CREDENTIAL_HEADERS]
     if cfg.backend_api_key:
         out.append(("Authorization", f"Bearer {cfg.backend_api_key}"))
@@ -98,7 +99,8 @@ def create_app(cfg: Config) -> Flask:
         return team.usage()
 
     def exchange() -> Exchange:
-        return Exchange(services, request_body(cfg), outbound_headers(request.headers.items(), cfg), raw_target(),
+        return Exchange(services, request_body(cfg), outbound_headers(request.headers.items(), cfg, team.guarded),
+                        raw_target(),
                         request.environ)
 
     @app.route(routes.CHAT, methods=["POST"])

@@ -95,7 +95,8 @@ class Team:
 
     @property
     def guarded(self) -> bool:
-        return bool(self.cfg.proxy_api_keys) or self.keys is not None
+        """Whether a key is needed: PROXY_API_KEY is set, or the keys file exists."""
+        return bool(self.cfg.proxy_api_keys) or (self.keys is not None and self.keys.exists())
 
     def who(self, key: str | None) -> Person | None:
         """The admin, a person with a live key, or None. Both checks run whatever the first found, so the time
