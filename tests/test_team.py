@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -360,3 +361,153 @@ def test_usage_is_read_from_every_apis_answer_however_it_is_cut(kind, raw, want,
     scan.headers([("Content-Type", kind)])
     found = feed(scan, raw, size)
     assert (found["prompt_tokens"], found["completion_tokens"], found["cached_tokens"]) == want
+
+
+# ---- the fair queue: the store's choices ------------------------------------------------------------------
+
+class Clock:
+    def __init__(self):
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def admitted_order(store, tickets: dict[str, str], seats: int = 1) -> list[str]:
+    """Release whatever runs, one at a time, and say which ticket each free seat went to."""
+    order = []
+    by_id = {v: k for k, v in tickets.items()}
+    while by_id:
+        running = [t for t in by_id if store.admitted(t, seats)]
+        assert len(running) <= seats
+        for t in running:
+            order.append(by_id.pop(t))
+            store.release(t)
+    return order
+
+
+def test_the_queue_goes_round_robin_across_keys_and_a_resumed_turn_keeps_its_place(tmp_path):
+    from proxy.backends.teamstore import TeamStore
+    store = TeamStore(str(tmp_path / "state.sqlite3"))
+    tickets = {}
+    for label, name in [("x1", "x"), ("x2", "x"), ("x3", "x"), ("y1", "y"), ("z1", "z"), ("x4", "x")]:
+        tickets[label] = store.enqueue(name, resumed=False)
+        time.sleep(0.002)
+    assert admitted_order(store, tickets) == ["x1", "y1", "z1", "x2", "x3", "x4"]
+    # A request back from its search round goes ahead of every first turn, whoever was served last.
+    first = store.enqueue("x", resumed=False)
+    assert store.admitted(first, 1)
+    waiting = {"y": store.enqueue("y", resumed=False), "x-resumed": store.enqueue("x", resumed=True)}
+    store.release(first)
+    assert admitted_order(store, waiting) == ["x-resumed", "y"]
+
+
+def test_a_dead_workers_seat_is_reclaimed_when_its_lease_runs_out(tmp_path):
+    from proxy.backends.teamstore import LEASE, TeamStore
+    clock = Clock()
+    dead = TeamStore(str(tmp_path / "state.sqlite3"), clock=clock)
+    alive = TeamStore(str(tmp_path / "state.sqlite3"), clock=clock)
+    held = dead.enqueue("x", resumed=False)
+    assert dead.admitted(held, 1)
+    clock.now += LEASE - 1
+    mine = alive.enqueue("y", resumed=False)
+    assert alive.admitted(mine, 1) is False
+    clock.now += 2  # the dead worker never renewed its lease; ours is fresh
+    assert alive.admitted(mine, 1) is True and dead.admitted(held, 1) is None
+
+
+# ---- the fair queue, end to end ----------------------------------------------------------------------------
+
+def ends(events: Path) -> list[str]:
+    """The users whose requests the stand-in finished, in order."""
+    return [e["user"] for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "end"]
+
+
+def starts(events: Path) -> list[str]:
+    if not events.exists():
+        return []
+    return [e["user"] for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "start"]
+
+
+def until(predicate, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def one_run(team, paced, tmp_path, seats: int, keys: dict[str, str]) -> dict[str, tuple[int, float]]:
+    """Six long streamed requests of one key, then one short request from each of two others: for each short
+    one, the long requests finished after it arrived and before it was done, and its seconds from arrival to answer."""
+    events = tmp_path / f"events-{seats}.jsonl"
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.02", "--events", str(events)), MAX_NUM_SEQS=seats,
+                 PROXY_STATE_DB=tmp_path / f"state-{seats}.sqlite3")
+    out = {}
+    with ThreadPoolExecutor(8) as pool:
+        longs = [pool.submit(post, proxy, "/v1/chat/completions", chat(keys["agent"], stream=True, tokens=50,
+                                                                       user=f"long{i}")) for i in range(6)]
+        until(lambda: len(starts(events)) >= 1)
+        time.sleep(0.4)  # the other five are waiting: in vLLM's queue (FIFO) or the proxy's (fair)
+        done_before = len(ends(events))
+        arrived = time.monotonic()
+
+        def short(name: str) -> float:
+            status, _, raw = post(proxy, "/v1/chat/completions", chat(keys[name], tokens=2, user=name,
+                                                                     stream=name == "ben"))
+            assert status == 200, raw
+            return time.monotonic() - arrived
+
+        shorts = {name: pool.submit(short, name) for name in ("ann", "ben")}
+        for name, future in shorts.items():
+            seconds = future.result(timeout=60)
+            order = ends(events)
+            out[name] = (sum(1 for u in order[done_before:order.index(name)] if u.startswith("long")), seconds)
+        assert all(f.result(timeout=60)[0] == 200 for f in longs)
+    if seats:
+        until(lambda: today(proxy, "agent").get("requests") == 6)
+        assert today(proxy, "agent")["queued_seconds"] > 1.0  # five of its six waited behind each other
+        assert "key=agent" in proxy.log() and " queued=" in proxy.log()
+    proxy.stop()
+    return out
+
+
+@pytest.mark.slow  # two runs of six one-second generations on a one-at-a-time stand-in: about 15 s
+def test_a_short_request_waits_behind_at_most_one_long_request_of_another_key(team, paced, tmp_path):
+    keys = {name: add_key(team.keys_file, name) for name in ("agent", "ann", "ben")}
+    fifo = one_run(team, paced, tmp_path, 0, keys)
+    fair = one_run(team, paced, tmp_path, 1, keys)
+    print("\nlong requests finished ahead of each short one, and its seconds to answer (6 long ones of 1 s queued):")
+    for name in ("ann", "ben"):
+        print(f"  {name}: vLLM's FIFO {fifo[name][0]} long, {fifo[name][1]:.1f} s; "
+              f"fair queue {fair[name][0]} long, {fair[name][1]:.1f} s")
+    assert all(ahead <= 1 for ahead, _ in fair.values()), fair
+    assert all(ahead >= 5 for ahead, _ in fifo.values()), fifo  # the baseline really was first come, first served
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_leaves_while_queued_gives_up_its_place(team, paced, tmp_path, stream):
+    keys = {name: add_key(team.keys_file, name) for name in ("busy", "leaver", "next")}
+    events = tmp_path / "events.jsonl"
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.02", "--events", str(events)), MAX_NUM_SEQS=1)
+    with ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(post, proxy, "/v1/chat/completions", chat(keys["busy"], tokens=50, user="busy"))
+        until(lambda: starts(events) == ["busy"])
+        sock = socket.create_connection((proxy.url.split("//")[1].split(":")[0], int(proxy.url.rsplit(":", 1)[1])))
+        request = chat(keys["leaver"], stream=stream, tokens=50, user="leaver")
+        head = "".join(f"{k}: {v}\r\n" for k, v in request["headers"].items())
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{head}Content-Length: "
+                     f"{len(request['body'])}\r\n\r\n".encode() + request["body"])
+        if stream:
+            # A queued stream answers at once and keeps the client alive while it waits.
+            sock.settimeout(5)
+            got = b""
+            while b"queued for the model" not in got:
+                got += sock.recv(4096)
+            assert got.startswith(b"HTTP/1.1 200")
+        else:
+            until(lambda: usage(proxy)["queue"]["waiting"] == 1)
+        sock.close()  # the client gives up while the card is busy
+        until(lambda: usage(proxy)["queue"]["waiting"] == 0, seconds=5)
+        assert post(proxy, "/v1/chat/completions", chat(keys["next"], tokens=2, user="next"))[0] == 200
+        assert busy.result(timeout=30)[0] == 200
+    assert starts(events) == ["busy", "next"], "the request of a client that had left went to vLLM"
