@@ -44,10 +44,11 @@ def add_key(path: Path, name: str, *limits: str) -> str:
     return lines[0]
 
 
-def chat(key: str | None, *, stream: bool = False, tokens: int = 3, user: str = "", **extra) -> dict:
+def chat(key: str | None, *, stream: bool = False, tokens: int = 3, user: str = "", include_usage: bool = True,
+         **extra) -> dict:
     body = {"model": "foundation", "messages": [{"role": "user", "content": "say three words"}],
             "max_tokens": tokens, "ignore_eos": True, "stream": stream, "user": user, **extra}
-    if stream:
+    if stream and include_usage:
         body["stream_options"] = {"include_usage": True}
     return {"body": json.dumps(body).encode(),
             "headers": {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}}
@@ -247,10 +248,13 @@ def test_tokens_per_day_are_counted_from_real_usage_streamed_and_not(team):
     status, _, raw = post(proxy, "/v1/chat/completions", chat(key, stream=True, tokens=9))
     streamed = stream_usage(raw)
     assert status == 200 and streamed["completion_tokens"] == 9
+    # A stream that does not ask for usage gets none, and is counted all the same.
+    status, _, raw = post(proxy, "/v1/chat/completions", chat(key, stream=True, tokens=5, include_usage=False))
+    assert status == 200 and b'"usage"' not in raw and raw.rstrip().endswith(b"data: [DONE]")
     time.sleep(0.3)  # usage is recorded when the answer's last byte has gone
     day = today(proxy, "tokens")
-    assert day["prompt_tokens"] == plain["prompt_tokens"] + streamed["prompt_tokens"]
-    assert day["completion_tokens"] == 7 + 9
+    assert day["prompt_tokens"] == plain["prompt_tokens"] + 2 * streamed["prompt_tokens"]
+    assert day["completion_tokens"] == 7 + 9 + 5
     spent = day["prompt_tokens"] + day["completion_tokens"]
     while spent < 60:  # up to the limit; the request that crosses it is served, the next is not
         status, _, raw = post(proxy, "/v1/chat/completions", chat(key, tokens=9))

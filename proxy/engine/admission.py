@@ -22,6 +22,10 @@ from proxy.runtime import concurrency as runtime
 
 KEY_NAME = "proxy.key"              # environ: the name of the request's key (proxy/http/team.py); "-" when open
 QUEUED = "proxy.queued_seconds"     # environ: seconds the request waited for seats, over all its calls
+METERED = "proxy.metered"           # environ: the request's usage counts against its key (proxy/http/team.py)
+# environ: a usage object the client did not ask to see (a chat stream without stream_options.include_usage, asked
+# of vLLM for a metered request all the same, so its tokens count against the key's tokens per day)
+USAGE_UNSEEN = "proxy.usage_unseen"
 ANONYMOUS = "-"                     # every request of a proxy without keys: one key, so first come first served
 GENERATION = frozenset({routes.CHAT, routes.MESSAGES, routes.RESPONSES, "/v1/completions"})
 POLL = 0.05                         # seconds between a waiter's looks at the queue

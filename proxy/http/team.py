@@ -20,10 +20,11 @@ from proxy.backends.teamstore import Admitted, Refusal, TeamStore
 from proxy.core import codec, routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
-from proxy.engine.admission import ANONYMOUS, KEY_NAME, QUEUED
+from proxy.engine.admission import ANONYMOUS, KEY_NAME, METERED, QUEUED, USAGE_UNSEEN
 from proxy.engine.events import Finished
 from proxy.observe import metrics
 from proxy.observe.usage import UsageScan
+from proxy.observe.usage import figures as figures_of
 from proxy.tools.session import searches_in
 
 log = logging.getLogger("proxy")
@@ -131,6 +132,7 @@ class Team:
             metrics.key_limited(person.name, verdict.limit)
             return refused(path, person.name, verdict, now)
         environ[ADMITTED] = verdict
+        environ[METERED] = True
         environ[TALLY] = {"searches": 0, "page_reads": 0, "refused_fetches": 0}
         environ[SCAN] = UsageScan()
         return None
@@ -157,7 +159,11 @@ class Team:
             return
         name = environ[KEY_NAME]
         scan: UsageScan = environ[SCAN]
-        figures: dict[str, float] = {**scan.result(), **environ[TALLY], "queued_seconds": environ.get(QUEUED, 0.0)}
+        tokens = scan.result()
+        unseen = environ.get(USAGE_UNSEEN)
+        if isinstance(unseen, dict):  # a stream whose usage the client did not ask for: the proxy kept it
+            tokens = {k: max(v, figures_of(unseen)[k]) for k, v in tokens.items()}
+        figures: dict[str, float] = {**tokens, **environ[TALLY], "queued_seconds": environ.get(QUEUED, 0.0)}
         metrics.key_used(name, {"requests": 1, **figures})
         try:
             self.store.ended(admitted.id, name, figures)
