@@ -367,6 +367,20 @@ def test_usage_is_read_from_every_apis_answer_however_it_is_cut(kind, raw, want,
     assert (found["prompt_tokens"], found["completion_tokens"], found["cached_tokens"]) == want
 
 
+@pytest.fixture
+def redis_url(tmp_path):
+    """A real Redis (Debian's redis-server) on a unix socket of the test's own, stopped by its pid."""
+    sock = tmp_path / "redis.sock"
+    proc = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(sock), "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        until(lambda: sock.exists(), seconds=10)
+        yield f"unix://{sock}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 # ---- the fair queue: the store's choices ------------------------------------------------------------------
 
 class Clock:
@@ -390,9 +404,19 @@ def admitted_order(store, tickets: dict[str, str], seats: int = 1) -> list[str]:
     return order
 
 
-def test_the_queue_goes_round_robin_across_keys_and_a_resumed_turn_keeps_its_place(tmp_path):
+@pytest.fixture(params=["sqlite", "redis"])
+def stores(request, tmp_path):
+    """stores(clock) -> a new handle on one shared store (each a worker's), SQLite's or Redis's."""
     from proxy.backends.teamstore import TeamStore
-    store = TeamStore(str(tmp_path / "state.sqlite3"))
+    from proxy.backends.teamstore_redis import RedisTeamStore
+    if request.param == "sqlite":
+        return lambda clock=time.time: TeamStore(str(tmp_path / "state.sqlite3"), clock=clock)
+    url = request.getfixturevalue("redis_url")
+    return lambda clock=time.time: RedisTeamStore(url, clock=clock)
+
+
+def test_the_queue_goes_round_robin_across_keys_and_a_resumed_turn_keeps_its_place(stores):
+    store = stores()
     tickets = {}
     for label, name in [("x1", "x"), ("x2", "x"), ("x3", "x"), ("y1", "y"), ("z1", "z"), ("x4", "x")]:
         tickets[label] = store.enqueue(name, resumed=False)
@@ -406,11 +430,10 @@ def test_the_queue_goes_round_robin_across_keys_and_a_resumed_turn_keeps_its_pla
     assert admitted_order(store, waiting) == ["x-resumed", "y"]
 
 
-def test_a_dead_workers_seat_is_reclaimed_when_its_lease_runs_out(tmp_path):
-    from proxy.backends.teamstore import LEASE, TeamStore
+def test_a_dead_workers_seat_is_reclaimed_when_its_lease_runs_out(stores):
+    from proxy.backends.teamstore import LEASE
     clock = Clock()
-    dead = TeamStore(str(tmp_path / "state.sqlite3"), clock=clock)
-    alive = TeamStore(str(tmp_path / "state.sqlite3"), clock=clock)
+    dead, alive = stores(clock), stores(clock)
     held = dead.enqueue("x", resumed=False)
     assert dead.admitted(held, 1)
     clock.now += LEASE - 1
@@ -488,11 +511,13 @@ def test_a_short_request_waits_behind_at_most_one_long_request_of_another_key(te
     assert all(ahead >= 5 for ahead, _ in fifo.values()), fifo  # the baseline really was first come, first served
 
 
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
 @pytest.mark.parametrize("stream", [True, False])
-def test_a_client_that_leaves_while_queued_gives_up_its_place(team, paced, tmp_path, stream):
+def test_a_client_that_leaves_while_queued_gives_up_its_place(request, team, paced, tmp_path, stream, store):
     keys = {name: add_key(team.keys_file, name) for name in ("busy", "leaver", "next")}
     events = tmp_path / "events.jsonl"
-    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.02", "--events", str(events)), MAX_NUM_SEQS=1)
+    shared = {"STATE_URL": request.getfixturevalue("redis_url")} if store == "redis" else {}
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.02", "--events", str(events)), MAX_NUM_SEQS=1, **shared)
     with ThreadPoolExecutor(2) as pool:
         busy = pool.submit(post, proxy, "/v1/chat/completions", chat(keys["busy"], tokens=50, user="busy"))
         until(lambda: starts(events) == ["busy"])
@@ -515,3 +540,22 @@ def test_a_client_that_leaves_while_queued_gives_up_its_place(team, paced, tmp_p
         assert post(proxy, "/v1/chat/completions", chat(keys["next"], tokens=2, user="next"))[0] == 200
         assert busy.result(timeout=30)[0] == 200
     assert starts(events) == ["busy", "next"], "the request of a client that had left went to vLLM"
+
+
+# ---- replicas sharing Redis (STATE_URL) ---------------------------------------------------------------------
+
+def test_two_replicas_on_one_redis_share_quotas_and_usage_exactly(team, paced, redis_url, tmp_path):
+    key = add_key(team.keys_file, "everywhere", "--rpm", "9")
+    backend = paced("--gap", "0.001")
+    replicas = [team(backend, STATE_URL=redis_url, PROXY_STATE_DB=tmp_path / f"unused-{i}.sqlite3") for i in range(2)]
+    with ThreadPoolExecutor(24) as pool:
+        statuses = list(pool.map(lambda i: post(replicas[i % 2], "/v1/chat/completions", chat(key, tokens=4))[0],
+                                 range(24)))
+    assert sorted(statuses) == [200] * 9 + [429] * 15, statuses
+    time.sleep(0.3)
+    for proxy in replicas:  # either replica answers for both
+        day = today(proxy, "everywhere")
+        assert (day["requests"], day["limited"], day["completion_tokens"]) == (9, 15, 36), day
+    assert not list(tmp_path.glob("unused-*.sqlite3")), "the SQLite store was used beside STATE_URL"
+    time.sleep(0.3)
+    assert all(redis_url not in p.log() for p in replicas)

@@ -60,6 +60,11 @@ def seconds_to_midnight(t: float) -> float:
     return 86400.0 - (t % 86400.0)
 
 
+class StoreError(Exception):
+    """The shared store failed (Redis unreachable, a script error): teamstore_redis raises it, the callers handle it
+    as they handle sqlite3.Error."""
+
+
 @dataclass(frozen=True)
 class Refusal:
     """A request over one of its key's limits: which, the limit, and when to try again."""

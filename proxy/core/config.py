@@ -104,6 +104,9 @@ class Config:
     # The SQLite file of usage per key, quota windows and the fair queue's tickets, shared by every worker (and kept
     # across restarts in the compose volume). Empty: a file of this run's own, made by gunicorn.conf.py.
     proxy_state_db: str = setting("PROXY_STATE_DB", "")
+    # redis://, rediss:// or unix:// (Redis or Valkey): the shared state of replicas on several hosts; the team's
+    # usage, quotas and fair queue then live there instead of PROXY_STATE_DB. Its password never reaches a log.
+    state_url: str = setting("STATE_URL", "", secret=True)
     # Generation requests admitted to vLLM at once (vLLM's --max-num-seqs, which the compose file passes to both);
     # the rest wait in the proxy's fair queue, taken round-robin across keys. 0: no queue, vLLM's own FIFO.
     max_num_seqs: int = setting("MAX_NUM_SEQS", 0, whole)
@@ -186,6 +189,8 @@ class Config:
                 raise ValueError(f"{variable(name)} must be an http:// or https:// URL ({problem}), "
                                  f"not {getattr(self, name)!r}")
         parse_urls("SEARXNG_URL", self.searxng_url)
+        if self.state_url and urllib.parse.urlsplit(self.state_url).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("STATE_URL must be a redis://, rediss:// or unix:// URL")
         if self.brave_search_mode not in BRAVE_SEARCH_MODES:
             raise ValueError(f"BRAVE_SEARCH_MODE must be 'fallback' or 'always', not {self.brave_search_mode!r}")
         if self.brave_search_api_key and not re.fullmatch(r"[\x21-\x7e]+", self.brave_search_api_key):

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from proxy.backends.teamstore import TeamStore
+from proxy.backends.teamstore_redis import RedisTeamStore
 from proxy.core import routes
 from proxy.runtime import concurrency as runtime
 
@@ -39,7 +40,7 @@ def queues(method: str, target: str) -> bool:
 class Queue:
     """One worker's view of the shared queue."""
 
-    def __init__(self, store: TeamStore, seats: int, on_wait: Callable[[dict, float], None] | None = None):
+    def __init__(self, store: TeamStore | RedisTeamStore, seats: int, on_wait: Callable[[dict, float], None] | None = None):
         self.store = store
         self.seats = seats
         self.on_wait = on_wait    # (environ, seconds) after each wait: the metrics

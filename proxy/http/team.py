@@ -16,7 +16,8 @@ import sqlite3
 from flask import Response
 
 from proxy.backends.keys import ADMIN, KeysFile, Limits, Person
-from proxy.backends.teamstore import Admitted, Refusal, TeamStore
+from proxy.backends.teamstore import Admitted, Refusal, StoreError, TeamStore
+from proxy.backends.teamstore_redis import RedisTeamStore
 from proxy.core import codec, routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
@@ -87,7 +88,7 @@ def refused(path: str, name: str, refusal: Refusal, now: float) -> Response:
 class Team:
     """One worker's keys, quotas and usage."""
 
-    def __init__(self, cfg: Config, store: TeamStore | None):
+    def __init__(self, cfg: Config, store: TeamStore | RedisTeamStore | None):
         self.cfg = cfg
         self.keys = KeysFile(cfg.proxy_keys_file) if cfg.proxy_keys_file else None
         if self.keys is not None:
@@ -125,7 +126,7 @@ class Team:
             return None
         try:
             verdict = self.store.admit(person.name, person.limits if person.name != ADMIN else Limits())
-        except sqlite3.Error as e:
+        except (sqlite3.Error, StoreError) as e:
             log.error("PROXY_STATE_DB %s: %s", self.store.path, e)
             return error_for_path(path, 503, "The proxy cannot reach its usage store (PROXY_STATE_DB); see its log.")
         if isinstance(verdict, Refusal):
@@ -167,7 +168,7 @@ class Team:
         metrics.key_used(name, {"requests": 1, **figures})
         try:
             self.store.ended(admitted.id, name, figures)
-        except sqlite3.Error as e:  # the lease frees its concurrency slot; the figures are lost, and said so
+        except (sqlite3.Error, StoreError) as e:  # the lease frees its concurrency slot; the figures are lost, and said so
             log.error("PROXY_STATE_DB %s: usage of a request of %r not recorded: %s", self.store.path, name, e)
 
     def usage(self) -> Response:

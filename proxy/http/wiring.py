@@ -14,6 +14,7 @@ from proxy.backends.fetcher import Fetcher
 from proxy.backends.search import CachedSearch, SearchBackend, SearchOutcome, outcome_size
 from proxy.backends.searxng import SearXNG
 from proxy.backends.teamstore import TeamStore
+from proxy.backends.teamstore_redis import RedisTeamStore
 from proxy.core.config import Config
 from proxy.engine.admission import Queue
 from proxy.engine.events import TOOLS_RAN, Events
@@ -52,11 +53,14 @@ def build_services(cfg: Config) -> Services:
     return Services(cfg, backend, search, fetcher, events, search_health=failover.health, queue=queue)
 
 
-def build_store(cfg: Config) -> TeamStore | None:
-    """The shared SQLite store, when keys or the fair queue need it: PROXY_STATE_DB, or (unset, as outside compose
-    and not under gunicorn.conf.py, which makes one per run) a file of this process's own."""
+def build_store(cfg: Config) -> TeamStore | RedisTeamStore | None:
+    """The shared store, when keys or the fair queue need it: Redis with STATE_URL, else the SQLite file
+    PROXY_STATE_DB, or (unset, as outside compose and not under gunicorn.conf.py, which makes one per run) a file of
+    this process's own."""
     if not (cfg.proxy_keys_file or cfg.max_num_seqs):
         return None
+    if cfg.state_url:
+        return RedisTeamStore(cfg.state_url)
     path = cfg.proxy_state_db or os.path.join(tempfile.mkdtemp(prefix="proxy-state-"), "state.sqlite3")
     return TeamStore(path)
 

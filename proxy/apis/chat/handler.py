@@ -214,7 +214,8 @@ class StreamedChat(_Chat):
         super().__init__(ex, body, ours)
         self.ident = self.created = self.model = None  # the first turn's, which every later chunk takes
         self.environ = ex.environ
-        options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+        given_options = body.get("stream_options")
+        options: dict = given_options if isinstance(given_options, dict) else {}
         # A key's tokens per day count streams too: vLLM is asked for the usage chunk the client did not ask for,
         # and the proxy keeps it (USAGE_UNSEEN) instead of sending it, so the client's stream is as it asked.
         self.hide_usage = bool(ex.environ.get(METERED)) and not options.get("include_usage")
