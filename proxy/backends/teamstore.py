@@ -248,7 +248,27 @@ class TeamStore:
     def admitted(self, ticket: str, seats: int) -> bool | None:
         """Admit waiting tickets while fewer than `seats` run (any worker admits anyone's: a free seat never
         waits for its ticket's owner to look), and say whether `ticket` runs (None: it is gone)."""
+        if self._seats_taken(ticket, seats):
+            return False
         return self.transaction(lambda conn, now: self._fill(conn, now, ticket, seats))
+
+    def _seats_taken(self, ticket: str, seats: int) -> bool:
+        """A read (WAL readers take no lock) that spares the waiters' polls the write lock while every seat is
+        taken by a live ticket and this one waits: most polls, when many wait."""
+        with self._lock:
+            conn = self._connection()
+            now = self.clock()
+            try:
+                mine = conn.execute("SELECT running FROM tickets WHERE id = ?", (ticket,)).fetchone()
+                if mine is None or mine[0]:
+                    return False
+                taken = conn.execute("SELECT COUNT(*) FROM tickets WHERE running = 1 AND lease >= ?",
+                                     (now,)).fetchone()[0]
+            except sqlite3.OperationalError as e:
+                if not _busy(e):
+                    raise
+                return True  # the next poll looks again
+            return taken >= seats
 
     def _fill(self, conn: sqlite3.Connection, now: float, ticket: str, seats: int) -> bool | None:
         conn.execute("DELETE FROM tickets WHERE lease < ?", (now,))
