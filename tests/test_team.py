@@ -559,3 +559,48 @@ def test_two_replicas_on_one_redis_share_quotas_and_usage_exactly(team, paced, r
     assert not list(tmp_path.glob("unused-*.sqlite3")), "the SQLite store was used beside STATE_URL"
     time.sleep(0.3)
     assert all(redis_url not in p.log() for p in replicas)
+
+
+def read_stream(sock: socket.socket, until_bytes: bytes, seconds: float = 20.0) -> bytes:
+    sock.settimeout(seconds)
+    got = b""
+    while until_bytes not in got:
+        piece = sock.recv(65536)
+        if not piece:
+            break
+        got += piece
+    return got
+
+
+@pytest.mark.parametrize("path, body, keepalive, end", [
+    # tool_choice "none": nothing for the proxy to add, so vLLM's stream is relayed byte for byte once served.
+    ("/v1/chat/completions", {"model": "foundation", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                              "max_tokens": 3, "ignore_eos": True, "tool_choice": "none", "user": "relayed"},
+     b": queued for the model", b"data: [DONE]"),
+    # No server tools: relayed too; the stand-in has no /v1/messages, and its 404 arrives as Anthropic's error event.
+    ("/v1/messages", {"model": "foundation", "max_tokens": 3, "stream": True,
+                      "messages": [{"role": "user", "content": "hi"}]},
+     b'event: ping\ndata: {"type": "ping"}', b"event: error\ndata: {\"type\":\"error\""),
+])
+def test_a_relayed_stream_that_waits_gets_the_apis_keep_alives_then_vllms_answer(team, paced, tmp_path, path,
+                                                                                  body, keepalive, end):
+    keys = {name: add_key(team.keys_file, name) for name in ("busy", "waiter")}
+    events = tmp_path / "events.jsonl"
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.03", "--events", str(events)), MAX_NUM_SEQS=1)
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(post, proxy, "/v1/chat/completions", chat(keys["busy"], tokens=50, user="busy"))
+        until(lambda: starts(events) == ["busy"])
+        host, port = proxy.url.split("//")[1].split(":")
+        sock = socket.create_connection((host, int(port)))
+        raw = json.dumps(body).encode()
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-api-key: {keys['waiter']}"
+                     f"\r\nContent-Length: {len(raw)}\r\n\r\n".encode() + raw)
+        got = read_stream(sock, keepalive)
+        assert got.startswith(b"HTTP/1.1 200") and keepalive in got, got
+        assert not busy.done(), "the keep-alive came only after the card was free"
+        got += read_stream(sock, end)
+        sock.close()
+        assert end in got, got
+        assert busy.result(timeout=30)[0] == 200
+    if path == "/v1/chat/completions":
+        assert starts(events) == ["busy", "relayed"] and b'"finish_reason":"length"' in got

@@ -8,6 +8,7 @@ import logging
 import select
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -15,8 +16,9 @@ from flask import Response
 
 from proxy.core import codec
 from proxy.core.config import Config
-from proxy.core.errors import error_for_path
-from proxy.engine.admission import Seat, queues
+from proxy.core.errors import anthropic_error_bytes, as_anthropic_error, error_for_path, sse_error
+from proxy.core.routes import route_of
+from proxy.engine.admission import POLL, Seat, queues
 from proxy.engine.events import CLIENT_LEFT, TOOLS_RAN, URL_REFUSED, Events
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
@@ -26,6 +28,7 @@ from proxy.transport.http1 import end_to_end_headers
 from proxy.transport.vllm import UpstreamError, UpstreamResponse, gateway_status
 
 log = logging.getLogger("proxy")
+ANTHROPIC_PING = b'event: ping\ndata: {"type": "ping"}\n\n'  # Anthropic's keep-alive event, as the Messages API sends it
 
 
 class Abortable(Protocol):
@@ -292,6 +295,10 @@ def relay(ex: Exchange, body: bytes) -> Response:
     """Send the request on unchanged and the answer back unchanged, streaming if it streams."""
     method = ex.environ["REQUEST_METHOD"]
     watch = ex.watch_client()
+    seat = ex.queue_seat(method, ex.target)
+    if seat is not None and not seat.ready() and asks_to_stream(body):
+        return Response(_queued_stream(ex, body, method, seat, watch), status=200, headers=QUEUED_HEADERS,
+                        direct_passthrough=True)
     send_body = body if body or method in ("POST", "PUT", "PATCH") else None
     try:
         call = ex.call(method, ex.target, send_body, ex.headers)
@@ -337,6 +344,73 @@ def relay(ex: Exchange, body: bytes) -> Response:
             watch.stop()
             call.end()
     return _without_default_type(Response(stream(), status=up.status, headers=headers, direct_passthrough=True), up)
+
+
+QUEUED_HEADERS = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")]
+
+
+def asks_to_stream(body: bytes) -> bool:
+    """Whether a request body asks for an event stream (`"stream": true`). Pure."""
+    if b'"stream"' not in body:
+        return False
+    try:
+        data = codec.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("stream") is True
+
+
+def _queued_stream(ex: Exchange, body: bytes, method: str, seat: Seat, watch: ClientWatch):
+    """A relayed stream that must wait for a seat in the fair queue: its head goes out at once and the API's
+    keep-alives while it waits (Anthropic's ping events on /v1/messages, an SSE comment elsewhere), so no client
+    times out on a silent connection; then vLLM's stream byte for byte, or its refusal as the stream's error event.
+    The head is the price: the status is 200 before vLLM has answered, as in the search loop's streams."""
+    anthropic = route_of(ex.target.split("?", 1)[0]).errors == "anthropic"
+    keepalive = ANTHROPIC_PING if anthropic else codec.comment("queued for the model")
+    last = time.monotonic()
+    try:
+        while not seat.ready():
+            if watch.gone:
+                seat.release()
+                return
+            if time.monotonic() - last >= ex.cfg.keepalive_interval:
+                last = time.monotonic()
+                yield keepalive
+            runtime.sleep(POLL)
+        try:
+            call = ex.call(method, ex.target, body, ex.headers)
+        except UpstreamError as e:
+            if not watch.gone:
+                yield _stream_error(anthropic, *gateway_status(e))
+            return
+        try:
+            up = call.response
+            if up.status != 200 or not up.is_event_stream:
+                yield _stream_error(anthropic, up.status if up.status != 200 else 502, "", call.read())
+                return
+            yield from up.iter_raw()  # from here on, exactly vLLM's bytes
+        except UpstreamError as e:
+            if not watch.gone:
+                # As relay's stream: the client must see a broken body, not a clean end that looks complete.
+                log.warning("%s %s: %s", method, ex.target.split("?", 1)[0], gateway_status(e)[1])
+                client = ex.environ.get("gunicorn.socket")
+                if client is not None:
+                    client.shutdown(socket.SHUT_RDWR)
+        finally:
+            call.end()
+    finally:
+        seat.release()
+        watch.stop()
+
+
+def _stream_error(anthropic: bool, status: int, message: str, raw: bytes | None = None) -> bytes:
+    """An error as a stream's last event, in the route's shape (vLLM's own body when it wrote one)."""
+    if anthropic:
+        payload = as_anthropic_error(status, raw) if raw else anthropic_error_bytes(status, message)
+        return codec.raw_event("error", payload)
+    if raw:
+        return b"data: " + raw.strip().replace(b"\n", b" ") + b"\n\n" + codec.DONE
+    return sse_error(status, message)
 
 
 def _without_default_type(resp: Response, up) -> Response:
