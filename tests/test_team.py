@@ -373,8 +373,15 @@ def redis_url(tmp_path):
     sock = tmp_path / "redis.sock"
     proc = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(sock), "--save", "",
                              "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    def answers() -> bool:
+        import redis
+        try:
+            return bool(redis.Redis(unix_socket_path=str(sock), socket_timeout=1).ping())
+        except redis.RedisError:
+            return False
+
     try:
-        until(lambda: sock.exists(), seconds=10)
+        until(answers, seconds=10)
         yield f"unix://{sock}"
     finally:
         proc.terminate()
@@ -428,6 +435,23 @@ def test_the_queue_goes_round_robin_across_keys_and_a_resumed_turn_keeps_its_pla
     waiting = {"y": store.enqueue("y", resumed=False), "x-resumed": store.enqueue("x", resumed=True)}
     store.release(first)
     assert admitted_order(store, waiting) == ["x-resumed", "y"]
+
+
+def test_with_queue_policy_tokens_the_key_that_used_fewest_tokens_today_goes_first(stores):
+    store = stores()
+    store.add("heavy", {"prompt_tokens": 900, "completion_tokens": 100})
+    store.add("light", {"prompt_tokens": 90, "completion_tokens": 10})
+    running = store.enqueue("other", resumed=False)
+    assert store.admitted(running, 1, "tokens")
+    waiting = {name: store.enqueue(name, resumed=False) for name in ("heavy", "light", "fresh")}
+    store.release(running)
+    order = []
+    while waiting:
+        for name, t in list(waiting.items()):
+            if store.admitted(t, 1, "tokens"):
+                order.append(name)
+                store.release(waiting.pop(name))
+    assert order == ["fresh", "light", "heavy"]
 
 
 def test_a_dead_workers_seat_is_reclaimed_when_its_lease_runs_out(stores):
@@ -604,3 +628,53 @@ def test_a_relayed_stream_that_waits_gets_the_apis_keep_alives_then_vllms_answer
         assert busy.result(timeout=30)[0] == 200
     if path == "/v1/chat/completions":
         assert starts(events) == ["busy", "relayed"] and b'"finish_reason":"length"' in got
+
+
+def card_time(events: Path) -> dict[str, float]:
+    """Seconds the stand-in spent generating for each key (the user label's part before '-')."""
+    began: dict[str, float] = {}
+    spent: dict[str, float] = {}
+    for e in map(json.loads, events.read_text().splitlines()):
+        if e["event"] == "start":
+            began[e["user"]] = e["t"]
+        elif e["user"] in began:
+            key = e["user"].split("-")[0]
+            spent[key] = spent.get(key, 0.0) + e["t"] - began.pop(e["user"])
+    return spent
+
+
+def busy_run(team, paced, tmp_path, policy: str, keys: dict[str, str], seconds: float = 6.0) -> dict[str, float]:
+    """Two keys that always have three requests waiting, one of long requests and one of short: each key's share
+    of the card's time."""
+    events = tmp_path / f"events-{policy}.jsonl"
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.02", "--events", str(events)), MAX_NUM_SEQS=1,
+                 QUEUE_POLICY=policy, PROXY_STATE_DB=tmp_path / f"state-{policy}.sqlite3")
+    stop = time.monotonic() + seconds
+
+    def agent(name: str, tokens: int, i: int) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            n += 1
+            status = post(proxy, "/v1/chat/completions", chat(keys[name], tokens=tokens, user=f"{name}-{i}-{n}"))[0]
+            assert status == 200
+
+    with ThreadPoolExecutor(6) as pool:
+        for f in [pool.submit(agent, "heavy", 40, i) for i in range(3)] + [pool.submit(agent, "light", 4, i)
+                                                                             for i in range(3)]:
+            f.result(timeout=60)
+    proxy.stop()
+    spent = card_time(events)
+    return {k: v / sum(spent.values()) for k, v in spent.items()}
+
+
+@pytest.mark.slow  # two 6 s runs of two always-busy keys on a one-at-a-time stand-in
+def test_round_robin_against_token_weighting_with_two_busy_keys(team, paced, tmp_path):
+    keys = {name: add_key(team.keys_file, name) for name in ("heavy", "light")}
+    rr = busy_run(team, paced, tmp_path, "round_robin", keys)
+    tokens = busy_run(team, paced, tmp_path, "tokens", keys)
+    print("\nshare of the card's time, two keys always waiting (0.8 s requests against 0.1 s ones):")
+    for name in ("heavy", "light"):
+        print(f"  {name}: round_robin {rr.get(name, 0):.0%}, tokens {tokens.get(name, 0):.0%}")
+    # Each policy does what it says: turns alike (so the long requests take most of the time), or tokens alike.
+    assert rr["heavy"] > 0.7 and tokens["light"] > rr["light"] + 0.1, (rr, tokens)
+    assert min(rr.values()) > 0 and min(tokens.values()) > 0, "a key never got the card"

@@ -34,6 +34,9 @@ log = logging.getLogger("proxy")
 
 LEASE = 20.0      # seconds a live row outlasts its worker's last renewal
 WINDOW = 60.0     # the requests-per-minute window, sliding
+# The fair queue's choice between keys (QUEUE_POLICY): turns taken, or tokens used today.
+ORDER = {"round_robin": "COALESCE(s.served, 0)",
+         "tokens": "COALESCE(u.prompt_tokens + u.completion_tokens, 0), COALESCE(s.served, 0)"}
 PATIENCE = 1.0    # seconds a request over its concurrency limit waits for a slot before its 429
 # The usage figures, in the order /proxy/usage and the metrics give them.
 FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "searches", "page_reads",
@@ -245,12 +248,12 @@ class TeamStore:
             (tid, name, self.owner, now, int(resumed), now + LEASE)))
         return tid
 
-    def admitted(self, ticket: str, seats: int) -> bool | None:
+    def admitted(self, ticket: str, seats: int, policy: str = "round_robin") -> bool | None:
         """Admit waiting tickets while fewer than `seats` run (any worker admits anyone's: a free seat never
         waits for its ticket's owner to look), and say whether `ticket` runs (None: it is gone)."""
         if self._seats_taken(ticket, seats):
             return False
-        return self.transaction(lambda conn, now: self._fill(conn, now, ticket, seats))
+        return self.transaction(lambda conn, now: self._fill(conn, now, ticket, seats, policy))
 
     def _seats_taken(self, ticket: str, seats: int) -> bool:
         """A read (WAL readers take no lock) that spares the waiters' polls the write lock while every seat is
@@ -270,15 +273,16 @@ class TeamStore:
                 return True  # the next poll looks again
             return taken >= seats
 
-    def _fill(self, conn: sqlite3.Connection, now: float, ticket: str, seats: int) -> bool | None:
+    def _fill(self, conn: sqlite3.Connection, now: float, ticket: str, seats: int, policy: str) -> bool | None:
         conn.execute("DELETE FROM tickets WHERE lease < ?", (now,))
         running = conn.execute("SELECT COUNT(*) FROM tickets WHERE running = 1").fetchone()[0]
         while running < seats:
-            # Round-robin across keys: resumed turns first, then the key served longest ago (never served: first),
-            # then the oldest ticket of that key.
+            # Resumed turns first; then round-robin across keys (the key served longest ago, never served first) or,
+            # with QUEUE_POLICY=tokens, the key that used the fewest tokens today; then that key's oldest ticket.
             row = conn.execute(
-                "SELECT t.id, t.name FROM tickets t LEFT JOIN turns s ON s.name = t.name WHERE t.running = 0 "
-                "ORDER BY t.resumed DESC, COALESCE(s.served, 0), t.arrived LIMIT 1").fetchone()
+                "SELECT t.id, t.name FROM tickets t LEFT JOIN turns s ON s.name = t.name "
+                "LEFT JOIN usage u ON u.name = t.name AND u.day = ? WHERE t.running = 0 "
+                f"ORDER BY t.resumed DESC, {ORDER[policy]}, t.arrived LIMIT 1", (day_of(now),)).fetchone()
             if row is None:
                 break
             conn.execute("UPDATE tickets SET running = 1 WHERE id = ?", (row[0],))

@@ -80,7 +80,8 @@ return {'ok', remaining}
 # The fair queue's choice, as teamstore.TeamStore._fill makes it: drop lapsed tickets, then while seats are free give
 # one to the resumed turn first, else the key served longest ago, else the oldest ticket; say whether ARGV[4] runs.
 FILL = """
-local p, now, seats, mine = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local p, now, seats, mine, by_tokens, day = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4],
+  ARGV[5] == 'tokens', ARGV[6]
 local running, waiting = 0, {}
 for _, id in ipairs(redis.call('SMEMBERS', p..'tickets')) do
   local t = redis.call('HMGET', p..'ticket:'..id, 'name', 'arrived', 'resumed', 'running', 'lease')
@@ -90,7 +91,12 @@ for _, id in ipairs(redis.call('SMEMBERS', p..'tickets')) do
   elseif t[4] == '1' then
     running = running + 1
   else
-    table.insert(waiting, {id = id, name = t[1], arrived = tonumber(t[2]), resumed = tonumber(t[3]),
+    local used = 0
+    if by_tokens then
+      local v = redis.call('HMGET', p..'usage:'..t[1]..':'..day, 'prompt_tokens', 'completion_tokens')
+      used = (tonumber(v[1]) or 0) + (tonumber(v[2]) or 0)
+    end
+    table.insert(waiting, {id = id, name = t[1], arrived = tonumber(t[2]), resumed = tonumber(t[3]), used = used,
                            served = tonumber(redis.call('HGET', p..'turns', t[1]) or '0')})
   end
 end
@@ -98,8 +104,8 @@ while running < seats and #waiting > 0 do
   local bi = 1
   for i, w in ipairs(waiting) do
     local b = waiting[bi]
-    if w.resumed > b.resumed or (w.resumed == b.resumed and (w.served < b.served or
-       (w.served == b.served and w.arrived < b.arrived))) then bi = i end
+    if w.resumed > b.resumed or (w.resumed == b.resumed and (w.used < b.used or (w.used == b.used and
+       (w.served < b.served or (w.served == b.served and w.arrived < b.arrived))))) then bi = i end
   end
   local best = table.remove(waiting, bi)
   redis.call('HSET', p..'ticket:'..best.id, 'running', '1')
@@ -257,8 +263,9 @@ class RedisTeamStore:
         return tid
 
     @_wrapped
-    def admitted(self, ticket: str, seats: int) -> bool | None:
-        state = self._fill(args=[self.prefix, self.clock(), seats, ticket])
+    def admitted(self, ticket: str, seats: int, policy: str = "round_robin") -> bool | None:
+        now = self.clock()
+        state = self._fill(args=[self.prefix, now, seats, ticket, policy, day_of(now)])
         if state < 0:
             self._drop(ticket)
             return None

@@ -17,6 +17,7 @@ STREAM_SEARCH_MODES = ("server", "client")
 WEB_FETCH_URL_MODES = ("given", "any")  # proxy/tools/provenance.py: only URLs the conversation gave, or any URL
 # When the Brave Search API is asked (BRAVE_SEARCH_MODE): only after every SearXNG instance failed, or first.
 BRAVE_SEARCH_MODES = ("fallback", "always")
+QUEUE_POLICIES = ("round_robin", "tokens")  # proxy/backends/teamstore.py: the fair queue's choice between keys
 
 
 # ---- readers: one environment string to a value, or a ValueError naming the variable -------------------
@@ -110,6 +111,9 @@ class Config:
     # Generation requests admitted to vLLM at once (vLLM's --max-num-seqs, which the compose file passes to both);
     # the rest wait in the proxy's fair queue, taken round-robin across keys. 0: no queue, vLLM's own FIFO.
     max_num_seqs: int = setting("MAX_NUM_SEQS", 0, whole)
+    # Which key the fair queue serves next: "round_robin" (the key served longest ago) or "tokens" (the key that used
+    # the fewest tokens today); README "Sharing the stack" has the two measured side by side.
+    queue_policy: str = setting("QUEUE_POLICY", "round_robin", lowered)
     # Answer unknown model names on /v1/messages (Claude Code's claude-...) with the served model.
     anthropic_any_model: bool = setting("ANTHROPIC_ANY_MODEL", False, flag)
     # open + find commands one /v1/alpha/search request may run (each fetches a page); Codex sends one or two.
@@ -189,6 +193,8 @@ class Config:
                 raise ValueError(f"{variable(name)} must be an http:// or https:// URL ({problem}), "
                                  f"not {getattr(self, name)!r}")
         parse_urls("SEARXNG_URL", self.searxng_url)
+        if self.queue_policy not in QUEUE_POLICIES:
+            raise ValueError(f"QUEUE_POLICY must be 'round_robin' or 'tokens', not {self.queue_policy!r}")
         if self.state_url and urllib.parse.urlsplit(self.state_url).scheme not in ("redis", "rediss", "unix"):
             raise ValueError("STATE_URL must be a redis://, rediss:// or unix:// URL")
         if self.brave_search_mode not in BRAVE_SEARCH_MODES:

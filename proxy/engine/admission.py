@@ -40,9 +40,10 @@ def queues(method: str, target: str) -> bool:
 class Queue:
     """One worker's view of the shared queue."""
 
-    def __init__(self, store: TeamStore | RedisTeamStore, seats: int, on_wait: Callable[[dict, float], None] | None = None):
+    def __init__(self, store: TeamStore | RedisTeamStore, seats: int, policy: str = "round_robin", on_wait: Callable[[dict, float], None] | None = None):
         self.store = store
         self.seats = seats
+        self.policy = policy      # QUEUE_POLICY: round_robin or tokens
         self.on_wait = on_wait    # (environ, seconds) after each wait: the metrics
 
     def take(self, environ: dict, resumed: bool) -> Seat:
@@ -61,7 +62,7 @@ class Seat:
     def ready(self) -> bool:
         """Admitted yet? Never blocks; a ticket another worker dropped as stale counts as admitted no more."""
         if not self.running and not self.released:
-            state = self.queue.store.admitted(self.ticket, self.queue.seats)
+            state = self.queue.store.admitted(self.ticket, self.queue.seats, self.queue.policy)
             if state is None:  # our lease lapsed (the worker stalled past LEASE): queue again, at the front
                 self.ticket = self.queue.store.enqueue(self.environ.get(KEY_NAME) or ANONYMOUS, True)
             elif state:

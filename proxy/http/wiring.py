@@ -49,7 +49,7 @@ def build_services(cfg: Config) -> Services:
     if on:
         metrics.observe(events)
     store = build_store(cfg) if cfg.max_num_seqs else None
-    queue = Queue(store, cfg.max_num_seqs, on_wait=metrics.queue_waited if on else None) if store else None
+    queue = Queue(store, cfg.max_num_seqs, cfg.queue_policy, on_wait=metrics.queue_waited if on else None) if store else None
     return Services(cfg, backend, search, fetcher, events, search_health=failover.health, queue=queue)
 
 
