@@ -416,10 +416,17 @@ def stores(request, tmp_path):
     """stores(clock) -> a new handle on one shared store (each a worker's), SQLite's or Redis's."""
     from proxy.backends.teamstore import TeamStore
     from proxy.backends.teamstore_redis import RedisTeamStore
-    if request.param == "sqlite":
-        return lambda clock=time.time: TeamStore(str(tmp_path / "state.sqlite3"), clock=clock)
-    url = request.getfixturevalue("redis_url")
-    return lambda clock=time.time: RedisTeamStore(url, clock=clock)
+    made: list = []
+    url = request.getfixturevalue("redis_url") if request.param == "redis" else ""
+
+    def make(clock=time.time):
+        store = TeamStore(str(tmp_path / "state.sqlite3"), clock=clock) if not url else RedisTeamStore(url, clock=clock)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()  # its lease renewal must not outlive the test (nor its Redis)
 
 
 def test_the_queue_goes_round_robin_across_keys_and_a_resumed_turn_keeps_its_place(stores):

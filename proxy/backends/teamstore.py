@@ -95,6 +95,7 @@ class TeamStore:
         self._pid = 0
         self._lock = threading.Lock()
         self._renewing = False
+        self._closed = False
 
     # ---- plumbing ----------------------------------------------------------------------------------
 
@@ -146,9 +147,15 @@ class TeamStore:
             runtime.sleep(0.001 * min(attempt + 1, 20))
         raise sqlite3.OperationalError(f"{self.path} stayed locked")
 
+    def close(self) -> None:
+        """Stop renewing leases (what this handle holds then lapses): for a handle that is not a worker's."""
+        self._closed = True
+
     def _renew_forever(self) -> None:
-        while True:
+        while not self._closed:
             runtime.sleep(LEASE / 4)
+            if self._closed:
+                return
             try:
                 self.transaction(self._renew)
             except sqlite3.Error as e:  # the next renewal tries again; the lease outlasts three misses

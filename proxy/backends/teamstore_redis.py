@@ -164,15 +164,22 @@ class RedisTeamStore:
         self._live: dict[str, str] = {}  # what this worker holds: request id -> key name, or ticket id -> "t"
         self._lock = threading.Lock()
         self._renewing = False
+        self._closed = False
 
     def _ensure_renewing(self) -> None:
         if not self._renewing:
             self._renewing = True
             threading.Thread(target=self._renew_forever, daemon=True, name="lease-renewal").start()
 
+    def close(self) -> None:
+        """Stop renewing leases (what this handle holds then lapses): for a handle that is not a worker's."""
+        self._closed = True
+
     def _renew_forever(self) -> None:
-        while True:
+        while not self._closed:
             runtime.sleep(LEASE / 4)
+            if self._closed:
+                return
             with self._lock:
                 held = [x for id_, kind in self._live.items() for x in (kind, id_)]
             if not held:
