@@ -6,6 +6,8 @@ metrics, the access log's search count). create_app calls build_services(cfg) on
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 
 from proxy.backends.brave import BraveSearch
 from proxy.backends.cache import SharedTier, TTLCache
@@ -21,7 +23,10 @@ from proxy.backends.search import (
 )
 from proxy.backends.searxng import SearXNG
 from proxy.backends.state import open_state
+from proxy.backends.teamstore import TeamStore
+from proxy.backends.teamstore_redis import RedisTeamStore
 from proxy.core.config import Config, masked_url
+from proxy.engine.admission import Queue
 from proxy.engine.events import TOOLS_RAN, Events
 from proxy.engine.services import Services
 from proxy.observe import metrics
@@ -63,7 +68,21 @@ def build_services(cfg: Config) -> Services:
     events.subscribe(TOOLS_RAN, count_searches)
     if on:
         metrics.observe(events)
-    return Services(cfg, backend, search, fetcher, events, state=state, search_health=failover.health)
+    store = build_store(cfg) if cfg.max_num_seqs else None
+    queue = Queue(store, cfg.max_num_seqs, cfg.queue_policy, on_wait=metrics.queue_waited if on else None) if store else None
+    return Services(cfg, backend, search, fetcher, events, state=state, search_health=failover.health, queue=queue)
+
+
+def build_store(cfg: Config) -> TeamStore | RedisTeamStore | None:
+    """The shared store, when keys or the fair queue need it: Redis with STATE_URL, else the SQLite file
+    PROXY_STATE_DB, or (unset, as outside compose and not under gunicorn.conf.py, which makes one per run) a file of
+    this process's own."""
+    if not (cfg.proxy_keys_file or cfg.max_num_seqs):
+        return None
+    if cfg.state_url:
+        return RedisTeamStore(cfg.state_url)
+    path = cfg.proxy_state_db or os.path.join(tempfile.mkdtemp(prefix="proxy-state-"), "state.sqlite3")
+    return TeamStore(path)
 
 
 def count_searches(environ: dict, outcomes: list) -> None:
