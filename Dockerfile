@@ -23,6 +23,9 @@ RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin codi
 ENV PROMETHEUS_MULTIPROC_DIR=/tmp/proxy-metrics
 RUN mkdir -p /tmp/proxy-metrics && chown coding-stack /tmp/proxy-metrics
 
+# PROXY_STATE_DB's folder: a new named volume takes this folder's owner, so the unprivileged user can write it.
+RUN mkdir -p /var/lib/proxy && chown coding-stack /var/lib/proxy
+
 COPY gunicorn.conf.py proxy-passthrough.py ./
 COPY proxy/ ./proxy/
 

@@ -210,8 +210,8 @@ def test_proxy_environment_defaults_agree_with_the_proxy(config):
     settings = {name: f for f in dataclasses.fields(Config) for name in f.metadata["env"]}
     env = config["services"]["proxy"]["environment"]
     for name, value in env.items():
-        if name in ("BACKEND_URL", "SEARXNG_URL", "BACKEND_API_KEY"):
-            continue  # deliberately different inside the stack (service names, VLLM_API_KEY)
+        if name in ("BACKEND_URL", "SEARXNG_URL", "BACKEND_API_KEY", "PROXY_KEYS_FILE", "PROXY_STATE_DB", "MAX_NUM_SEQS"):
+            continue  # deliberately different inside the stack (service names, VLLM_API_KEY, its mounts, vLLM's seats)
         assert name in settings or name in gunicorn, f"{name} is set in docker-compose.yaml but the proxy never reads it"
         if name in settings:
             f = settings[name]
@@ -219,6 +219,20 @@ def test_proxy_environment_defaults_agree_with_the_proxy(config):
             assert read == f.default, f"{name}: compose {value!r} vs proxy {f.default!r}"
         else:
             assert value == gunicorn[name], f"{name}: compose {value!r} vs gunicorn.conf.py {gunicorn[name]!r}"
+
+
+def test_proxy_keeps_its_state_in_a_volume_and_reads_keys_from_a_read_only_folder(config):
+    proxy = config["services"]["proxy"]
+    volumes = {v["target"]: v for v in proxy["volumes"]}
+    state = volumes["/var/lib/proxy"]
+    assert (state["type"], state["source"]) == ("volume", "proxy-state") and "proxy-state" in config["volumes"]
+    assert proxy["environment"]["PROXY_STATE_DB"].startswith("/var/lib/proxy/")
+    keys = volumes["/etc/proxy/keys"]
+    # The folder, not the file: keys.py replaces the file by a rename, which a single-file bind would not show.
+    assert keys["type"] == "bind" and keys["read_only"] is True and Path(keys["source"]) == REPO / "keys"
+    assert proxy["environment"]["PROXY_KEYS_FILE"].startswith("/etc/proxy/keys/")
+    assert proxy["environment"]["MAX_NUM_SEQS"] == config["services"]["vllm"]["command"][
+        config["services"]["vllm"]["command"].index("--max-num-seqs") + 1]
 
 
 def test_proxy_is_built_and_waits_for_nobody(config):

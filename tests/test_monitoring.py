@@ -63,11 +63,11 @@ def mounts(service: dict) -> dict[str, dict]:
 
 def test_without_the_profile_nothing_changes(plain, profiled):
     assert set(plain["services"]) == {"preflight", "model", "vllm", "proxy", "searxng"}
-    assert set(plain.get("volumes", {})) == {"vllm-cache"}
+    assert set(plain.get("volumes", {})) == {"vllm-cache", "proxy-state"}
     # With it, everything else resolves exactly as without it.
     others = {name: s for name, s in profiled["services"].items() if name not in MONITORING}
     assert others == plain["services"]
-    assert set(profiled["volumes"]) == {"vllm-cache", "prometheus-data", "grafana-data"}
+    assert set(profiled["volumes"]) == {"vllm-cache", "proxy-state", "prometheus-data", "grafana-data"}
 
 
 def test_the_profile_adds_prometheus_and_grafana_at_pinned_releases(profiled):

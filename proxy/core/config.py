@@ -17,6 +17,7 @@ STREAM_SEARCH_MODES = ("server", "client")
 WEB_FETCH_URL_MODES = ("given", "any")  # proxy/tools/provenance.py: only URLs the conversation gave, or any URL
 # When the Brave Search API is asked (BRAVE_SEARCH_MODE): only after every SearXNG instance failed, or first.
 BRAVE_SEARCH_MODES = ("fallback", "always")
+QUEUE_POLICIES = ("round_robin", "tokens")  # proxy/backends/teamstore.py: the fair queue's choice between keys
 
 
 # ---- readers: one environment string to a value, or a ValueError naming the variable -------------------
@@ -98,6 +99,18 @@ class Config:
     max_body_bytes: int = setting("MAX_BODY_BYTES", 64 * 1024 * 1024, whole, positive=True)
     # Comma-separated keys clients must present; empty leaves the proxy open.
     proxy_api_keys: tuple[str, ...] = setting("PROXY_API_KEY", (), keys)
+    # A keys file of people's keys (scripts/keys.py writes it; proxy/backends/keys.py reads it, again whenever it
+    # changes): each a name, a SHA-256 of the key, optional limits. Beside PROXY_API_KEY, which stays the admin key.
+    proxy_keys_file: str = setting("PROXY_KEYS_FILE", "")
+    # The SQLite file of usage per key, quota windows and the fair queue's tickets, shared by every worker (and kept
+    # across restarts in the compose volume). Empty: a file of this run's own, made by gunicorn.conf.py.
+    proxy_state_db: str = setting("PROXY_STATE_DB", "")
+    # Generation requests admitted to vLLM at once (vLLM's --max-num-seqs, which the compose file passes to both);
+    # the rest wait in the proxy's fair queue, taken round-robin across keys. 0: no queue, vLLM's own FIFO.
+    max_num_seqs: int = setting("MAX_NUM_SEQS", 0, whole)
+    # Which key the fair queue serves next: "round_robin" (the key served longest ago) or "tokens" (the key that used
+    # the fewest tokens today); README "Sharing the stack" has the two measured side by side.
+    queue_policy: str = setting("QUEUE_POLICY", "round_robin", lowered)
     # Answer unknown model names on /v1/messages (Claude Code's claude-...) with the served model.
     anthropic_any_model: bool = setting("ANTHROPIC_ANY_MODEL", False, flag)
     # open + find commands one /v1/alpha/search request may run (each fetches a page); Codex sends one or two.
@@ -157,7 +170,8 @@ class Config:
     brave_search_url: str = setting("BRAVE_SEARCH_URL", "https://api.search.brave.com/res/v1/web/search")
     # Where the proxy's state lives (README, "Shared state"): empty keeps it in each process; redis://host:port/db
     # (a Valkey or Redis server; rediss:// for TLS) shares the caches, Codex's ref ids and the SearXNG cool-downs
-    # between workers and replicas. Secret: the URL may carry the server's password.
+    # between workers and replicas, and the team's usage, quotas and fair queue live there instead of PROXY_STATE_DB.
+    # Secret: the URL may carry the server's password.
     state_url: str = setting("STATE_URL", "", secret=True)
     # Seconds one call to the state store may take (connect, or send and answer); a store on the same host or LAN
     # answers in a millisecond, and a store that does not is left alone for a while (proxy/backends/state.py).
@@ -191,6 +205,8 @@ class Config:
         if problem:
             raise ValueError(f"STATE_URL must be redis://host:port/db or rediss://... ({problem}), "
                              f"not {masked_url(self.state_url)!r}")
+        if self.queue_policy not in QUEUE_POLICIES:
+            raise ValueError(f"QUEUE_POLICY must be 'round_robin' or 'tokens', not {self.queue_policy!r}")
         if self.brave_search_mode not in BRAVE_SEARCH_MODES:
             raise ValueError(f"BRAVE_SEARCH_MODE must be 'fallback' or 'always', not {self.brave_search_mode!r}")
         if self.brave_search_api_key and not re.fullmatch(r"[\x21-\x7e]+", self.brave_search_api_key):

@@ -55,7 +55,7 @@ class RequestEnded:
 
 E = TypeVar("E")
 Observer = Callable[[dict, Any], None]
-TALLY = "proxy.tally"  # the environ key of the request's Tally: the hub's alone
+TALLY = "proxy.events_tally"  # the environ key of the request's Tally: the hub's alone
 
 
 @dataclass

@@ -8,6 +8,7 @@ import logging
 import select
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -15,7 +16,9 @@ from flask import Response
 
 from proxy.core import codec
 from proxy.core.config import Config
-from proxy.core.errors import error_for_path
+from proxy.core.errors import anthropic_error_bytes, as_anthropic_error, error_for_path, sse_error
+from proxy.core.routes import route_of
+from proxy.engine.admission import POLL, Seat, queues
 from proxy.engine.events import ClientLeft, Events, UrlRefused
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
@@ -26,6 +29,7 @@ from proxy.transport.http1 import end_to_end_headers
 from proxy.transport.vllm import UpstreamError, UpstreamResponse, gateway_status
 
 log = logging.getLogger("proxy")
+ANTHROPIC_PING = b'event: ping\ndata: {"type": "ping"}\n\n'  # Anthropic's keep-alive event, as the Messages API sends it
 
 
 class Abortable(Protocol):
@@ -131,13 +135,14 @@ class Call:
     the call off the watch, so nothing of this request holds the connection afterwards.
     """
 
-    __slots__ = ("_response", "_conn", "_aborted", "_watch")
+    __slots__ = ("_response", "_conn", "_aborted", "_watch", "seat")
 
-    def __init__(self, watch: ClientWatch | None):
+    def __init__(self, watch: ClientWatch | None, seat: Seat | None = None):
         self._response: UpstreamResponse | None = None  # set by Exchange.call once vLLM's head is in
         self._conn = None
         self._aborted = False
         self._watch = watch
+        self.seat = seat  # its seat in the fair queue, given back when it ends
         if watch is not None:
             watch.attach(self)
 
@@ -176,6 +181,8 @@ class Call:
             self._watch.detach(self)
         if self._response is not None:
             self._response.close()
+        if self.seat is not None:
+            self.seat.release()
 
 
 def _cut(conn):
@@ -199,6 +206,8 @@ class Exchange:
     environ: dict
     watch: ClientWatch | None = None
     ledger: Ledger | None = None     # the URLs its fetches may read, from the client's body (each API's handler)
+    seat: Seat | None = None         # its ticket in the fair queue for the next call, taken ahead by the loop
+    served: bool = False             # a generation call of this request has run: later ones are resumed turns
 
     @property
     def cfg(self) -> Config:
@@ -236,10 +245,28 @@ class Exchange:
                            ledger=self.ledger if self.ledger is not None else self.new_ledger([]),
                            on_refused=lambda reason: self.emit(UrlRefused(reason)))
 
+    def queue_seat(self, method: str = "POST", target: str | None = None) -> Seat | None:
+        """This request's ticket for its next call to vLLM (taken now if it has none), or None when the call does
+        not queue: no fair queue, or not a generation call (admission.queues)."""
+        queue = self.services.queue
+        if queue is None or not queues(method, self.target if target is None else target):
+            return None
+        if self.seat is None or self.seat.released:
+            self.seat = queue.take(self.environ, resumed=self.served)
+        return self.seat
+
     def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:
         """Send one request to vLLM and wait for its head, the watch able to abort it
-        throughout; raises UpstreamError. The caller ends the call when it is done with it."""
-        call = Call(self.watch)
+        throughout; raises UpstreamError. The caller ends the call when it is done with it.
+        A generation call waits for its seat in the fair queue first (here, blocking, unless the loop waited
+        with a stream's keep-alives already); a client that leaves meanwhile gives up its place."""
+        seat = self.queue_seat(method, target)
+        if seat is not None:
+            watch = self.watch
+            if not seat.wait(lambda: watch is not None and watch.gone):
+                raise UpstreamError("unreachable", "the client left while queued for the model")
+            self.seat, self.served = None, True
+        call = Call(self.watch, seat)
         try:
             call._response = self.services.backend.request(method, target, body, headers, on_open=call.opened)
         except BaseException:
@@ -276,6 +303,10 @@ def relay(ex: Exchange, body: bytes) -> Response:
     """Send the request on unchanged and the answer back unchanged, streaming if it streams."""
     method = ex.environ["REQUEST_METHOD"]
     watch = ex.watch_client()
+    seat = ex.queue_seat(method, ex.target)
+    if seat is not None and not seat.ready() and asks_to_stream(body):
+        return Response(_queued_stream(ex, body, method, seat, watch), status=200, headers=QUEUED_HEADERS,
+                        direct_passthrough=True)
     send_body = body if body or method in ("POST", "PUT", "PATCH") else None
     try:
         call = ex.call(method, ex.target, send_body, ex.headers)
@@ -321,6 +352,73 @@ def relay(ex: Exchange, body: bytes) -> Response:
             watch.stop()
             call.end()
     return _without_default_type(Response(stream(), status=up.status, headers=headers, direct_passthrough=True), up)
+
+
+QUEUED_HEADERS = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")]
+
+
+def asks_to_stream(body: bytes) -> bool:
+    """Whether a request body asks for an event stream (`"stream": true`). Pure."""
+    if b'"stream"' not in body:
+        return False
+    try:
+        data = codec.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("stream") is True
+
+
+def _queued_stream(ex: Exchange, body: bytes, method: str, seat: Seat, watch: ClientWatch):
+    """A relayed stream that must wait for a seat in the fair queue: its head goes out at once and the API's
+    keep-alives while it waits (Anthropic's ping events on /v1/messages, an SSE comment elsewhere), so no client
+    times out on a silent connection; then vLLM's stream byte for byte, or its refusal as the stream's error event.
+    The head is the price: the status is 200 before vLLM has answered, as in the search loop's streams."""
+    anthropic = route_of(ex.target.split("?", 1)[0]).errors == "anthropic"
+    keepalive = ANTHROPIC_PING if anthropic else codec.comment("queued for the model")
+    last = time.monotonic()
+    try:
+        while not seat.ready():
+            if watch.gone:
+                seat.release()
+                return
+            if time.monotonic() - last >= ex.cfg.keepalive_interval:
+                last = time.monotonic()
+                yield keepalive
+            runtime.sleep(POLL)
+        try:
+            call = ex.call(method, ex.target, body, ex.headers)
+        except UpstreamError as e:
+            if not watch.gone:
+                yield _stream_error(anthropic, *gateway_status(e))
+            return
+        try:
+            up = call.response
+            if up.status != 200 or not up.is_event_stream:
+                yield _stream_error(anthropic, up.status if up.status != 200 else 502, "", call.read())
+                return
+            yield from up.iter_raw()  # from here on, exactly vLLM's bytes
+        except UpstreamError as e:
+            if not watch.gone:
+                # As relay's stream: the client must see a broken body, not a clean end that looks complete.
+                log.warning("%s %s: %s", method, ex.target.split("?", 1)[0], gateway_status(e)[1])
+                client = ex.environ.get("gunicorn.socket")
+                if client is not None:
+                    client.shutdown(socket.SHUT_RDWR)
+        finally:
+            call.end()
+    finally:
+        seat.release()
+        watch.stop()
+
+
+def _stream_error(anthropic: bool, status: int, message: str, raw: bytes | None = None) -> bytes:
+    """An error as a stream's last event, in the route's shape (vLLM's own body when it wrote one)."""
+    if anthropic:
+        payload = as_anthropic_error(status, raw) if raw else anthropic_error_bytes(status, message)
+        return codec.raw_event("error", payload)
+    if raw:
+        return b"data: " + raw.strip().replace(b"\n", b" ") + b"\n\n" + codec.DONE
+    return sse_error(status, message)
 
 
 def _without_default_type(resp: Response, up) -> Response:

@@ -18,6 +18,7 @@ from proxy.backends.search import SearchBackend
 from proxy.backends.state import MemoryState, State, StateDown  # noqa: F401 (MemoryState, StateDown: for the APIs)
 from proxy.core import codec
 from proxy.core.config import Config
+from proxy.engine.admission import Queue
 from proxy.engine.events import Events
 from proxy.tools.base import Backends
 from proxy.tools.client_reads import ClientReads
@@ -69,6 +70,8 @@ class Services:
     reads: ClientReads = field(default_factory=ClientReads)
     # GET /proxy/search/health's JSON: the search failover's state in this worker (proxy/backends/failover.py).
     search_health: Callable[[], dict] = dict
+    # The fair queue in front of the card (MAX_NUM_SEQS); None: every call goes straight to vLLM.
+    queue: Queue | None = None
 
     @property
     def tool_backends(self) -> Backends:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import logging
 import time
 
+from proxy.engine.admission import ANONYMOUS, KEY_NAME, QUEUED
 from proxy.engine.events import Events, RequestEnded, tally
+from proxy.http.team import SCAN
 
 log = logging.getLogger("proxy")
 
@@ -26,6 +28,9 @@ class RequestFlow:
 
         def sr(line, headers, exc_info=None):
             status[0] = line.split(" ", 1)[0]
+            scan = environ.get(SCAN)
+            if scan is not None:
+                scan.headers(headers)
             return start_response(line, headers, exc_info)
 
         return _Body(self.app(environ, sr), environ, started, status, self.events)
@@ -42,9 +47,13 @@ class _Body:
 
     def __iter__(self):
         # Until the first non-empty chunk, each is looked at for the time to first byte; after it, only counted.
+        # A keys-file key's answer is also read for its usage (proxy/observe/usage.py): read, never changed.
+        scan = self._environ.get(SCAN)
         rest = iter(self._body)
         for chunk in rest:
             self._sent += len(chunk)
+            if scan is not None:
+                scan.feed(chunk)
             if chunk:
                 self._first = time.monotonic()
                 yield chunk
@@ -52,6 +61,8 @@ class _Body:
             yield chunk
         for chunk in rest:
             self._sent += len(chunk)
+            if scan is not None:
+                scan.feed(chunk)
             yield chunk
         self._complete = True
 
@@ -68,5 +79,9 @@ class _Body:
 
 def access_log(environ: dict, done: RequestEnded) -> None:
     """One line per request, written when its body has been sent; never prompt or completion text."""
-    log.info("%s %s %s %.0fms searches=%d bytes=%d", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"),
-             done.status, (done.ended - done.started) * 1000, done.searches, done.sent)
+    # A shared stack adds whose request it was (the key's name, never the key) and its time in the fair queue.
+    name = environ.get(KEY_NAME)
+    extra = (f" key={name}" if name and name != ANONYMOUS else "") + (
+        f" queued={environ[QUEUED]:.2f}s" if QUEUED in environ else "")
+    log.info("%s %s %s %.0fms searches=%d bytes=%d%s", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"),
+             done.status, (done.ended - done.started) * 1000, done.searches, done.sent, extra)

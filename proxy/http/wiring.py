@@ -6,6 +6,8 @@ subscriber (the access log, the metrics). create_app calls build_services(cfg) o
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 
 from proxy.backends.brave import BraveSearch
 from proxy.backends.cache import SharedTier, TTLCache
@@ -21,10 +23,14 @@ from proxy.backends.search import (
 )
 from proxy.backends.searxng import SearXNG
 from proxy.backends.state import open_state
+from proxy.backends.teamstore import TeamStore
+from proxy.backends.teamstore_redis import RedisTeamStore
 from proxy.core.config import Config, masked_url
-from proxy.engine.events import Events, RequestEnded
+from proxy.engine.admission import Queue
+from proxy.engine.events import Events, RequestEnded, RoundDone, UrlRefused
 from proxy.engine.services import Services
 from proxy.http.flow import access_log
+from proxy.http.team import Team
 from proxy.observe import metrics
 from proxy.transport.vllm import Backend
 
@@ -57,7 +63,11 @@ def build_services(cfg: Config) -> Services:
         errors = metrics.state_error if on else None
         cache.shared = SharedTier(state, "search", outcome_json, outcome_from_json, errors)
         fetcher.cache.shared = SharedTier(state, "page", fetched_json, fetched_from_json, errors)
-    return Services(cfg, backend, search, fetcher, observe(cfg), state=state, search_health=failover.health)
+    team_store = build_store(cfg) if cfg.max_num_seqs else None
+    queue = (Queue(team_store, cfg.max_num_seqs, cfg.queue_policy, on_wait=metrics.queue_waited if on else None)
+             if team_store else None)
+    return Services(cfg, backend, search, fetcher, observe(cfg), state=state, search_health=failover.health,
+                    queue=queue)
 
 
 def observe(cfg: Config) -> Events:
@@ -68,3 +78,23 @@ def observe(cfg: Config) -> Events:
     if cfg.proxy_metrics:
         metrics.observe(events)
     return events
+
+
+def observe_team(events: Events, team: Team) -> None:
+    """A shared stack's subscribers (proxy/http/team.py): each request's searches, page reads and refused fetches,
+    and its usage added to its key's day when it ends. create_app calls it once it has built the Team."""
+    events.subscribe(RequestEnded, team.request_ended)
+    events.subscribe(RoundDone, team.round_done)
+    events.subscribe(UrlRefused, team.url_refused)
+
+
+def build_store(cfg: Config) -> TeamStore | RedisTeamStore | None:
+    """The shared store, when keys or the fair queue need it: Redis with STATE_URL, else the SQLite file
+    PROXY_STATE_DB, or (unset, as outside compose and not under gunicorn.conf.py, which makes one per run) a file of
+    this process's own."""
+    if not (cfg.proxy_keys_file or cfg.max_num_seqs):
+        return None
+    if cfg.state_url:
+        return RedisTeamStore(cfg.state_url)
+    path = cfg.proxy_state_db or os.path.join(tempfile.mkdtemp(prefix="proxy-state-"), "state.sqlite3")
+    return TeamStore(path)

@@ -85,6 +85,13 @@ CACHE_BYTES = Gauge("proxy_cache_bytes", "Bytes held by a cache (search, page; a
 ENGINE_FAILURES = Counter("proxy_search_engine_failures", "Search engines a SearXNG answer listed as failing "
                           "(unresponsive_engines), by engine and reason: suspended, captcha, too_many_requests, "
                           "timeout, error.", ["engine", "reason"], registry=REGISTRY)
+KEY_USAGE = Counter("proxy_key_usage", "Usage per key name (PROXY_KEYS_FILE's names; admin: PROXY_API_KEY), by "
+                    "figure: requests, prompt_tokens, completion_tokens, cached_tokens, searches, page_reads, "
+                    "refused_fetches, queued_seconds.", ["key", "figure"], registry=REGISTRY)
+KEY_LIMITED = Counter("proxy_key_limited", "Requests refused with 429 because their key was over a limit, by key "
+                      "name and limit (rpm, tokens_per_day, concurrent).", ["key", "limit"], registry=REGISTRY)
+QUEUE_WAIT = Histogram("proxy_queue_wait_seconds", "Time a call to vLLM waited for a seat in the fair queue "
+                       "(MAX_NUM_SEQS), by API.", ["api"], buckets=REQUEST_BUCKETS, registry=REGISTRY)
 SEARCH_FALLBACKS = Counter("proxy_search_fallbacks", "Searches answered another way than by the first SearXNG "
                            "instance, by kind: instance (a later one), retry (engines not failing), keyed (the "
                            "Brave Search API).", ["kind"], registry=REGISTRY)
@@ -173,6 +180,23 @@ def client_left(environ, left: ClientLeft) -> None:
     """The client watch saw the client go and cut `aborted` calls to vLLM (more may follow, one each)."""
     if left.aborted:
         ABORTS.labels(api_of(environ.get("PATH_INFO", ""))).inc(left.aborted)
+
+
+# ---- a shared stack: per key name (never the key), and the fair queue ---------------------------------
+
+def key_used(name: str, figures: dict[str, float]) -> None:
+    """One request's usage, added to its key's counters (the same figures /proxy/usage keeps per day)."""
+    for figure, value in figures.items():
+        if value:
+            KEY_USAGE.labels(name, figure).inc(value)
+
+
+def key_limited(name: str, limit: str) -> None:
+    KEY_LIMITED.labels(name, limit).inc()
+
+
+def queue_waited(environ, seconds: float) -> None:
+    QUEUE_WAIT.labels(api_of(environ.get("PATH_INFO", ""))).observe(seconds)
 
 
 # ---- the request middleware -----------------------------------------------------------------
