@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from proxy.backends.teamstore import TeamStore
-from proxy.backends.teamstore_redis import RedisTeamStore
 from proxy.core import routes
 from proxy.runtime import concurrency as runtime
+
+if TYPE_CHECKING:  # only for annotations: redis-py loads only with STATE_URL (proxy/http/wiring.py)
+    from proxy.backends.teamstore_redis import RedisTeamStore
 
 KEY_NAME = "proxy.key"              # environ: the name of the request's key (proxy/http/team.py); "-" when open
 QUEUED = "proxy.queued_seconds"     # environ: seconds the request waited for seats, over all its calls

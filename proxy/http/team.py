@@ -12,12 +12,12 @@ import hmac
 import logging
 import math
 import sqlite3
+from typing import TYPE_CHECKING
 
 from flask import Response
 
 from proxy.backends.keys import ADMIN, KeysFile, Limits, Person
 from proxy.backends.teamstore import Admitted, Refusal, StoreError, TeamStore
-from proxy.backends.teamstore_redis import RedisTeamStore
 from proxy.core import codec, routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
@@ -26,6 +26,9 @@ from proxy.engine.events import RequestEnded, RoundDone, UrlRefused
 from proxy.observe import metrics
 from proxy.observe.usage import UsageScan
 from proxy.observe.usage import figures as figures_of
+
+if TYPE_CHECKING:  # only for annotations: redis-py loads only with STATE_URL (proxy/http/wiring.py)
+    from proxy.backends.teamstore_redis import RedisTeamStore
 
 log = logging.getLogger("proxy")
 

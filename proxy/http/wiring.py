@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+from typing import TYPE_CHECKING
 
 from proxy.backends.brave import BraveSearch
 from proxy.backends.cache import SharedTier, TTLCache
@@ -24,7 +25,6 @@ from proxy.backends.search import (
 from proxy.backends.searxng import SearXNG
 from proxy.backends.state import open_state
 from proxy.backends.teamstore import TeamStore
-from proxy.backends.teamstore_redis import RedisTeamStore
 from proxy.core.config import Config, masked_url
 from proxy.engine.admission import Queue
 from proxy.engine.events import Events, RequestEnded, RoundDone, UrlRefused
@@ -34,15 +34,18 @@ from proxy.http.team import Team
 from proxy.observe import metrics
 from proxy.transport.vllm import Backend
 
+if TYPE_CHECKING:  # only for the annotation: redis-py loads only with STATE_URL
+    from proxy.backends.teamstore_redis import RedisTeamStore
+
 
 def build_services(cfg: Config) -> Services:
     on = cfg.proxy_metrics
     # STATE_URL empty: None, and every use keeps its state in this process as before (redis is never imported).
-    store = masked_url(cfg.state_url)
+    shown = masked_url(cfg.state_url)  # the store's label in the metrics: never its password
     state = open_state(cfg.state_url, cfg.state_timeout, on_error=metrics.state_error if on else None,
-                       on_up=functools.partial(metrics.state_up, store) if on else None)
+                       on_up=functools.partial(metrics.state_up, shown) if on else None)
     if state is not None and on:
-        metrics.state_up(store, True)  # until a call finds it down
+        metrics.state_up(shown, True)  # until a call finds it down
     backend = Backend(cfg.backend_url, cfg.connect_timeout, cfg.read_timeout, cfg.backend_api_key)
     instances = [SearXNG(url, cfg.searxng_results, cfg.searxng_timeout, cfg.searxng_max_bytes) for url in cfg.searxng_urls]
     keyed = (BraveSearch(cfg.brave_search_api_key, cfg.searxng_results, cfg.searxng_timeout, cfg.searxng_max_bytes,
@@ -95,6 +98,8 @@ def build_store(cfg: Config) -> TeamStore | RedisTeamStore | None:
     if not (cfg.proxy_keys_file or cfg.max_num_seqs):
         return None
     if cfg.state_url:
+        # Imported here, as backends/state.py imports redis-py: a proxy without STATE_URL never loads it.
+        from proxy.backends.teamstore_redis import RedisTeamStore
         return RedisTeamStore(cfg.state_url)
     path = cfg.proxy_state_db or os.path.join(tempfile.mkdtemp(prefix="proxy-state-"), "state.sqlite3")
     return TeamStore(path)
