@@ -10,6 +10,8 @@ import os
 import tempfile
 from typing import TYPE_CHECKING
 
+from proxy.apis.alpha_search import handler as alpha_search
+from proxy.apis.responses import presentation as responses_presentation
 from proxy.backends.brave import BraveSearch
 from proxy.backends.cache import SharedTier, TTLCache
 from proxy.backends.failover import FailoverSearch
@@ -79,8 +81,13 @@ def observe(cfg: Config) -> Events:
     events = Events()
     events.subscribe(RequestEnded, access_log)
     if cfg.proxy_metrics:
-        metrics.observe(events)
+        metrics.observe(events, tool_labels())
     return events
+
+
+def tool_labels() -> dict[str, dict[str, str]]:
+    """Per API, the metric label of each tool that API calls by another name (its presentation table's)."""
+    return {"responses": responses_presentation.metric_labels(), "alpha_search": alpha_search.METRIC_LABELS}
 
 
 def observe_team(events: Events, team: Team) -> None:

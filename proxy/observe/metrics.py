@@ -130,38 +130,41 @@ def outcome_of(o: Outcome) -> str:
     return failure_outcome(o.error_code, o.timed_out)
 
 
-# The metric's names for the tools, as the README lists them.
-TOOL_LABELS = {"find_in_page": "find"}
-
-
-def tool_of(o: Outcome, api: str) -> str:
-    """web_search, web_fetch, open (the Responses API's open_page action, Codex's web.run open) or find. Pure."""
-    if o.tool == "web_fetch" and api in ("responses", "alpha_search"):
-        return "open"
-    return TOOL_LABELS.get(o.tool, o.tool)
+def tool_of(o: Outcome, api: str, labels: dict[str, dict[str, str]]) -> str:
+    """The `tool` label: the API's own name for the tool where its table gives one (`open` and `find` on
+    /v1/responses and Codex's web.run), else the tool's registry name. Pure."""
+    return labels.get(api, {}).get(o.tool, o.tool)
 
 
 # ---- what the engine tells (proxy/engine/events.py) ---------------------------------------------
 
-def observe(events: Events) -> None:
-    """Count what the worker's requests do: each event the metrics need, subscribed once per worker."""
-    events.subscribe(RoundDone, round_done)
+def observe(events: Events, labels: dict[str, dict[str, str]] | None = None) -> None:
+    """Count what the worker's requests do: each event the metrics need, subscribed once per worker. `labels`: per
+    API label, each tool's metric label where it is not its name (the composition root reads the API tables)."""
+    rounds = RoundMeter(labels or {})
+    events.subscribe(RoundDone, rounds.round_done)
     events.subscribe(UrlRefused, url_refused)
     events.subscribe(CapHit, cap_hit)
     events.subscribe(ClientLeft, client_left)
     events.subscribe(RequestEnded, request_ended)
 
 
-def round_done(environ, done: RoundDone) -> None:
-    """One round's outcomes, as the search loop hands them to the client (domain filters applied)."""
-    api = api_of(environ.get("PATH_INFO", ""))
-    for o in done.outcomes:
-        outcome = outcome_of(o)
-        TOOL_CALLS.labels(api, tool_of(o, api), outcome).inc()
-        if outcome == "capped":
-            CAP_HITS.labels(api, "max_uses").inc()
-        if o.truncated:
-            CAP_HITS.labels(api, "page_size").inc()
+class RoundMeter:
+    """Counts each round's tool calls by API, tool label and outcome, and the caps their outcomes show."""
+
+    def __init__(self, labels: dict[str, dict[str, str]]):
+        self.labels = labels
+
+    def round_done(self, environ, done: RoundDone) -> None:
+        """One round's outcomes, as the search loop hands them to the client (domain filters applied)."""
+        api = api_of(environ.get("PATH_INFO", ""))
+        for o in done.outcomes:
+            outcome = outcome_of(o)
+            TOOL_CALLS.labels(api, tool_of(o, api, self.labels), outcome).inc()
+            if outcome == "capped":
+                CAP_HITS.labels(api, "max_uses").inc()
+            if o.truncated:
+                CAP_HITS.labels(api, "page_size").inc()
 
 
 def url_refused(environ, refused: UrlRefused) -> None:

@@ -86,6 +86,7 @@ class SearchCall:
 
 # web.run's page commands as the proxy's tools: open reads a page, find looks for a pattern in one.
 PAGE_TOOLS = {"open": registry.WEB_FETCH, "find": registry.FIND_IN_PAGE}
+METRIC_LABELS = {tool: command for command, tool in PAGE_TOOLS.items()}  # the metrics call them as web.run does
 
 
 def failure_of(outcome: Outcome) -> Failure:

@@ -52,6 +52,7 @@ class HostedAction:
     id_prefix: str = "ws_"                      # its id: this, then the suffix of vLLM's fc_ id
     events: tuple[str, ...] = WEB_SEARCH_EVENTS  # sent after output_item.added, while it runs
     completed: str = "response.web_search_call.completed"  # sent when it worked, before output_item.done
+    label: str | None = None    # its calls' `tool` label in the metrics (None: the tool's name), as the README lists
 
 
 def _search_done(outcome, sources: bool) -> dict:
@@ -112,11 +113,16 @@ def _open_shown(arguments) -> dict:
 HOSTED_ACTIONS: dict[str, HostedAction] = {a.tool: a for a in (
     HostedAction(WEB_SEARCH, "search", lambda arguments: {"type": "search", "query": parse_arguments(arguments)[0] or ""},
                  _search_done, _search_replayed, fallback="web_search_hosted"),
-    HostedAction(WEB_FETCH, "open_page", _open_shown, None, _open_replayed),
+    HostedAction(WEB_FETCH, "open_page", _open_shown, None, _open_replayed, label="open"),
     HostedAction(FIND_IN_PAGE, "find_in_page",
                  lambda arguments: {"type": "find_in_page", **{k: _text(arguments_of(arguments), k) for k in ("url", "pattern")}},
-                 None, _find_replayed),
+                 None, _find_replayed, label="find"),
 )}
+
+
+def metric_labels() -> dict[str, str]:
+    """Each tool's `tool` label in the metrics on this API, where it is not the tool's name."""
+    return {row.tool: row.label for row in HOSTED_ACTIONS.values() if row.label}
 
 
 def first_row() -> HostedAction:
