@@ -21,6 +21,7 @@ from clients import anthropic, openai
 
 from standins.proxy_process import ProxyProcess
 from standins.rawhttp import raw_request
+from standins.redis_server import RedisServer
 from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames, tool_call
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -369,23 +370,9 @@ def test_usage_is_read_from_every_apis_answer_however_it_is_cut(kind, raw, want,
 
 @pytest.fixture
 def redis_url(tmp_path):
-    """A real Redis (Debian's redis-server) on a unix socket of the test's own, stopped by its pid."""
-    sock = tmp_path / "redis.sock"
-    proc = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(sock), "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    def answers() -> bool:
-        import redis
-        try:
-            return bool(redis.Redis(unix_socket_path=str(sock), socket_timeout=1).ping())
-        except redis.RedisError:
-            return False
-
-    try:
-        until(answers, seconds=10)
-        yield f"unix://{sock}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    """A real Redis (Debian's redis-server, tests/run.sh's redis tier) on a free loopback port, stopped by its pid."""
+    with RedisServer(tmp_path / "redis") as server:
+        yield server.url
 
 
 # ---- the fair queue: the store's choices ------------------------------------------------------------------
@@ -411,7 +398,7 @@ def admitted_order(store, tickets: dict[str, str], seats: int = 1) -> list[str]:
     return order
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 def stores(request, tmp_path):
     """stores(clock) -> a new handle on one shared store (each a worker's), SQLite's or Redis's."""
     from proxy.backends.teamstore import TeamStore
@@ -542,7 +529,7 @@ def test_a_short_request_waits_behind_at_most_one_long_request_of_another_key(te
     assert all(ahead >= 5 for ahead, _ in fifo.values()), fifo  # the baseline really was first come, first served
 
 
-@pytest.mark.parametrize("store", ["sqlite", "redis"])
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_that_leaves_while_queued_gives_up_its_place(request, team, paced, tmp_path, stream, store):
     keys = {name: add_key(team.keys_file, name) for name in ("busy", "leaver", "next")}
@@ -575,6 +562,7 @@ def test_a_client_that_leaves_while_queued_gives_up_its_place(request, team, pac
 
 # ---- replicas sharing Redis (STATE_URL) ---------------------------------------------------------------------
 
+@pytest.mark.redis
 def test_two_replicas_on_one_redis_share_quotas_and_usage_exactly(team, paced, redis_url, tmp_path):
     key = add_key(team.keys_file, "everywhere", "--rpm", "9")
     backend = paced("--gap", "0.001")
