@@ -3,7 +3,8 @@ proxy (Request, Outcome, Cited), and what a tool runs with (Backends, RunContext
 is one module beside this one (web_search.py, web_fetch.py, find_in_page.py), listed in registry.py.
 
 The APIs, the metrics and the citations read outcomes only through these fields and the registry's functions,
-never by a tool's own types, so a new tool touches no switch outside this package.
+never by a tool's own types: a new tool is its module, its registry entry, and one row in each API's presentation
+table (proxy/apis/*/presentation.py) that offers it.
 """
 from __future__ import annotations
 
