@@ -14,7 +14,7 @@ import pytest
 from clients import openai
 
 from proxy.apis.chat.rules import chat_tool
-from proxy.tools.web_search import NOT_EXECUTED
+from proxy.tools.base import NOT_EXECUTED
 from standins.scripted_backend import Reply
 from standins.vllm_wire import completion, error_reply, json_reply, sse_reply, stream_frames, tool_call
 

@@ -27,7 +27,8 @@ from proxy.apis.responses.request import (
     rewrite_tool_choice,
 )
 from proxy.backends.search import Hit, SearchOutcome
-from proxy.tools.web_search import NOT_EXECUTED, shaped
+from proxy.tools.base import NOT_EXECUTED
+from proxy.tools.web_search import shaped
 from standins import responses_wire as w
 from standins.rawhttp import raw_request
 from standins.searxng import result

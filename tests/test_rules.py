@@ -15,9 +15,9 @@ from proxy.core.codec import data_of, event_and_data, iter_frame_batches, iter_f
 from proxy.core.config import Config
 from proxy.http.app import key_ok, outbound_headers, presented_key
 from proxy.tools import registry
-from proxy.tools.base import Backends
+from proxy.tools.base import NOT_EXECUTED, Backends
 from proxy.tools.session import ToolSession
-from proxy.tools.web_search import NOT_EXECUTED, format_for_model, parse_arguments
+from proxy.tools.web_search import format_for_model, parse_arguments
 from proxy.transport.decoding import Decoder
 from proxy.transport.http1 import end_to_end_headers
 from proxy.transport.vllm import UpstreamError, gateway_status

@@ -18,8 +18,8 @@ from proxy.runtime.cancel import Cancel
 
 # The answer to a client's own tool call made in the same turn as one of the proxy's (the proxy runs only its
 # own), so the model asks again in a turn of its own instead of losing the call.
-NOT_EXECUTED = ("Not executed: this call was made in the same turn as web_search or web_fetch, and the proxy "
-                "only runs those. If it is still needed, call it again in a turn of its own.")
+NOT_EXECUTED = ("Not executed: this call was made in the same turn as a call of the proxy's own tools, and the "
+                "proxy only runs those. If it is still needed, call it again in a turn of its own.")
 
 
 class Request(Protocol):

@@ -11,7 +11,7 @@ from typing import ClassVar
 # A search's outcome is the search backend's answer: the APIs take Hit and SearchOutcome from here, never backends/.
 from proxy.backends.search import Hit, SearchOutcome, filter_domains  # noqa: F401 (Hit: for the APIs)
 from proxy.core import codec
-from proxy.tools.base import NO_LIMITS, NOT_EXECUTED, Cited, Limits, RunContext  # noqa: F401 (NOT_EXECUTED: the APIs' stub, named here as before)
+from proxy.tools.base import NO_LIMITS, Cited, Limits, RunContext
 
 # The web_search tool as every API describes it to the model; each API wraps these in its
 # own tool shape (chat function, Messages tool, Responses function).

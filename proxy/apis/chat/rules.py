@@ -82,7 +82,7 @@ def forced_tool(tool_choice) -> str | None:
 
 
 def forces_proxy_tool(tool_choice) -> bool:
-    """Whether a tool_choice forces web_search or web_fetch (forced once, then \"auto\")."""
+    """Whether a tool_choice forces one of the proxy's tools (forced once, then \"auto\")."""
     return forced_tool(tool_choice) in CHAT_TOOLS
 
 
