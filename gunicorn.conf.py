@@ -42,6 +42,13 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="proxy-metrics-")
         _private_metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
 
+# The X-Session-ID key (proxy/http/affinity.py): the workers import the app after the fork and read it from the
+# environment, so one made here in the master is the same in every worker. Several workers with several keys would
+# give one session's turns different ids, and a router would scatter them over its vLLM workers.
+if not os.environ.get("SESSION_ID_SECRET"):
+    import secrets
+    os.environ["SESSION_ID_SECRET"] = secrets.token_hex(32)
+
 
 def when_ready(server):
     # Small SSE events must leave at once: with Nagle's algorithm a second small write waits

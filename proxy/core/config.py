@@ -152,6 +152,10 @@ class Config:
     brave_search_mode: str = setting("BRAVE_SEARCH_MODE", "fallback", lowered)
     # Brave's Web Search endpoint; another only for a relay in front of it (or the tests' stand-in).
     brave_search_url: str = setting("BRAVE_SEARCH_URL", "https://api.search.brave.com/res/v1/web/search")
+    # The key of the X-Session-ID hash (proxy/http/affinity.py): every proxy behind one router must share it, or one
+    # session's turns get different ids and land on different workers. Empty: a random key per process
+    # (gunicorn.conf.py makes one for all its workers; compose.scale.yaml shares one file between replicas).
+    session_id_secret: str = setting("SESSION_ID_SECRET", "", secret=True)
     log_level: str = setting("LOG_LEVEL", "info")
     # Where Flask's development server listens (`python proxy-passthrough.py`); gunicorn reads it too.
     bind: str = setting("PROXY_BIND", "0.0.0.0:11433")

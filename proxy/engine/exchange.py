@@ -16,7 +16,7 @@ from flask import Response
 from proxy.core import codec
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
-from proxy.engine.events import CLIENT_LEFT, TOOLS_RAN, URL_REFUSED, Events
+from proxy.engine.events import BACKEND_RETRIED, CLIENT_LEFT, TOOLS_RAN, URL_REFUSED, Events
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
 from proxy.tools.provenance import Ledger, Rules
@@ -25,6 +25,16 @@ from proxy.transport.http1 import end_to_end_headers
 from proxy.transport.vllm import UpstreamError, UpstreamResponse, gateway_status
 
 log = logging.getLogger("proxy")
+
+# A gateway's "my upstream is gone" answers: vllm-router's 502 (the worker it passed the request to refused or reset)
+# and 503 (no worker available right now), written as plain text, as nginx's and HAProxy's are. vLLM's own 502/503
+# (/health while the engine is dead, an overloaded server) are JSON or empty: those are vLLM's answer, relayed as is.
+GATEWAY_GONE = (502, 503)
+
+
+def gateway_gone(up: UpstreamResponse) -> bool:
+    """A gateway in front of vLLM (not vLLM) says the worker it chose is gone. Pure."""
+    return up.status in GATEWAY_GONE and up.header("content-type").lower().startswith("text/plain")
 
 
 class Abortable(Protocol):
@@ -141,6 +151,11 @@ class Call:
             watch.attach(self)
 
     @property
+    def aborted(self) -> bool:
+        """The client's watch stopped this call: its failure is the watch's doing, not vLLM's."""
+        return self._aborted
+
+    @property
     def response(self) -> UpstreamResponse:
         """vLLM's answer; every Call that Exchange.call returns has one."""
         if self._response is None:
@@ -230,14 +245,38 @@ class Exchange:
 
     def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:
         """Send one request to vLLM and wait for its head, the watch able to abort it
-        throughout; raises UpstreamError. The caller ends the call when it is done with it."""
-        call = Call(self.watch)
-        try:
-            call._response = self.services.backend.request(method, target, body, headers, on_open=call.opened)
-        except BaseException:
-            call.end()
-            raise
-        return call
+        throughout; raises UpstreamError. The caller ends the call when it is done with it.
+
+        A call that failed before any byte of an answer (refused, reset or closed before the head), or that a
+        gateway answered 502/503 (vllm-router: the worker it chose is gone), goes once more: nothing has reached
+        the client yet, and behind a router the second try finds a live worker (its circuit breaker opened on the
+        first failure). Never after the head is in: from then on the caller may have sent bytes to the client. The
+        failed attempt's generation, if any began, was aborted with its connection, so the retry never doubles an
+        answer the client sees."""
+        for attempt in (0, 1):
+            call = Call(self.watch)
+            try:
+                call._response = self.services.backend.request(method, target, body, headers, on_open=call.opened)
+            except UpstreamError as e:
+                call.end()
+                if attempt == 0 and e.unanswered and not call.aborted:
+                    self._retrying(method, target, str(e), "unreachable")
+                    continue
+                raise
+            except BaseException:
+                call.end()
+                raise
+            if attempt == 0 and gateway_gone(call.response) and not call.aborted:
+                status = call.response.status
+                call.end()  # not read: the connection closes, and the gateway's short error body goes with it
+                self._retrying(method, target, f"a gateway answered {status}", str(status))
+                continue
+            return call
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _retrying(self, method: str, target: str, why: str, reason: str) -> None:
+        log.warning("%s %s: %s; trying once more", method, target.split("?", 1)[0], why)
+        self.emit(BACKEND_RETRIED, reason)
 
     def post(self, path: str, payload: dict) -> Call:
         """POST a JSON body to vLLM for one turn of the search loop."""
