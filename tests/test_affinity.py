@@ -194,6 +194,8 @@ def test_proxies_sharing_a_secret_give_one_session_one_key(start_proxy, backend)
 
 GONE = Reply(status=502, body=b"Backend request failed: error sending request", headers=[("Content-Type", "text/plain")])
 NONE_LEFT = Reply(status=503, body=b"No available workers", headers=[("Content-Type", "text/plain")])
+SPENT = Reply(status=500, body=b"Request failed: error sending request for url (http://w2:8000/v1/models)",
+              headers=[("Content-Type", "text/plain; charset=utf-8")])
 
 
 @pytest.mark.parametrize("path, body", [
@@ -203,8 +205,8 @@ NONE_LEFT = Reply(status=503, body=b"No available workers", headers=[("Content-T
     ("/v1/responses", {"model": "foundation", "input": "hi"}),
     ("/v1/completions", {"model": "foundation", "prompt": "hi"}),
 ])
-@pytest.mark.parametrize("failure", [GONE, NONE_LEFT], ids=["502", "503"])
-def test_a_gateways_502_or_503_is_tried_once_more(proxy, backend, path, body, failure):
+@pytest.mark.parametrize("failure", [GONE, NONE_LEFT, SPENT], ids=["502", "503", "500"])
+def test_a_gateways_plain_text_failure_is_tried_once_more(proxy, backend, path, body, failure):
     backend.script(failure, json_reply(completion(content="ok", finish_reason="stop")))
     status, _, data = raw_request(proxy.url, "POST", path, json.dumps(body).encode(),
                                   {"Content-Type": "application/json"})
@@ -233,7 +235,7 @@ def test_only_one_retry(proxy, backend):
 
 
 @pytest.mark.parametrize("reply", [
-    Reply(status=500, body=b'{"error":{"message":"boom"}}'),
+    Reply(status=500, body=b'{"error":{"message":"boom"}}'),  # vLLM's own engine error: JSON
     Reply(status=400, body=b'{"error":{"message":"bad"}}'),
     Reply(status=504, body=b"timeout", headers=[("Content-Type", "text/plain")]),
     # vLLM's own 503 (JSON) and its /health while the engine is dead (empty): vLLM's answer, not a lost worker.

@@ -26,10 +26,12 @@ from proxy.transport.vllm import UpstreamError, UpstreamResponse, gateway_status
 
 log = logging.getLogger("proxy")
 
-# A gateway's "my upstream is gone" answers: vllm-router's 502 (the worker it passed the request to refused or reset)
-# and 503 (no worker available right now), written as plain text, as nginx's and HAProxy's are. vLLM's own 502/503
-# (/health while the engine is dead, an overloaded server) are JSON or empty: those are vLLM's answer, relayed as is.
-GATEWAY_GONE = (502, 503)
+# A gateway's "my upstream is gone" answers, which vllm-router writes as plain text: 502 on the routes it passes
+# through (the worker it chose refused or reset: "Backend request failed: ..."), 500 once its own retries of a chat
+# or a GET are spent on a worker that is gone ("Request failed: error sending request ..."), 503 with no worker left
+# for now. vLLM's own 500/502/503 (an engine error, /health while the engine is dead) are JSON or empty: those are
+# vLLM's answer, relayed as they are.
+GATEWAY_GONE = (500, 502, 503)
 
 
 def gateway_gone(up: UpstreamResponse) -> bool:
@@ -248,7 +250,7 @@ class Exchange:
         throughout; raises UpstreamError. The caller ends the call when it is done with it.
 
         A call that failed before any byte of an answer (refused, reset or closed before the head), or that a
-        gateway answered 502/503 (vllm-router: the worker it chose is gone), goes once more: nothing has reached
+        gateway answered 500/502/503 in plain text (vllm-router: the worker it chose is gone), goes once more: nothing has reached
         the client yet, and behind a router the second try finds a live worker (its circuit breaker opened on the
         first failure). Never after the head is in: from then on the caller may have sent bytes to the client. The
         failed attempt's generation, if any began, was aborted with its connection, so the retry never doubles an

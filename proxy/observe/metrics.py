@@ -84,7 +84,8 @@ ABORTS = Counter("proxy_backend_aborts", "Calls to vLLM cut because their client
                  ["api"], registry=REGISTRY)
 # Behind vllm-router (compose.scale.yaml) a worker lost mid-run shows here: each is a request that still succeeded.
 BACKEND_RETRIES = Counter("proxy_backend_retries", "Calls to vLLM tried once more after failing before any answer, "
-                          "by API and reason: unreachable (refused, reset, closed), 502 or 503 (a gateway's).",
+                          "by API and reason: unreachable (refused, reset, closed), 500, 502 or 503 (a gateway's, "
+                          "in plain text).",
                           ["api", "reason"], registry=REGISTRY)
 CACHE_LOOKUPS = Counter("proxy_cache_lookups", "Cache lookups by cache (search, page) and result: hit, miss, or "
                         "shared (waited for an identical request in flight).", ["cache", "result"], registry=REGISTRY)

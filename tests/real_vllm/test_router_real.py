@@ -19,11 +19,13 @@ import hashlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
 import urllib.parse
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -270,7 +272,7 @@ def conversation(seed: int, turns: int) -> list[list[dict]]:
     agent's is), then a growing exchange; each turn resends all of it."""
     rng = random.Random(seed)
     words = ["router", "worker", "cache", "prefix", "session", "token", "agent", "stream", "model", "card"]
-    system = {"role": "system", "content": f"Session {seed}. " + " ".join(rng.choice(words) for _ in range(700))}
+    system = {"role": "system", "content": f"Session {seed}. " + " ".join(rng.choice(words) for _ in range(250))}
     history = [system]
     out = []
     for t in range(turns):
@@ -280,22 +282,23 @@ def conversation(seed: int, turns: int) -> list[list[dict]]:
     return out
 
 
-def run_sessions(proxy_urls: list[str], workers: list[str], sessions: int, turns: int) -> dict:
+def run_sessions(proxy_urls: list[str], workers: list[str], sessions: int, turns: int, seed: int) -> dict:
     """Each session's turns in order, alternating over the proxies; per session, the requests each worker served;
-    and the prefix-cache hit rate over all of it (vLLM's own counters, both workers summed)."""
+    and the prefix-cache hit rate over all of it (vLLM's own counters, both workers summed). Sessions of their own
+    (`seed`): no other run's prompts are in the caches."""
     start = [worker_counters(w) for w in workers]
     spread, took = [], []
     for s in range(sessions):
         before = [worker_counters(w) for w in workers]
-        for t, messages in enumerate(conversation(1000 + s, turns)):
+        for t, messages in enumerate(conversation(seed + s, turns)):
             body = {"model": MODEL, "messages": messages, "max_tokens": 1, "chat_template_kwargs": NO_THINKING,
                     "tool_choice": "none"}
             began = time.monotonic()
             reply = Http(timeout=120).post(proxy_urls[t % len(proxy_urls)] + "/v1/chat/completions", body)
             took.append(time.monotonic() - began)
             assert reply.status == 200, reply.body[:300]
-        spread.append([delta(b, worker_counters(w))["requests"] for b, w in zip(before, workers)])
-    change = [delta(b, worker_counters(w)) for b, w in zip(start, workers)]
+        spread.append([delta(b, worker_counters(w))["requests"] for b, w in zip(before, workers, strict=True)])
+    change = [delta(b, worker_counters(w)) for b, w in zip(start, workers, strict=True)]
     queries, hits = sum(c["queries"] for c in change), sum(c["hits"] for c in change)
     return {"spread": spread, "hit_rate": hits / queries, "queries": queries, "hits": hits,
             "mean_seconds": sum(took) / len(took)}
@@ -303,9 +306,9 @@ def run_sessions(proxy_urls: list[str], workers: list[str], sessions: int, turns
 
 def test_a_sessions_turns_stay_on_one_worker_and_hit_its_prefix_cache(scaled):
     sessions, turns = 4, 3
-    hashed = run_sessions(scaled.proxies, scaled.workers, sessions, turns)
-    rr = run_sessions([scaled.rr_proxy], scaled.workers, sessions, turns)
-    record(affinity={"sessions": sessions, "turns": turns, "prompt_tokens_first_turn": "~750",
+    hashed = run_sessions(scaled.proxies, scaled.workers, sessions, turns, seed=1000)
+    rr = run_sessions([scaled.rr_proxy], scaled.workers, sessions, turns, seed=2000)
+    record(affinity={"sessions": sessions, "turns": turns, "system_prompt_words": 250,
                      "consistent_hash": hashed, "round_robin": rr})
     # Consistent hashing on X-Session-ID: every turn of each session on one worker, whichever proxy sent it.
     assert all(sorted(s) == [0, turns] for s in hashed["spread"]), hashed["spread"]
@@ -317,36 +320,54 @@ def test_a_sessions_turns_stay_on_one_worker_and_hit_its_prefix_cache(scaled):
 
 # ---- a worker lost mid-run --------------------------------------------------------------------------------------
 
+def session_on(proxy_url: str, router: Router, worker: str) -> str:
+    """A Claude Code session id the router hashes to `worker`: cheap count_tokens probes until one lands there."""
+    for i in range(40):
+        session = f"probe-{i}"
+        before = total(router.metrics(), "vllm_router_processed_requests_total", worker=worker)
+        reply = send(proxy_url, "POST", "/v1/messages/count_tokens",
+                     {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+                     {"X-Claude-Code-Session-Id": session})
+        assert reply.status == 200, reply.body[:300]
+        if total(router.metrics(), "vllm_router_processed_requests_total", worker=worker) > before:
+            return session
+    raise AssertionError(f"no session of 40 hashed to {worker}")
+
+
 def test_a_worker_killed_mid_run_costs_no_later_request(scaled, searxng):
     """The second worker's whole process group gets SIGKILL (a card gone, a host powered off); then every API, for
-    sessions spread over both workers' share of the hash ring, is asked at once and must answer."""
+    sessions spread over both workers' share of the hash ring, must answer. The first request after it is a
+    Messages one of a session on the lost worker: the router does not retry that route, so the proxy's one retry is
+    what carries it."""
+    doomed = session_on(scaled.proxies[0], scaled.hashed, scaled.second.url)
     retries_before = sum(total(samples(Http().get(p + "/proxy/metrics").body.decode()), "proxy_backend_retries_total")
                          for p in scaled.proxies)
     os.killpg(scaled.second_proc.pid, signal.SIGKILL)
     scaled.second_proc.wait(timeout=30)
     killed_at = time.monotonic()
+    first = [c for c in calls(doomed) if c[0] == "messages"]
+    later = [c for session in range(6) for c in calls(f"after-kill-{session}")]
     failures, n = [], 0
-    for session in range(6):
-        for name, method, path, body, headers in calls(f"after-kill-{session}"):
-            reply = send(scaled.proxies[n % 2], method, path, body, headers)
-            n += 1
-            try:
-                check(name, reply)
-            except AssertionError as e:
-                failures.append((session, name, str(e)[:300]))
+    for name, method, path, body, headers in first + later:
+        reply = send(scaled.proxies[n % 2], method, path, body, headers)
+        n += 1
+        try:
+            check(name, reply)
+        except AssertionError as e:
+            failures.append((n, name, str(e)[:300]))
     took = time.monotonic() - killed_at
     assert not failures, failures
     after = scaled.hashed.metrics()
     dead = scaled.second.url
-    # The router saw the worker go: its circuit is open or its health checks failed.
-    assert (total(after, "vllm_router_cb_state", worker=dead) >= 1
-            or total(after, "vllm_router_worker_health", worker=dead) == 0)
+    # The router saw the worker go: its circuit opened.
+    opened = total(after, "vllm_router_cb_state_transitions_total", worker=dead, to="open")
+    assert opened >= 1
     retries = sum(total(samples(Http().get(p + "/proxy/metrics").body.decode()), "proxy_backend_retries_total")
                   for p in scaled.proxies) - retries_before
+    assert retries >= 1  # the Messages request above: the router's 502, then the proxy's retry on a live worker
     record(failover={"requests_after_kill": n, "failed": len(failures), "seconds": round(took, 1),
-                     "proxy_retries": retries,
-                     "router_retries": total(after, "vllm_router_retries_total"),
-                     "circuit_opened": total(after, "vllm_router_cb_state_transitions_total", worker=dead, to="open")})
+                     "proxy_retries": retries, "router_retries": total(after, "vllm_router_retries_total"),
+                     "circuit_opened": opened})
 
 
 # ---- the Scale-out dashboard against a real Prometheus scraping the router ----------------------------------
@@ -354,7 +375,8 @@ def test_a_worker_killed_mid_run_costs_no_later_request(scaled, searxng):
 def scale_prometheus_config(workdir: Path, targets: dict[str, list[str]]) -> Path:
     """monitoring/prometheus.scale.yml with each job's targets swapped for this machine's (no DNS here)."""
     config = yaml.safe_load((REPO / "monitoring" / "prometheus.scale.yml").read_text())
-    config["global"]["scrape_interval"] = "1s"
+    # Often enough for a short test; vLLM's /metrics answers within the timeout (the interval) even under load.
+    config["global"]["scrape_interval"] = "2s"
     jobs = []
     for job in config["scrape_configs"]:
         if job["job_name"] not in targets:
@@ -367,6 +389,23 @@ def scale_prometheus_config(workdir: Path, targets: dict[str, list[str]]) -> Pat
     path = workdir / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def wait_scraped(prom: PrometheusServer, jobs: int, live: int, seconds: float = 90) -> None:
+    """Until every job has targets and `live` of them answered a scrape since now (the lost worker stays down)."""
+    since = time.time()
+    deadline = time.monotonic() + seconds
+    while True:
+        targets = prom.targets()
+        fresh = [t for t in targets if t["health"] == "up" and parse_stamp(t["lastScrape"]) > since]
+        if len({t["labels"]["job"] for t in targets}) >= jobs and len(fresh) >= live:
+            return
+        assert time.monotonic() < deadline, targets
+        time.sleep(0.5)
+
+
+def parse_stamp(stamp: str) -> float:
+    return datetime.fromisoformat(re.sub(r"(\.\d{6})\d*", r"\1", stamp).replace("Z", "+00:00")).timestamp()
 
 
 def router_queries() -> list:
@@ -385,7 +424,7 @@ def test_the_scale_out_dashboard_shows_the_router_and_the_lost_worker(scaled):
         for round_ in range(3):
             for name, method, path, body, headers in calls(f"dashboard-{round_}")[:3]:
                 check(name, send(scaled.proxies[0], method, path, body, headers))
-            time.sleep(2.5)
+            wait_scraped(prom, jobs=3, live=len(scaled.workers) - 1 + len(scaled.proxies) + 1)
         queries = router_queries()
         assert len(queries) >= 6
         empty = []
@@ -396,5 +435,27 @@ def test_the_scale_out_dashboard_shows_the_router_and_the_lost_worker(scaled):
             if not values or set(values) == {"NaN"}:
                 empty.append((q.panel, q.promql))
         assert not empty, empty
+        # And every router series a panel reads is one the real router exposes (a misspelled name shows nothing).
+        read = {m for q in queries for m in q.metrics if m.startswith("vllm_router_")}
+        exposed = {name for name, _ in scaled.hashed.metrics()}
+        assert read and read <= exposed, sorted(read - exposed)
     finally:
         prom.stop()
+
+
+# ---- HAProxy's configuration, checked by the real HAProxy (Debian's, which tests/run.sh installs) ----------------
+
+def haproxy_check(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["haproxy", "-c", "-f", str(path)], capture_output=True, text=True, timeout=30)
+
+
+def test_haproxy_accepts_the_overlays_config():
+    result = haproxy_check(REPO / "haproxy" / "haproxy.cfg")
+    assert result.returncode == 0 and "Configuration file is valid" in result.stdout + result.stderr, result
+
+
+def test_haproxy_refuses_a_broken_config(tmp_path):
+    # Proves the check above can fail: the same file with its balancing algorithm misspelled.
+    broken = tmp_path / "haproxy.cfg"
+    broken.write_text((REPO / "haproxy" / "haproxy.cfg").read_text().replace("balance leastconn", "balance leastconns"))
+    assert haproxy_check(broken).returncode != 0
