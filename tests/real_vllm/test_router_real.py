@@ -345,11 +345,16 @@ def test_a_worker_killed_mid_run_costs_no_later_request(scaled, searxng):
     os.killpg(scaled.second_proc.pid, signal.SIGKILL)
     scaled.second_proc.wait(timeout=30)
     killed_at = time.monotonic()
-    first = [c for c in calls(doomed) if c[0] == "messages"]
-    later = [c for session in range(6) for c in calls(f"after-kill-{session}")]
+    # Through the hashing router: the doomed session's Messages request, then every API for sessions all over the
+    # ring. Through the round-robin router, which has not noticed yet either: two chats, one of which it sends to the
+    # lost worker and retries itself (chat is a route it retries).
+    first = [(scaled.proxies[0], c) for c in calls(doomed) if c[0] == "messages"]
+    later = [(scaled.proxies[i % 2], c) for i, c in enumerate(
+        c for session in range(6) for c in calls(f"after-kill-{session}"))]
+    round_robin = [(scaled.rr_proxy, c) for c in calls("round-robin-after-kill")[:1] * 2]
     failures, n = [], 0
-    for name, method, path, body, headers in first + later:
-        reply = send(scaled.proxies[n % 2], method, path, body, headers)
+    for proxy_url, (name, method, path, body, headers) in first + round_robin + later:
+        reply = send(proxy_url, method, path, body, headers)
         n += 1
         try:
             check(name, reply)
@@ -365,9 +370,10 @@ def test_a_worker_killed_mid_run_costs_no_later_request(scaled, searxng):
     retries = sum(total(samples(Http().get(p + "/proxy/metrics").body.decode()), "proxy_backend_retries_total")
                   for p in scaled.proxies) - retries_before
     assert retries >= 1  # the Messages request above: the router's 502, then the proxy's retry on a live worker
+    router_retries = total(scaled.rr.metrics(), "vllm_router_retries_total")
+    assert router_retries >= 1  # the round-robin router's chat to the lost worker, carried by its own retry
     record(failover={"requests_after_kill": n, "failed": len(failures), "seconds": round(took, 1),
-                     "proxy_retries": retries, "router_retries": total(after, "vllm_router_retries_total"),
-                     "circuit_opened": opened})
+                     "proxy_retries": retries, "router_retries": router_retries, "circuit_opened": opened})
 
 
 # ---- the Scale-out dashboard against a real Prometheus scraping the router ----------------------------------
@@ -417,14 +423,15 @@ def test_the_scale_out_dashboard_shows_the_router_and_the_lost_worker(scaled):
     config = scale_prometheus_config(scaled.work, {
         "vllm": [netloc(w) for w in scaled.workers],
         "coding-stack-proxy": [netloc(p) for p in scaled.proxies],
-        "vllm-router": [netloc(scaled.hashed.metrics_url)]})
+        # Both routers (the compose stack runs one): the round-robin one is where the router's own retries were.
+        "vllm-router": [netloc(scaled.hashed.metrics_url), netloc(scaled.rr.metrics_url)]})
     prom = PrometheusServer(config, scaled.work)
     try:
         # A little traffic between scrapes, so every rate() has two samples of each series.
         for round_ in range(3):
             for name, method, path, body, headers in calls(f"dashboard-{round_}")[:3]:
                 check(name, send(scaled.proxies[0], method, path, body, headers))
-            wait_scraped(prom, jobs=3, live=len(scaled.workers) - 1 + len(scaled.proxies) + 1)
+            wait_scraped(prom, jobs=3, live=len(scaled.workers) - 1 + len(scaled.proxies) + 2)
         queries = router_queries()
         assert len(queries) >= 6
         empty = []
@@ -437,7 +444,7 @@ def test_the_scale_out_dashboard_shows_the_router_and_the_lost_worker(scaled):
         assert not empty, empty
         # And every router series a panel reads is one the real router exposes (a misspelled name shows nothing).
         read = {m for q in queries for m in q.metrics if m.startswith("vllm_router_")}
-        exposed = {name for name, _ in scaled.hashed.metrics()}
+        exposed = {name for name, _ in [*scaled.hashed.metrics(), *scaled.rr.metrics()]}
         assert read and read <= exposed, sorted(read - exposed)
     finally:
         prom.stop()
