@@ -190,6 +190,17 @@ def test_proxies_sharing_a_secret_give_one_session_one_key(start_proxy, backend)
     assert shared == shared_too != other
 
 
+def test_without_a_secret_every_worker_of_one_proxy_agrees(start_proxy, backend):
+    """gunicorn.conf.py makes the key once in the master: each connection here may reach either worker, and one
+    conversation still gets one key (a key per worker would scatter its turns over a router's workers)."""
+    proxy = start_proxy(PROXY_WORKERS="2")
+    body = json.dumps({"model": "foundation", "tool_choice": "none", "messages": USER}).encode()
+    for _ in range(8):
+        backend.script(json_reply(completion(content="ok", finish_reason="stop")))
+        assert raw_request(proxy.url, "POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})[0] == 200
+    assert len(set(sent_keys(backend))) == 1
+
+
 # ---- one retry before any byte reached the client ----------------------------------------------------
 
 GONE = Reply(status=502, body=b"Backend request failed: error sending request", headers=[("Content-Type", "text/plain")])
