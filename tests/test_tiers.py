@@ -49,8 +49,8 @@ def selected(tests: dict[str, set[str]], expr: str) -> dict[str, set[str]]:
 
 
 @pytest.mark.parametrize("expr, tiers", [
-    (QUICK, set()),
-    ("not container", {"real_vllm", "agents"}),
+    (QUICK, {"redis"}),  # the shared-state tests' redis-server is light enough for the inner loop
+    ("not container", {"real_vllm", "agents", "redis"}),
     ("agents", {"agents", "container", "real_vllm"}),  # the container tier runs both agents too
     ("real_vllm and not container", {"real_vllm"}),
 ])

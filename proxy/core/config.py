@@ -152,6 +152,13 @@ class Config:
     brave_search_mode: str = setting("BRAVE_SEARCH_MODE", "fallback", lowered)
     # Brave's Web Search endpoint; another only for a relay in front of it (or the tests' stand-in).
     brave_search_url: str = setting("BRAVE_SEARCH_URL", "https://api.search.brave.com/res/v1/web/search")
+    # Where the proxy's state lives (README, "Shared state"): empty keeps it in each process; redis://host:port/db
+    # (a Valkey or Redis server; rediss:// for TLS) shares the caches, Codex's ref ids and the SearXNG cool-downs
+    # between workers and replicas. Secret: the URL may carry the server's password.
+    state_url: str = setting("STATE_URL", "", secret=True)
+    # Seconds one call to the state store may take (connect, or send and answer); a store on the same host or LAN
+    # answers in a millisecond, and a store that does not is left alone for a while (proxy/backends/state.py).
+    state_timeout: float = setting("STATE_TIMEOUT", 0.25, number, positive=True)
     # The key of the X-Session-ID hash (proxy/http/affinity.py): every proxy behind one router must share it, or one
     # session's turns get different ids and land on different workers. Empty: a random key per process
     # (gunicorn.conf.py makes one for all its workers; compose.scale.yaml shares one file between replicas).
@@ -181,6 +188,10 @@ class Config:
                 raise ValueError(f"{variable(name)} must be an http:// or https:// URL ({problem}), "
                                  f"not {getattr(self, name)!r}")
         parse_urls("SEARXNG_URL", self.searxng_url)
+        problem = state_url_problem(self.state_url)
+        if problem:
+            raise ValueError(f"STATE_URL must be redis://host:port/db or rediss://... ({problem}), "
+                             f"not {masked_url(self.state_url)!r}")
         if self.brave_search_mode not in BRAVE_SEARCH_MODES:
             raise ValueError(f"BRAVE_SEARCH_MODE must be 'fallback' or 'always', not {self.brave_search_mode!r}")
         if self.brave_search_api_key and not re.fullmatch(r"[\x21-\x7e]+", self.brave_search_api_key):
@@ -232,6 +243,35 @@ def url_problem(url: str) -> str | None:
     if not parts.hostname:
         return "a host"
     return None
+
+
+def state_url_problem(url: str) -> str | None:
+    """Why STATE_URL names no Valkey/Redis server the proxy can use (empty is fine: no shared state), or None. Pure."""
+    if not url:
+        return None
+    if any(c in url for c in " ,\t\n"):
+        return "one URL"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError on a port that is not a number from 0 to 65535)
+    except ValueError:
+        return "a valid port"
+    if parts.scheme not in ("redis", "rediss"):
+        return "redis or rediss"
+    if not parts.hostname:
+        return "a host"
+    if parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        return "a database number"
+    return None
+
+
+def masked_url(url: str) -> str:
+    """A URL fit for a message: its password (or whatever stands before the @) never shown. Pure."""
+    scheme, sep, rest = url.partition("://")
+    host = rest.partition("/")[0]
+    if "@" not in host:
+        return url
+    return f"{scheme}{sep}***@{rest.partition('@')[2]}"
 
 
 def parse_urls(name: str, text: str) -> tuple[str, ...]:

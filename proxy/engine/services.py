@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from proxy.backends.fetcher import Fetcher
 from proxy.backends.search import SearchBackend
+from proxy.backends.state import State
 from proxy.core import codec
 from proxy.core.config import Config
 from proxy.engine.events import Events
@@ -61,6 +62,8 @@ class Services:
     fetcher: Fetcher        # its page cache is shared by all the worker's requests, alpha search's too
     events: Events = field(default_factory=Events)
     models: ServedModels = field(default_factory=ServedModels)
+    # The shared state store (STATE_URL; proxy/backends/state.py), or None: each use keeps its state in this process.
+    state: State | None = None
     # GET /proxy/search/health's JSON: the search failover's state in this worker (proxy/backends/failover.py).
     search_health: Callable[[], dict] = dict
 

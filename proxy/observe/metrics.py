@@ -104,6 +104,15 @@ ENGINE_FAILURES = Counter("proxy_search_engine_failures", "Search engines a Sear
 SEARCH_FALLBACKS = Counter("proxy_search_fallbacks", "Searches answered another way than by the first SearXNG "
                            "instance, by kind: instance (a later one), retry (engines not failing), keyed (the "
                            "Brave Search API).", ["kind"], registry=REGISTRY)
+# The shared state store (STATE_URL, proxy/backends/state.py): calls that got no answer, by use (search, page, refs,
+# health) and op (get, put, drop, count, fields, add_fields, drop_fields; decode: a value that was not one the proxy
+# writes), and whether the store answers. livemin: one worker that finds it down shows it down.
+STATE_ERRORS = Counter("proxy_state_errors", "Calls to the shared state store (STATE_URL) that got no answer (or a "
+                       "value the proxy did not write), by use and op.", ["use", "op"], registry=REGISTRY)
+# Labelled by the store (STATE_URL, its password masked) so that without STATE_URL there is no series at all, rather
+# than an unlabelled gauge's 0 that would read as a store that is down.
+STATE_UP = Gauge("proxy_state_up", "1 while the shared state store (STATE_URL) answers, 0 while it is down; "
+                 "absent without STATE_URL.", ["store"], multiprocess_mode="livemin", registry=REGISTRY)
 
 # Error codes (Anthropic's vocabulary, which every API's outcome carries) the proxy answers itself.
 REFUSED = frozenset({"invalid_tool_input", "query_too_long", "url_not_allowed"})
@@ -272,6 +281,14 @@ def page_cache_size(entries: int, size: int) -> None:
 
 def search_cache_lookup(how: str, age: float | None) -> None:
     cache_lookup("search", how, age)
+
+
+def state_error(use: str, op: str) -> None:
+    STATE_ERRORS.labels(use, op).inc()
+
+
+def state_up(store: str, up: bool) -> None:
+    STATE_UP.labels(store).set(1 if up else 0)
 
 
 # ---- the endpoint ------------------------------------------------------------------------------
