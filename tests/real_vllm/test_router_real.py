@@ -1,6 +1,7 @@
 """compose.scale.yaml for real: vllm-router 0.1.17 (the PyPI wheel of router/requirements.txt, in a venv of its own
 under the test cache, run through router/start-router.sh with the overlay's own flags) in front of two real vLLM CPU
-workers of the tiny model, and two real proxy processes sharing one SESSION_ID_SECRET in front of it.
+workers of the tiny model, and two real proxy processes sharing one SESSION_ID_SECRET and one store (STATE_URL, a
+real redis-server standing in for the overlay's Valkey) in front of it.
 
 - every API the proxy serves answers through the router, streamed and not;
 - one agent session's turns land on one worker (each worker's own vLLM counters), and its prefix-cache hits show
@@ -45,8 +46,10 @@ from realvllm import (
 
 from standins import dashboards
 from standins.prometheus import PrometheusServer
+from standins.redis_server import RedisServer
 
-pytestmark = pytest.mark.real_vllm
+# The real vLLM workers, and a redis-server as the replicas' shared store (tests/run.sh installs it for the `redis` tier).
+pytestmark = [pytest.mark.real_vllm, pytest.mark.redis]
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "router" / "requirements.txt"
@@ -166,6 +169,7 @@ def scaled(real_vllm, real_vllm_env, compose_vllm, _proxies, tmp_path_factory):
     binary = router_binary()  # meanwhile nothing else runs: the second worker's boot takes the cores
     proc, second = start_server(real_vllm_env, compose_vllm, name="real_vllm-2")
     routers: list[Router] = []
+    store = RedisServer(work / "valkey")  # the overlay's valkey: Debian's redis-server speaks the same protocol
     try:
         wait_healthy(proc, second)
         workers = [real_vllm.url, second.url]
@@ -173,8 +177,8 @@ def scaled(real_vllm, real_vllm_env, compose_vllm, _proxies, tmp_path_factory):
         routers.append(Router(binary, workers, "round_robin", work / "router-rr.log"))
         hashed, rr = routers
         # Two replicas, as behind HAProxy: the same shared key, told apart only by a setting that changes nothing.
-        proxies = [_proxies(BACKEND_URL=hashed.url, SESSION_ID_SECRET=SECRET, PROXY_WORKER_CONNECTIONS=str(n))
-                   for n in (1000, 1001)]
+        proxies = [_proxies(BACKEND_URL=hashed.url, SESSION_ID_SECRET=SECRET, STATE_URL=store.url,
+                            PROXY_WORKER_CONNECTIONS=str(n)) for n in (1000, 1001)]
         rr_proxy = _proxies(BACKEND_URL=rr.url, SESSION_ID_SECRET=SECRET)
         yield types_ns(workers=workers, second=second, second_proc=proc, hashed=hashed, rr=rr,
                        proxies=[p.url for p in proxies], rr_proxy=rr_proxy.url, work=work)
@@ -182,6 +186,7 @@ def scaled(real_vllm, real_vllm_env, compose_vllm, _proxies, tmp_path_factory):
         for r in routers:
             r.stop()
         stop_server(proc)
+        store.stop()
 
 
 def types_ns(**kw) -> SimpleNamespace:
