@@ -29,6 +29,7 @@ from proxy.core.config import Config
 from proxy.core.errors import error_for_path
 from proxy.core.routes import PROXY_METRICS, api_of
 from proxy.engine.events import (
+    BACKEND_RETRIED,
     CAP_HIT,
     CLIENT_LEFT,
     REQUEST_ENDED,
@@ -81,6 +82,11 @@ DISCONNECTS = Counter("proxy_client_disconnects", "Clients that left before thei
                       ["api"], registry=REGISTRY)
 ABORTS = Counter("proxy_backend_aborts", "Calls to vLLM cut because their client left, by API.",
                  ["api"], registry=REGISTRY)
+# Behind vllm-router (compose.scale.yaml) a worker lost mid-run shows here: each is a request that still succeeded.
+BACKEND_RETRIES = Counter("proxy_backend_retries", "Calls to vLLM tried once more after failing before any answer, "
+                          "by API and reason: unreachable (refused, reset, closed), 500, 502 or 503 (a gateway's, "
+                          "in plain text).",
+                          ["api", "reason"], registry=REGISTRY)
 CACHE_LOOKUPS = Counter("proxy_cache_lookups", "Cache lookups by cache (search, page) and result: hit, miss, or "
                         "shared (waited for an identical request in flight).", ["cache", "result"], registry=REGISTRY)
 CACHE_HIT_AGE = Histogram("proxy_cache_hit_age_seconds", "Age of the answers the caches gave, by cache.",
@@ -160,6 +166,7 @@ def observe(events: Events) -> None:
     events.subscribe(URL_REFUSED, url_refused)
     events.subscribe(CAP_HIT, cap_hit)
     events.subscribe(CLIENT_LEFT, client_left)
+    events.subscribe(BACKEND_RETRIED, backend_retried)
     events.subscribe(REQUEST_ENDED, request_ended)
 
 
@@ -187,6 +194,10 @@ def tool_call(environ, call: tuple[str, Outcome]) -> None:
     """One call counted where no loop runs it (Codex's /v1/alpha/search): its tool label and outcome."""
     label, outcome = call
     TOOL_CALLS.labels(api_of(environ.get("PATH_INFO", "")), label, outcome_of(outcome)).inc()
+
+
+def backend_retried(environ, reason: str) -> None:
+    BACKEND_RETRIES.labels(api_of(environ.get("PATH_INFO", "")), reason).inc()
 
 
 def cap_hit(environ, cap: str) -> None:
