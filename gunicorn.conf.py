@@ -49,6 +49,13 @@ if not os.environ.get("PROXY_STATE_DB") and (os.environ.get("PROXY_KEYS_FILE") o
     _private_state_dir = tempfile.mkdtemp(prefix="proxy-state-")
     os.environ["PROXY_STATE_DB"] = os.path.join(_private_state_dir, "state.sqlite3")
 
+# The X-Session-ID key (proxy/http/affinity.py): the workers import the app after the fork and read it from the
+# environment, so one made here in the master is the same in every worker. Several workers with several keys would
+# give one session's turns different ids, and a router would scatter them over its vLLM workers.
+if not os.environ.get("SESSION_ID_SECRET"):
+    import secrets
+    os.environ["SESSION_ID_SECRET"] = secrets.token_hex(32)
+
 
 def when_ready(server):
     # Small SSE events must leave at once: with Nagle's algorithm a second small write waits

@@ -219,7 +219,7 @@ def test_the_datasource_is_the_profiles_prometheus_and_every_panel_uses_it():
 
 def test_every_dashboard_has_its_own_uid_and_every_panel_its_own_id():
     docs = dashboards.load()
-    assert set(docs) == {"card.json", "agents.json"}
+    assert set(docs) == {"card.json", "agents.json", "scale.json"}
     assert len({d["uid"] for d in docs.values()}) == len(docs)
     for doc in docs.values():
         ids = [p["id"] for p in doc["panels"]] + [p["id"] for r in doc["panels"] for p in r.get("panels", [])]

@@ -176,6 +176,10 @@ class Config:
     # Seconds one call to the state store may take (connect, or send and answer); a store on the same host or LAN
     # answers in a millisecond, and a store that does not is left alone for a while (proxy/backends/state.py).
     state_timeout: float = setting("STATE_TIMEOUT", 0.25, number, positive=True)
+    # The key of the X-Session-ID hash (proxy/http/affinity.py): every proxy behind one router must share it, or one
+    # session's turns get different ids and land on different workers. Empty: a random key per process
+    # (gunicorn.conf.py makes one for all its workers; compose.scale.yaml shares one file between replicas).
+    session_id_secret: str = setting("SESSION_ID_SECRET", "", secret=True)
     log_level: str = setting("LOG_LEVEL", "info")
     # Where Flask's development server listens (`python proxy-passthrough.py`); gunicorn reads it too.
     bind: str = setting("PROXY_BIND", "0.0.0.0:11433")

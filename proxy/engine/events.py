@@ -41,6 +41,12 @@ class ClientLeft:
 
 
 @dataclass(frozen=True)
+class BackendRetried:
+    """A call to vLLM failed before its answer and went once more."""
+    reason: str         # unreachable (refused, reset, closed), or the gateway's status: 500, 502, 503
+
+
+@dataclass(frozen=True)
 class RequestEnded:
     """One request as it ended, measured around the whole app (proxy/http/flow.py): monotonic times in seconds."""
     status: str                  # the HTTP status code as text, "-" when none was sent

@@ -19,7 +19,7 @@ from proxy.core.config import Config
 from proxy.core.errors import anthropic_error_bytes, as_anthropic_error, error_for_path, sse_error
 from proxy.core.routes import route_of
 from proxy.engine.admission import POLL, Seat, queues
-from proxy.engine.events import ClientLeft, Events, UrlRefused
+from proxy.engine.events import BackendRetried, ClientLeft, Events, UrlRefused
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
 from proxy.tools.client_reads import client_of
@@ -30,6 +30,18 @@ from proxy.transport.vllm import UpstreamError, UpstreamResponse, gateway_status
 
 log = logging.getLogger("proxy")
 ANTHROPIC_PING = b'event: ping\ndata: {"type": "ping"}\n\n'  # Anthropic's keep-alive event, as the Messages API sends it
+
+# A gateway's "my upstream is gone" answers, which vllm-router writes as plain text: 502 on the routes it passes
+# through (the worker it chose refused or reset: "Backend request failed: ..."), 500 once its own retries of a chat
+# or a GET are spent on a worker that is gone ("Request failed: error sending request ..."), 503 with no worker left
+# for now. vLLM's own 500/502/503 (an engine error, /health while the engine is dead) are JSON or empty: those are
+# vLLM's answer, relayed as they are.
+GATEWAY_GONE = (500, 502, 503)
+
+
+def gateway_gone(up: UpstreamResponse) -> bool:
+    """A gateway in front of vLLM (not vLLM) says the worker it chose is gone. Pure."""
+    return up.status in GATEWAY_GONE and up.header("content-type").lower().startswith("text/plain")
 
 
 class Abortable(Protocol):
@@ -147,6 +159,11 @@ class Call:
             watch.attach(self)
 
     @property
+    def aborted(self) -> bool:
+        """The client's watch stopped this call: its failure is the watch's doing, not vLLM's."""
+        return self._aborted
+
+    @property
     def response(self) -> UpstreamResponse:
         """vLLM's answer; every Call that Exchange.call returns has one."""
         if self._response is None:
@@ -259,20 +276,47 @@ class Exchange:
         """Send one request to vLLM and wait for its head, the watch able to abort it
         throughout; raises UpstreamError. The caller ends the call when it is done with it.
         A generation call waits for its seat in the fair queue first (here, blocking, unless the loop waited
-        with a stream's keep-alives already); a client that leaves meanwhile gives up its place."""
+        with a stream's keep-alives already); a client that leaves meanwhile gives up its place.
+
+        A call that failed before any byte of an answer (refused, reset or closed before the head), or that a
+        gateway answered 500/502/503 in plain text (vllm-router: the worker it chose is gone), goes once more: nothing has reached
+        the client yet, and behind a router the second try finds a live worker (its circuit breaker opened on the
+        first failure). Never after the head is in: from then on the caller may have sent bytes to the client. The
+        failed attempt's generation, if any began, was aborted with its connection, so the retry never doubles an
+        answer the client sees. The retry keeps the seat: it is the same call to the card, not a new arrival."""
         seat = self.queue_seat(method, target)
         if seat is not None:
             watch = self.watch
             if not seat.wait(lambda: watch is not None and watch.gone):
                 raise UpstreamError("unreachable", "the client left while queued for the model")
             self.seat, self.served = None, True
-        call = Call(self.watch, seat)
-        try:
-            call._response = self.services.backend.request(method, target, body, headers, on_open=call.opened)
-        except BaseException:
-            call.end()
-            raise
-        return call
+        for attempt in (0, 1):
+            call = Call(self.watch, seat)
+            try:
+                call._response = self.services.backend.request(method, target, body, headers, on_open=call.opened)
+            except UpstreamError as e:
+                if attempt == 0 and e.unanswered and not call.aborted:
+                    call.seat = None  # kept for the retry
+                    call.end()
+                    self._retrying(method, target, str(e), "unreachable")
+                    continue
+                call.end()
+                raise
+            except BaseException:
+                call.end()
+                raise
+            if attempt == 0 and gateway_gone(call.response) and not call.aborted:
+                status = call.response.status
+                call.seat = None  # kept for the retry
+                call.end()  # not read: the connection closes, and the gateway's short error body goes with it
+                self._retrying(method, target, f"a gateway answered {status}", str(status))
+                continue
+            return call
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _retrying(self, method: str, target: str, why: str, reason: str) -> None:
+        log.warning("%s %s: %s; trying once more", method, target.split("?", 1)[0], why)
+        self.emit(BackendRetried(reason))
 
     def post(self, path: str, payload: dict) -> Call:
         """POST a JSON body to vLLM for one turn of the search loop."""

@@ -22,6 +22,7 @@ from proxy.core.errors import error_for_path
 from proxy.engine.admission import KEY_NAME
 from proxy.engine.exchange import Exchange
 from proxy.engine.services import Services
+from proxy.http import affinity
 from proxy.http.flow import RequestFlow
 from proxy.http.team import Team, key_ok, presented_key  # noqa: F401 (the key helpers' old home: tests/test_rules.py)
 from proxy.http.wiring import build_services, build_store, observe_team
@@ -82,10 +83,16 @@ def create_app(cfg: Config) -> Flask:
 
     _install_own_routes(app, services, team)
 
+    session_secret = affinity.install_secret(cfg.session_id_secret)
+
     def exchange() -> Exchange:
-        return Exchange(services, request_body(cfg), outbound_headers(request.headers.items(), cfg, team.guarded),
-                        raw_target(),
-                        request.environ)
+        body = request_body(cfg)
+        headers = outbound_headers(request.headers.items(), cfg, team.guarded)
+        # Every request to vLLM (the relay's and each turn of the search loop, which reuse these headers) names its
+        # session, so a router in front of several workers keeps the session on one (compose.scale.yaml).
+        key = affinity.session_key(request.headers.items(), body, session_secret)
+        headers = [(n, v) for n, v in headers if n.lower() != "x-session-id"] + [(affinity.HEADER, key)]
+        return Exchange(services, body, headers, raw_target(), request.environ)
 
     @app.route(routes.CHAT, methods=["POST"])
     def chat_completions():

@@ -28,7 +28,7 @@ from proxy.backends.search import SearchBackend, SearchOutcome
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
 from proxy.core.routes import PROXY_METRICS, api_of
-from proxy.engine.events import CapHit, ClientLeft, Events, RequestEnded, RoundDone, UrlRefused
+from proxy.engine.events import BackendRetried, CapHit, ClientLeft, Events, RequestEnded, RoundDone, UrlRefused
 from proxy.runtime.cancel import Cancel
 from proxy.tools.base import Outcome
 
@@ -71,6 +71,11 @@ DISCONNECTS = Counter("proxy_client_disconnects", "Clients that left before thei
                       ["api"], registry=REGISTRY)
 ABORTS = Counter("proxy_backend_aborts", "Calls to vLLM cut because their client left, by API.",
                  ["api"], registry=REGISTRY)
+# Behind vllm-router (compose.scale.yaml) a worker lost mid-run shows here: each is a request that still succeeded.
+BACKEND_RETRIES = Counter("proxy_backend_retries", "Calls to vLLM tried once more after failing before any answer, "
+                          "by API and reason: unreachable (refused, reset, closed), 500, 502 or 503 (a gateway's, "
+                          "in plain text).",
+                          ["api", "reason"], registry=REGISTRY)
 CACHE_LOOKUPS = Counter("proxy_cache_lookups", "Cache lookups by cache (search, page) and result: hit, miss, or "
                         "shared (waited for an identical request in flight).", ["cache", "result"], registry=REGISTRY)
 CACHE_HIT_AGE = Histogram("proxy_cache_hit_age_seconds", "Age of the answers the caches gave, by cache.",
@@ -146,6 +151,7 @@ def observe(events: Events, labels: dict[str, dict[str, str]] | None = None) -> 
     events.subscribe(UrlRefused, url_refused)
     events.subscribe(CapHit, cap_hit)
     events.subscribe(ClientLeft, client_left)
+    events.subscribe(BackendRetried, backend_retried)
     events.subscribe(RequestEnded, request_ended)
 
 
@@ -177,6 +183,10 @@ def url_refused(environ, refused: UrlRefused) -> None:
 
 def cap_hit(environ, hit: CapHit) -> None:
     CAP_HITS.labels(api_of(environ.get("PATH_INFO", "")), hit.cap).inc()
+
+
+def backend_retried(environ, retried: BackendRetried) -> None:
+    BACKEND_RETRIES.labels(api_of(environ.get("PATH_INFO", "")), retried.reason).inc()
 
 
 def client_left(environ, left: ClientLeft) -> None:
