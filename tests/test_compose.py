@@ -707,8 +707,8 @@ def test_the_replicas_share_one_session_key(scale, tmp_path, given):
     fake = tmp_path / "show"
     fake_program(fake, ['printf "%s" "$SESSION_ID_SECRET"'])
     env = {"PATH": os.environ["PATH"], "SESSION_ID_SECRET": given}
-    replace = {"/var/lib/coding-stack": str(shared)}
-    script = proxy["entrypoint"][2].replace("$$", "$").replace("/var/lib/coding-stack", str(shared))
+    replace = {"/var/lib/proxy": str(shared)}
+    script = proxy["entrypoint"][2].replace("$$", "$").replace("/var/lib/proxy", str(shared))
     runs = [subprocess.Popen([proxy["entrypoint"][0], "-c", script, "proxy", str(fake)], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8)]
     keys = {r.communicate(timeout=30)[0] for r in runs}
@@ -723,4 +723,5 @@ def test_the_replicas_share_one_session_key(scale, tmp_path, given):
         assert again.stdout == key  # a restart keeps it
     assert proxy["command"] == ["gunicorn", "--config", "gunicorn.conf.py", "proxy-passthrough:app"]
     assert 'CMD ["gunicorn", "--config", "gunicorn.conf.py", "proxy-passthrough:app"]' in (REPO / "Dockerfile").read_text()
-    assert {v["target"]: v["source"] for v in proxy["volumes"]} == {"/var/lib/coding-stack": "proxy-keys"}
+    # The key shares docker-compose.yaml's proxy-state volume (one per stack, mounted in every replica).
+    assert {v["target"]: v["source"] for v in proxy["volumes"]}["/var/lib/proxy"] == "proxy-state"
