@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import WORK
 
 from standins import anthropic_wire as A
 from standins import responses_wire as R
@@ -21,6 +21,7 @@ from standins.proxy_process import ProxyProcess
 from standins.vllm_wire import completion, json_reply, tool_call
 
 ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "tests" / ".work" / f"new-tool-{os.getpid()}"
 MEANING = '"proxy" means: a server that stands between a client and the server it talks to.'
 
 
