@@ -137,12 +137,12 @@ def _install_own_routes(app: Flask, services: Services, team: Team) -> None:
 
     @app.route(routes.PROXY_SEARCH_HEALTH)
     def search_health():
-        # Which SearXNG instances are up and which engines fail, in this worker (README "When engines are blocked").
+        # Which SearXNG instances are up and which engines fail, in this worker (docs/web-tools.md, "When engines are blocked").
         return Response(codec.dumps(services.search_health()), mimetype="application/json")
 
     @app.route(routes.PROXY_USAGE)
     def usage():
-        # Per key name and UTC day (README "Sharing the stack"); people's keys may not read each other's figures.
+        # Per key name and UTC day (docs/operations.md, "Sharing the stack"); people's keys may not read each other's figures.
         if team.keys is not None and request.environ.get(KEY_NAME) != ADMIN:
             return error_for_path(routes.PROXY_USAGE, 403, "GET /proxy/usage needs the admin key (PROXY_API_KEY).",
                                   "permission_error")

@@ -1,4 +1,4 @@
-"""The proxy's own Prometheus metrics, served at GET /proxy/metrics (README "Metrics" lists every one):
+"""The proxy's own Prometheus metrics, served at GET /proxy/metrics (docs/operations.md, "Metrics" lists every one):
 requests, latency and time to first byte per API, tool calls by tool and outcome, SearXNG and page
 fetch latency, caps hit, clients that left, the caches. create_app calls install(); not run on its own.
 

@@ -17,7 +17,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-WINDOW = 3600.0      # seconds a read and a charge are remembered: the README's "per hour"
+WINDOW = 3600.0      # seconds a read and a charge are remembered: docs/web-tools.md's "per hour"
 MAX_CLIENTS = 4096   # least recently seen first out
 MAX_URLS = 4096      # per client, oldest first out
 

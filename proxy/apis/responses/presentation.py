@@ -52,7 +52,7 @@ class HostedAction:
     id_prefix: str = "ws_"                      # its id: this, then the suffix of vLLM's fc_ id
     events: tuple[str, ...] = WEB_SEARCH_EVENTS  # sent after output_item.added, while it runs
     completed: str = "response.web_search_call.completed"  # sent when it worked, before output_item.done
-    label: str | None = None    # its calls' `tool` label in the metrics (None: the tool's name), as the README lists
+    label: str | None = None    # its calls' `tool` label in the metrics (None: the tool's name), as docs/operations.md lists
 
 
 def _search_done(outcome, sources: bool) -> dict:
