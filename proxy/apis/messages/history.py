@@ -5,9 +5,8 @@ tests/run.sh tests/test_messages.py tests/test_messages_fetch.py.
 from __future__ import annotations
 
 from proxy.apis import citations
-from proxy.apis.messages.blocks import FETCH_NAME, SERVER_BLOCKS, outcome_from_block, replayed_text
+from proxy.apis.messages.blocks import FETCH_NAME, SERVER_BLOCKS, input_query, outcome_from_block, replayed_text
 from proxy.core import validate as V
-from proxy.core.codec import as_dict
 from proxy.tools.web_search import format_for_model
 
 
@@ -53,8 +52,7 @@ def _split_answer(msg: dict, name: str, fetch_name: str, cite: bool) -> tuple[li
     """One assistant message with server blocks as the turns it becomes, and the tool_results
     still owed to the user turn after it."""
     content = msg["content"]
-    queries = {b.get("id"): str((as_dict(b.get("input"))).get("query", ""))
-               for b in content if isinstance(b, dict) and b.get("type") == "server_tool_use"}
+    queries = {b.get("id"): input_query(b) for b in content if isinstance(b, dict) and b.get("type") == "server_tool_use"}
     ids = set(queries)
     # Numbered as when this answer was made (one counter per answer, pages only when they were cited), so the
     # model reads the same text again (CITATIONS=off: unnumbered, as then).
