@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from proxy.backends.cache import TTLCache
 from proxy.backends.fetcher import Fetcher
 from proxy.backends.search import SearchBackend
 from proxy.core import codec
@@ -24,6 +25,29 @@ from proxy.transport.vllm import Backend, UpstreamError
 log = logging.getLogger("proxy")
 
 MODELS_TTL = 60.0  # seconds a /v1/models answer is trusted for ANTHROPIC_ANY_MODEL
+KEPT_ENTRIES = 100_000  # a bound on the count beside the bytes: each entry's key and bookkeeping cost memory too
+
+
+class KeptResults:
+    """What the model read for each of the proxy's tool calls, by the id the client knows the call by, for an API
+    whose client keeps no copy (Responses' web_search_call carries only its action): a later request that
+    replays the call gives the model the same bytes again. In this worker's memory, bounded, with a time to
+    live; only get and put, so the store beneath can change (a shared one for several workers)."""
+
+    def __init__(self, ttl: float, max_bytes: int, clock: Callable[[], float] = time.monotonic):
+        self._cache: TTLCache[dict[str, str]] = TTLCache(ttl, KEPT_ENTRIES, max_bytes, _kept_size, clock=clock)
+
+    def get(self, key: str) -> dict[str, str] | None:
+        """The record kept under `key`, or None (never kept, expired or pushed out)."""
+        hit = self._cache.get(key)
+        return None if hit is None else hit.value
+
+    def put(self, key: str, value: dict[str, str]) -> None:
+        self._cache.put(key, value)
+
+
+def _kept_size(value: dict[str, str]) -> int:
+    return sum(len(k) + len(v.encode("utf-8", "replace")) for k, v in value.items())
 
 
 class ServedModels:
@@ -61,6 +85,9 @@ class Services:
     fetcher: Fetcher        # its page cache is shared by all the worker's requests, alpha search's too
     events: Events = field(default_factory=Events)
     models: ServedModels = field(default_factory=ServedModels)
+    # What the model read of the proxy's calls on /v1/responses, for the turns that replay them (off by default here;
+    # wiring sizes it from the Config).
+    kept: KeptResults = field(default_factory=lambda: KeptResults(0, 0))
     # GET /proxy/search/health's JSON: the search failover's state in this worker (proxy/backends/failover.py).
     search_health: Callable[[], dict] = dict
 

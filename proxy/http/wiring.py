@@ -12,7 +12,7 @@ from proxy.backends.search import CachedSearch, SearchBackend, SearchOutcome, ou
 from proxy.backends.searxng import SearXNG
 from proxy.core.config import Config
 from proxy.engine.events import TOOLS_RAN, Events
-from proxy.engine.services import Services
+from proxy.engine.services import KeptResults, Services
 from proxy.observe import metrics
 from proxy.tools.session import searches_in
 from proxy.transport.vllm import Backend
@@ -42,7 +42,8 @@ def build_services(cfg: Config) -> Services:
     events.subscribe(TOOLS_RAN, count_searches)
     if on:
         metrics.observe(events)
-    return Services(cfg, backend, search, fetcher, events, search_health=failover.health)
+    return Services(cfg, backend, search, fetcher, events, search_health=failover.health,
+                    kept=KeptResults(cfg.responses_results_ttl, cfg.responses_results_bytes))
 
 
 def count_searches(environ: dict, outcomes: list) -> None:
