@@ -63,9 +63,10 @@ FIRST_BYTE_SECONDS = Histogram("proxy_time_to_first_byte_seconds",
                                "From a request's arrival to the first body byte handed to the server, by API.",
                                ["api"], buckets=REQUEST_BUCKETS, registry=REGISTRY)
 PROMPT_TOKENS = Counter("proxy_prompt_tokens", "Prompt tokens of the model's answers (every vLLM turn of a search "
-                        "loop), by API, as their usage reported them.", ["api"])
+                        "loop), by API, as their usage reported them.", ["api"], registry=REGISTRY)
 CACHED_TOKENS = Counter("proxy_cached_prompt_tokens", "Of those, the prompt tokens vLLM's prefix cache served "
-                        "(usage's cached_tokens, Anthropic's cache_read_input_tokens), by API.", ["api"])
+                        "(usage's cached_tokens, Anthropic's cache_read_input_tokens), by API.", ["api"],
+                        registry=REGISTRY)
 TOOL_CALLS = Counter("proxy_tool_calls", "Server-side tool calls the proxy ran, by API, tool and outcome.",
                      ["api", "tool", "outcome"], registry=REGISTRY)
 SEARXNG_SECONDS = Histogram("proxy_searxng_request_duration_seconds",
