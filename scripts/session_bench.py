@@ -118,7 +118,7 @@ class Relay(StandInServer):
         self.answer: str | None = None  # the turn's recorded answer, which a forced model writes after its calls
         self.served: list[Served] = []
         self.lock = threading.Lock()
-        self.verbose = False
+        self.verbose = False  # --verbose: each request's figures on stderr as it is served
         super().__init__()
 
     def rewrite(self, body: dict | None) -> dict | None:
@@ -353,8 +353,9 @@ def turn_rows(served_: list[Served], per_turn: list[int], ttfts: list[float], bl
     return rows
 
 
-def run_session(session: Session, vllm: str, force: dict | None, work: Path) -> dict:
+def run_session(session: Session, vllm: str, force: dict | None, work: Path, verbose: bool = False) -> dict:
     with SearxngStandIn() as searxng, WebSite() as site, Relay(vllm, force) as relay:
+        relay.verbose = verbose
         for query, spec in placed(session.searches, site.url).items():
             searxng.behave(query, "results", results=[result(*r) for r in spec["results"]],
                            unresponsive=[tuple(u) for u in spec.get("unresponsive", [])])
@@ -398,7 +399,8 @@ def main(argv=None) -> int:
                     help="a recorded session (default: every tests/data/sessions/*.json)")
     ap.add_argument("--force", metavar="TOKENIZER_JSON", type=Path,
                     help="a test model's tokenizer.json: make the model make the session's calls (tests/real_vllm)")
-    ap.add_argument("--json", type=Path, help="also write the figures here as JSON")
+    ap.add_argument("--json", type=Path, help="also write the figures here as JSON (with each vLLM request's body)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print each vLLM request's figures as it is served")
     args = ap.parse_args(argv)
     force = None
     if args.force:
@@ -414,7 +416,7 @@ def main(argv=None) -> int:
     reports = []
     with tempfile.TemporaryDirectory(prefix="session-bench-") as work:
         for path in args.session or sorted(SESSIONS.glob("*.json")):
-            reports.append(run_session(Session.load(path), args.vllm, force, Path(work)))
+            reports.append(run_session(Session.load(path), args.vllm, force, Path(work), args.verbose))
             print_report(reports[-1])
     if args.json:
         args.json.write_text(json.dumps(reports, indent=1))

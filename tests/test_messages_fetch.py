@@ -126,9 +126,10 @@ def test_error_block_is_the_sdks_error_and_replays_as_a_sentence(code):
     assert block["content"] == {"type": "web_fetch_tool_result_error", "error_code": code}
     parsed = anthropic.types.beta.BetaWebFetchToolResultBlock.model_validate(block)
     assert isinstance(parsed.content, anthropic.types.beta.BetaWebFetchToolResultErrorBlock) and parsed.content.error_code == code
-    # The error block has no room for the live sentence, so the model reads the code's sentence live too: a
-    # replayed error reads the same bytes, and vLLM's prefix cache still matches past it.
-    assert model_text(FetchOutcome("https://x.example", error_code=code, message="live words")) == FETCH_ERROR_TEXT[code]
+    # The error block has no room for the live sentence: the handler keeps it for the replays (test below); a
+    # replay it no longer keeps reads the code's sentence.
+    assert model_text(FetchOutcome("https://x.example", error_code=code, message="live words")) == "live words"
+    assert fetch_text(block["content"], "live words") == "live words"
     assert fetch_text(block["content"]) == FETCH_ERROR_TEXT[code]
 
 
@@ -409,6 +410,24 @@ def test_replayed_history_shows_the_model_the_same_page(fetching, backend, site)
                                        "content": FETCH_ERROR_TEXT["url_not_accessible"]},
                                       {"type": "text", "text": "and then?"}]
     assert [r.path for r in site.requests] == [path]  # replaying fetches nothing
+
+
+def test_a_failed_fetch_replays_its_live_sentence(fetching, backend, site):
+    """A failure's sentence (the page's answer, the reason) does not fit its error block: the proxy keeps it by the
+    block's id, so turn 2 reads what turn 1's model read and vLLM's prefix cache matches past it."""
+    path = fresh("/gone")
+    site.route(path, "no", status=404, headers={"Content-Type": "text/plain"})
+    url = f"http://127.0.0.1:{site.port}{path}"
+    backend.script(W.message_reply([W.tool_use("web_fetch", {"url": url})]), W.message_reply([W.text("first")]))
+    first = ask(fetching, False, tools=[FETCH])
+    (live,) = last_results(turns(backend)[1])
+    assert live.startswith("Fetch failed") and live != FETCH_ERROR_TEXT["url_not_accessible"] and "404" in live
+    history = ASK + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                     {"role": "user", "content": "and then?"}]
+    backend.reset()
+    backend.script(W.message_reply([W.text("second")]))
+    ask(fetching, False, messages=history, tools=[FETCH])
+    assert turns(backend)[0].json()["messages"][2]["content"][0]["content"] == live
 
 
 def test_count_tokens_counts_what_vllm_would_get(fetching, backend):

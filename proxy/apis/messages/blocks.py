@@ -113,11 +113,19 @@ def outcome_from_block(query: str, content) -> SearchOutcome:
 
 
 def search_text(outcome: SearchOutcome, query: str) -> str:
-    """What the model reads for a search (`query`: the call's, as its server_tool_use block keeps it): the text
-    its web_search_tool_result block replays to. A line the block has no room for (a failed or empty search's
-    own sentence, its notes) is not written live either, so a later request that replays the block reads the
-    same bytes and vLLM's prefix cache still matches from there on. Pure."""
+    """What the model reads for a search (`query`: the call's, as its server_tool_use block keeps it). Results read
+    as their web_search_tool_result block replays them, so a later request that replays the block reads the same
+    bytes and vLLM's prefix cache still matches from there on. A failed or empty search reads its own sentence: its
+    block has no room for it, so the handler keeps it (kept_text) for the replays. Pure."""
+    if outcome.status != "ok":
+        return format_for_model(outcome)
     return format_for_model(outcome_from_block(query, result_block("", outcome)["content"]))
+
+
+def kept_text(outcome: Outcome) -> bool:
+    """Whether a result's text cannot be rebuilt from its block (a failure's own sentence, an empty search's), so
+    the handler keeps it by the block's id for the replays (history.rewrite_history's `kept`). Pure."""
+    return outcome.status != "ok"
 
 
 def input_query(block: dict) -> str:
@@ -157,15 +165,15 @@ def fetch_result_block(tool_use_id: str, outcome: FetchOutcome, citations: dict 
     return {"type": "web_fetch_tool_result", "tool_use_id": tool_use_id, "content": fetch_content(outcome, citations)}
 
 
-def fetch_text(content) -> str:
+def fetch_text(content, message: str | None = None) -> str:
     """What the model reads for a web_fetch result, made from the block's content alone, so a
     replayed page gives the model back exactly the text it read (and vLLM's prefix cache still
-    matches). An error reads as its code's sentence, live too: the error block has no room for the
-    live one. Pure."""
+    matches). An error reads as `message` (the live sentence, which the handler keeps for the
+    replays: the error block has room only for its code) or its code's sentence. Pure."""
     content = as_dict(content)
     if content.get("type") != "web_fetch_result":
         code = str(content.get("error_code") or "unavailable")
-        return FETCH_ERROR_TEXT.get(code, f"Fetch failed: {code}.")
+        return message or FETCH_ERROR_TEXT.get(code, f"Fetch failed: {code}.")
     doc = as_dict(content.get("content"))
     source = as_dict(doc.get("source"))
     # Anthropic's own replayed PDFs come as base64: not text the local model could read.
@@ -186,7 +194,7 @@ def replayed_text(content, sources: citations.Sources | None) -> str:
 
 def fetch_model_text(outcome: FetchOutcome) -> str:
     """What the model reads for a web_fetch call: the text its block replays to, so a replayed page reads the same."""
-    return fetch_text(fetch_content(outcome))
+    return fetch_text(fetch_content(outcome), outcome.message or None)
 
 
 # Each proxy tool as Anthropic's server tool shows it: (its result block, the model's text of the outcome and its
