@@ -18,8 +18,8 @@ from clients import anthropic
 
 from proxy.apis import citations as C
 from proxy.apis.messages.blocks import (
-    add_usage,
     ERROR_TEXT,
+    add_usage,
     encode_content,
     kept_text,
     model_text,

@@ -1,6 +1,6 @@
 """scripts/session_bench.py's pure parts, without a vLLM (the real tier runs it whole: tests/real_vllm/
 test_session_bench.py): the ideal reuse, the forced calls' text, vLLM's counters read, bad input refused. Run with
-`tests/run.sh tests/test_session_bench.py`."""
+`tests/run.sh tests/test_session_bench_rules.py`."""
 from __future__ import annotations
 
 import json
