@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from realvllm import REPO
+from realvllm import QUERY, REPO, Tap, forced_call_request
 
 pytestmark = pytest.mark.real_vllm
 
@@ -69,3 +69,36 @@ def test_the_stack_keeps_earlier_turns_thinking(real_vllm, http_client):
     assert "<think>\nweighing the first question\n</think>\n\nfirst answer" in rendered()
     dropped = rendered(chat_template_kwargs={"preserve_thinking": False})
     assert "weighing" not in dropped and "first answer" in dropped
+
+
+@pytest.fixture
+def tapped_loop(start_proxy, real_vllm, searxng):
+    tap = Tap(real_vllm.url)
+    yield start_proxy(BACKEND_URL=tap.url, MAX_SEARCH_ITER="3"), tap
+    tap.close()
+
+
+def test_each_round_starts_with_the_last_rounds_prompt_token_for_token(real_vllm, tapped_loop, searxng, http_client):
+    """Chat's search loop, token for token: each round's prompt (vLLM's prompt_token_ids) starts with the previous
+    round's, then reads the previous output's text (the random model spells its forced call with other tokens than
+    the template's rendering, so the output is compared as text). The results come with a failing engine's note,
+    and the later rounds are the "already searched" repeats."""
+    proxy, tap = tapped_loop
+    searxng.behave(QUERY, "results", unresponsive=[("brave", "timeout")])
+    body = forced_call_request(real_vllm, return_token_ids=True)
+    del body["tools"]
+    assert http_client.post(proxy.url + "/v1/chat/completions", body).status == 422  # the cap, after three rounds
+    answers = [json.loads(raw) for path, _, status, raw in tap.exchanges if path.startswith("/v1/chat")]
+    assert len(answers) == 4  # three rounds of searches, and the fourth call that meets the cap
+
+    def text(ids: list[int]) -> str:
+        reply = http_client.post(real_vllm.url + "/detokenize", {"model": "foundation", "tokens": ids})
+        return reply.json()["prompt"].replace("<|im_end|>", "")
+
+    for before, after in zip(answers, answers[1:]):
+        prompt, output, following = before["prompt_token_ids"], before["choices"][0]["token_ids"], after["prompt_token_ids"]
+        assert following[:len(prompt)] == prompt
+        assert text(following[len(prompt):]).startswith(text(output))
+    last = text(answers[-1]["prompt_token_ids"])
+    assert "Some search engines failed" in last or "brave" in last
+    assert "You already searched for exactly this" in last
