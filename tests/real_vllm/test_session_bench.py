@@ -95,7 +95,7 @@ def test_each_round_starts_with_the_last_rounds_prompt_token_for_token(real_vllm
         reply = http_client.post(real_vllm.url + "/detokenize", {"model": "foundation", "tokens": ids})
         return reply.json()["prompt"].replace("<|im_end|>", "")
 
-    for before, after in zip(answers, answers[1:]):
+    for before, after in zip(answers, answers[1:], strict=False):
         prompt, output, following = before["prompt_token_ids"], before["choices"][0]["token_ids"], after["prompt_token_ids"]
         assert following[:len(prompt)] == prompt
         assert text(following[len(prompt):]).startswith(text(output))
