@@ -22,6 +22,9 @@ RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin codi
 # compose mounts an empty tmpfs over it at each start. Without one (a bare `docker run`), add `--tmpfs /tmp/proxy-metrics`.
 ENV PROMETHEUS_MULTIPROC_DIR=/tmp/proxy-metrics
 RUN mkdir -p /tmp/proxy-metrics && chown coding-stack /tmp/proxy-metrics
+# PROXY_STATE_DB's folder, and where compose.scale.yaml's replicas keep their shared X-Session-ID key: a new named
+# volume takes this folder's owner, so the unprivileged user can write it.
+RUN mkdir -p /var/lib/proxy && chown coding-stack /var/lib/proxy
 
 COPY gunicorn.conf.py proxy-passthrough.py ./
 COPY proxy/ ./proxy/

@@ -1,6 +1,7 @@
 """Stand-in for vLLM's OpenAI server that streams chat completions at a known pace (TTFT, gap, prefill rate) in vLLM 0.32's exact SSE framing; run `python3 standins/paced_backend.py --port 0 [--ttft 0.05 --gap 0.01 ...]`, which prints its base URL as the first line on stdout."""
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -117,6 +118,16 @@ class Handler(BaseHTTPRequestHandler):
                  "completion_tokens_details": {"reasoning_tokens": n_reasoning}}
         rid = "chatcmpl-" + os.urandom(8).hex()
         created = int(time.time())
+        with self.server.seat():
+            # Like vLLM with --max-num-seqs: the pace starts when the sequence is scheduled, not when it arrived.
+            if self.server.opts.max_num_seqs:
+                arrived = time.perf_counter()
+            self.server.log_event("start", req)
+            self.answer(req, rid, created, arrived, ttft, n, n_reasoning, finish, usage)
+            self.server.log_event("end", req)
+
+    def answer(self, req, rid, created, arrived, ttft, n, n_reasoning, finish, usage):
+        opts = self.server.opts
         if not req.get("stream"):
             self.pause_until(arrived + ttft + (n - 1) * opts.gap)
             text = [WORDS[i % len(WORDS)] for i in range(n)]
@@ -186,6 +197,40 @@ class Server(ThreadingHTTPServer):
         super().__init__((opts.host, opts.port), Handler)
         self.opts = opts
         self._log_lock = threading.Lock()
+        # --max-num-seqs: sequences generate N at a time, the rest wait first come first served, as in vLLM's
+        # scheduler (its default policy is FCFS).
+        self._gate = threading.Condition()
+        self._next = 0      # the next ticket to be handed out
+        self._serving = 0   # tickets below this one have been let in
+        self._running = 0
+
+    @contextlib.contextmanager
+    def seat(self):
+        limit = self.opts.max_num_seqs
+        if not limit:
+            yield
+            return
+        with self._gate:
+            ticket = self._next
+            self._next += 1
+            while ticket != self._serving or self._running >= limit:
+                self._gate.wait()
+            self._serving += 1
+            self._running += 1
+            self._gate.notify_all()
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._running -= 1
+                self._gate.notify_all()
+
+    def log_event(self, what, req):
+        """--events: a JSON line per sequence started and ended, with the request's `user` (the tests' label)."""
+        if not self.opts.events:
+            return
+        with self._log_lock, open(self.opts.events, "a", encoding="utf-8") as f:
+            f.write(dumps({"t": time.time(), "event": what, "user": req.get("user")}) + "\n")
 
     def log_request_body(self, req):
         if not self.opts.log:
@@ -214,6 +259,9 @@ def main(argv=None):
     p.add_argument("--plain-openai", action="store_true",
                    help="ignore vLLM's ignore_eos and min_tokens, as a non-vLLM OpenAI server does")
     p.add_argument("--log", help="append every chat request body to this file as a JSON line")
+    p.add_argument("--max-num-seqs", type=int, default=0,
+                   help="generate this many requests at once, the rest waiting first come first served (0: all)")
+    p.add_argument("--events", help="append a JSON line when each request starts and ends generating")
     opts = p.parse_args(argv)
     server = Server(opts)
     host, port = server.server_address[:2]

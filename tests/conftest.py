@@ -21,7 +21,7 @@ from standins.web_pages import WebSite
 # The tiers that need more than the test venv (pyproject.toml's markers). tests/run.sh collects a
 # narrowed selection first with CODING_STACK_TIERS_OUT set, and installs only the tiers that file
 # names: one line per selected test, its node id, a tab, and its tiers (comma-separated, maybe none).
-TIERS = ("real_vllm", "agents", "container")
+TIERS = ("real_vllm", "agents", "container", "redis")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

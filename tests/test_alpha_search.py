@@ -238,15 +238,15 @@ def test_the_note_names_what_was_left_out():
 def test_ref_store_is_bounded_and_counts_turns():
     store = W.RefStore(max_sessions=2, max_refs=3)
     assert store.begin("a") == (0, {})
-    store.add("a", {"r1": "u1", "r2": "u2"})
-    assert store.begin("a") == (1, {"r1": "u1", "r2": "u2"})
-    store.add("a", {"r3": "u3", "r4": "u4"})
-    assert store.begin("a")[1] == {"r2": "u2", "r3": "u3", "r4": "u4"}
+    store.add("a", {"turn0search0": "https://u1/", "turn0search1": "https://u2/"})
+    assert store.begin("a") == (1, {"turn0search0": "https://u1/", "turn0search1": "https://u2/"})
+    store.add("a", {"turn1search0": "https://u3/", "turn1view0": "https://u4/"})  # the oldest turn's first goes
+    assert store.begin("a")[1] == {"turn0search1": "https://u2/", "turn1search0": "https://u3/", "turn1view0": "https://u4/"}
     store.begin("b")
     store.begin("c")  # "a" is the least recently used of three: dropped
     assert store.begin("a") == (0, {})
     # No thread id: nothing is remembered.
-    store.add("", {"r": "u"})
+    store.add("", {"turn0search0": "https://u/"})
     assert store.begin("") == (0, {}) and store.begin("") == (0, {})
 
 

@@ -214,8 +214,8 @@ def test_proxy_environment_defaults_agree_with_the_proxy(config):
     settings = {name: f for f in dataclasses.fields(Config) for name in f.metadata["env"]}
     env = config["services"]["proxy"]["environment"]
     for name, value in env.items():
-        if name in ("BACKEND_URL", "SEARXNG_URL", "BACKEND_API_KEY"):
-            continue  # deliberately different inside the stack (service names, VLLM_API_KEY)
+        if name in ("BACKEND_URL", "SEARXNG_URL", "BACKEND_API_KEY", "PROXY_KEYS_FILE", "PROXY_STATE_DB", "MAX_NUM_SEQS"):
+            continue  # deliberately different inside the stack (service names, VLLM_API_KEY, its mounts, vLLM's seats)
         assert name in settings or name in gunicorn, f"{name} is set in docker-compose.yaml but the proxy never reads it"
         if name in settings:
             f = settings[name]
@@ -223,6 +223,20 @@ def test_proxy_environment_defaults_agree_with_the_proxy(config):
             assert read == f.default, f"{name}: compose {value!r} vs proxy {f.default!r}"
         else:
             assert value == gunicorn[name], f"{name}: compose {value!r} vs gunicorn.conf.py {gunicorn[name]!r}"
+
+
+def test_proxy_keeps_its_state_in_a_volume_and_reads_keys_from_a_read_only_folder(config):
+    proxy = config["services"]["proxy"]
+    volumes = {v["target"]: v for v in proxy["volumes"]}
+    state = volumes["/var/lib/proxy"]
+    assert (state["type"], state["source"]) == ("volume", "proxy-state") and "proxy-state" in config["volumes"]
+    assert proxy["environment"]["PROXY_STATE_DB"].startswith("/var/lib/proxy/")
+    keys = volumes["/etc/proxy/keys"]
+    # The folder, not the file: keys.py replaces the file by a rename, which a single-file bind would not show.
+    assert keys["type"] == "bind" and keys["read_only"] is True and Path(keys["source"]) == REPO / "keys"
+    assert proxy["environment"]["PROXY_KEYS_FILE"].startswith("/etc/proxy/keys/")
+    assert proxy["environment"]["MAX_NUM_SEQS"] == config["services"]["vllm"]["command"][
+        config["services"]["vllm"]["command"].index("--max-num-seqs") + 1]
 
 
 def test_proxy_is_built_and_waits_for_nobody(config):
@@ -357,7 +371,8 @@ def test_searxng_secret_comes_from_the_environment_or_is_generated(config, tmp_p
 # -- .env.example and the proxy image
 
 def compose_defaults():
-    text = "".join((REPO / f).read_text() for f in ("docker-compose.yaml", "searxng/compose.publish.yaml", "compose.cpu.yaml"))
+    text = "".join((REPO / f).read_text() for f in ("docker-compose.yaml", "searxng/compose.publish.yaml", "compose.cpu.yaml",
+                                                     "compose.scale.yaml"))
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     # `${NEW:-${OLD:-d}}` reads an old name as a fallback: NEW is the setting, with OLD's default.
     code = re.sub(r"\$\{([A-Z_]+):-\$\{[A-Z_]+:-([^}$]*)\}\}", r"${\1:-\2}", code)
@@ -534,3 +549,183 @@ def test_the_proxys_metrics_folder_is_a_fresh_tmpfs_its_user_owns(config):
     mounts = {m.split(":", 1)[0]: m.split(":", 1)[1] for m in config["services"]["proxy"]["tmpfs"]}
     assert f"uid={uid}" in mounts[folder].split(",")
     assert config["services"]["proxy"]["environment"]["PROXY_METRICS"] == "true"
+
+
+# -- compose.scale.yaml: several vLLM workers behind vllm-router, proxy replicas behind HAProxy (README "Scaling past
+# one card"). Its router and HAProxy run for real in tests/real_vllm/test_router_real.py.
+
+SCALE = ("-f", "docker-compose.yaml", "-f", "compose.scale.yaml")
+
+
+def scale_config(env_lines=(), tmp_path=None):
+    return compose_config(env_lines, tmp_path, args=SCALE)
+
+
+@pytest.fixture(scope="module")
+def scale():
+    return scale_config()
+
+
+def test_the_overlay_adds_the_router_a_second_worker_valkey_and_haproxy(config, scale):
+    services = scale["services"]
+    assert set(services) == set(config["services"]) | {"vllm-2", "router", "valkey", "haproxy"}
+    # The stack's own services stay docker-compose.yaml's, but for the proxy the overlay turns into replicas.
+    for name in ("preflight", "model", "vllm", "searxng"):
+        assert services[name] == config["services"][name], name
+
+
+def test_the_second_worker_is_the_first_on_the_next_card(vllm, scale):
+    second = scale["services"]["vllm-2"]
+    assert second["command"] == vllm["command"] and second["entrypoint"] == vllm["entrypoint"]
+    assert second["environment"] == vllm["environment"] and second["healthcheck"] == vllm["healthcheck"]
+    assert second["depends_on"] == vllm["depends_on"]
+    [device] = second["deploy"]["resources"]["reservations"]["devices"]
+    assert device["device_ids"] == ["1"] and device["driver"] == "nvidia"
+    assert not second.get("ports")  # only the router reaches it
+    volumes = {v["target"]: v["source"] for v in second["volumes"]}
+    assert volumes == {"/models": "/storage-models/vllm", "/root/.cache": "vllm-2-cache"}
+    assert second["container_name"] == "coding-stack-vllm-2"
+
+
+def test_the_router_is_built_from_its_lock_and_runs_its_entrypoint(scale):
+    router = scale["services"]["router"]
+    assert router["build"]["context"] == str(REPO / "router") and router["build"]["dockerfile"] == "Dockerfile"
+    dockerfile = (REPO / "router" / "Dockerfile").read_text()
+    assert dockerfile.startswith("#") and "FROM python:3.11-slim\n" in dockerfile
+    assert "pip install --no-cache-dir --require-hashes -r requirements.txt" in dockerfile
+    assert re.search(r"^USER vllm-router$", dockerfile, re.M)
+    assert 'ENTRYPOINT ["/usr/local/bin/start-router.sh"]' in dockerfile
+    lock = (REPO / "router" / "requirements.txt").read_text()
+    assert re.search(r"^vllm-router==0\.1\.17 \\$", lock, re.M)
+    # Every package of the lock is pinned and hashed (pip's --require-hashes would refuse the build otherwise).
+    assert all("--hash=sha256:" in block for block in re.split(r"\n(?=[a-z])", lock.split("\n", 2)[2]) if "==" in block)
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("--policy", "consistent_hash"),
+    ("--cb-failure-threshold", "1"),
+    ("--cb-timeout-duration-secs", "10"),
+    ("--retry-max-retries", "3"),
+    ("--health-check-interval-secs", "5"),
+    ("--health-failure-threshold", "2"),
+    ("--worker-startup-timeout-secs", "1800"),
+    ("--prometheus-host", "0.0.0.0"),
+    ("--prometheus-port", "29000"),
+])
+def test_router_flags(scale, flag, value):
+    command = scale["services"]["router"]["command"]
+    assert command[command.index(flag) + 1] == value
+    assert "--disable-retries" not in command and "--disable-circuit-breaker" not in command
+
+
+def test_every_router_and_valkey_flag_has_a_why_comment():
+    lines = (REPO / "compose.scale.yaml").read_text().splitlines()
+    flags = [i for i, line in enumerate(lines) if re.match(r"\s+- --", line)]
+    assert len(flags) >= 15
+    for i in flags:
+        assert lines[i - 1].strip().startswith("#"), f"no comment above {lines[i].strip()}"
+
+
+@pytest.mark.parametrize("line, workers", [
+    (None, "http://vllm:8000 http://vllm-2:8000"),
+    ("VLLM_WORKERS=http://vllm:8000,http://gpu-box-2:18080", "http://vllm:8000,http://gpu-box-2:18080"),
+])
+def test_the_workers_come_from_vllm_workers(tmp_path, line, workers):
+    router = scale_config([line] if line else [], tmp_path)["services"]["router"]
+    assert router["environment"]["VLLM_WORKERS"] == workers
+
+
+@pytest.mark.parametrize("workers, argv", [
+    ("http://vllm:8000 http://vllm-2:8000", ["http://vllm:8000", "http://vllm-2:8000"]),
+    ("http://vllm:8000,http://gpu-box-2:18080", ["http://vllm:8000", "http://gpu-box-2:18080"]),
+    (" http://a:1 ,  http://b:2/ ", ["http://a:1", "http://b:2/"]),
+])
+def test_start_router_passes_each_worker_as_one_argument(tmp_path, workers, argv):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_program(bin_dir / "vllm-router", ['for a in "$@"; do printf "%s\\0" "$a"; done'])
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "VLLM_WORKERS": workers, "VLLM_API_KEY": "k1"}
+    result = subprocess.run([str(REPO / "router" / "start-router.sh"), "--policy", "consistent_hash"], env=env,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\0")[:-1] == ["--host", "0.0.0.0", "--port", "8000", "--worker-urls", *argv,
+                                              "--api-key", "k1", "--policy", "consistent_hash"]
+
+
+@pytest.mark.parametrize("workers, said", [
+    ("", "VLLM_WORKERS names no worker"),
+    (" , ", "VLLM_WORKERS names no worker"),
+    ("http://vllm:8000 vllm-2:8000", "'vllm-2:8000' is not an http:// or https:// base URL"),
+    ("http://user:pw@vllm:8000", "is not an http:// or https:// base URL"),
+])
+def test_start_router_refuses_a_bad_worker_list_in_one_line(tmp_path, workers, said):
+    result = subprocess.run([str(REPO / "router" / "start-router.sh")], env={"PATH": os.environ["PATH"],
+                            "VLLM_WORKERS": workers}, capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0 and said in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_the_proxies_are_replicas_behind_haproxy_calling_the_router(scale, tmp_path):
+    proxy = scale["services"]["proxy"]
+    assert "container_name" not in proxy and not proxy.get("ports")
+    assert proxy["deploy"]["replicas"] == 2
+    assert scale_config(["PROXY_REPLICAS=3"], tmp_path)["services"]["proxy"]["deploy"]["replicas"] == 3
+    env = proxy["environment"]
+    assert (env["BACKEND_URL"], env["STATE_URL"]) == ("http://router:8000", "redis://valkey:6379/0")
+    haproxy = scale["services"]["haproxy"]
+    assert [(p["host_ip"], p["published"], p["target"]) for p in haproxy["ports"]] == [("127.0.0.1", "11433", 11433)]
+    [mount] = haproxy["volumes"]
+    assert (mount["source"], mount["target"], mount["read_only"]) == (
+        str(REPO / "haproxy" / "haproxy.cfg"), "/usr/local/etc/haproxy/haproxy.cfg", True)
+    assert not mount["bind"].get("create_host_path") and Path(mount["source"]).is_file()
+    # Nothing else is published: the router, Valkey and the second worker are reached over the stack's network.
+    for name in ("router", "valkey", "vllm-2", "proxy"):
+        assert not scale["services"][name].get("ports"), name
+    assert re.fullmatch(r"docker\.io/library/haproxy:\d+\.\d+\.\d+", haproxy["image"])
+    assert re.fullmatch(r"docker\.io/valkey/valkey:\d+\.\d+\.\d+", scale["services"]["valkey"]["image"])
+
+
+def test_haproxy_checks_the_proxies_health_path_and_finds_every_replica():
+    cfg = (REPO / "haproxy" / "haproxy.cfg").read_text()
+    assert "option httpchk GET /proxy/health" in cfg
+    assert re.search(r"^\s+server-template proxy \d+ proxy:11433 check resolvers docker", cfg, re.M)
+    assert re.search(r"^\s+bind :11433$", cfg, re.M) and "balance leastconn" in cfg
+
+
+def test_no_secret_reaches_a_command_line(tmp_path):
+    secrets = {"VLLM_API_KEY": "vk-secret-1", "PROXY_API_KEY": "pk-secret-2", "SESSION_ID_SECRET": "ss-secret-3",
+               "BACKEND_API_KEY": "bk-secret-4", "HF_TOKEN": "hf-secret-5"}
+    scale = scale_config([f"{k}={v}" for k, v in secrets.items()], tmp_path)
+    for name, service in scale["services"].items():
+        argv = json.dumps([service.get("command"), service.get("entrypoint"), service.get("healthcheck")])
+        assert not any(v in argv for v in secrets.values()), name
+    assert scale["services"]["router"]["environment"]["VLLM_API_KEY"] == "vk-secret-1"
+
+
+@pytest.mark.parametrize("given", ["", "from-dot-env"])
+def test_the_replicas_share_one_session_key(scale, tmp_path, given):
+    """The proxy's entrypoint: SESSION_ID_SECRET from .env, else the one key the first replica wrote to the shared
+    volume; replicas starting at once (here eight) all read the same whole key."""
+    proxy = scale["services"]["proxy"]
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    fake = tmp_path / "show"
+    fake_program(fake, ['printf "%s" "$SESSION_ID_SECRET"'])
+    env = {"PATH": os.environ["PATH"], "SESSION_ID_SECRET": given}
+    replace = {"/var/lib/proxy": str(shared)}
+    script = proxy["entrypoint"][2].replace("$$", "$").replace("/var/lib/proxy", str(shared))
+    runs = [subprocess.Popen([proxy["entrypoint"][0], "-c", script, "proxy", str(fake)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8)]
+    keys = {r.communicate(timeout=30)[0] for r in runs}
+    assert all(r.returncode == 0 for r in runs)
+    if given:
+        assert keys == {given} and not list(shared.iterdir())
+    else:
+        [key] = keys
+        assert re.fullmatch(r"[0-9a-f]{64}", key)
+        assert [p.name for p in shared.iterdir()] == ["session-id-secret"]  # no temp file left behind
+        again = run_entrypoint(proxy["entrypoint"], [str(fake)], env, tmp_path, replace=replace)
+        assert again.stdout == key  # a restart keeps it
+    assert proxy["command"] == ["gunicorn", "--config", "gunicorn.conf.py", "proxy-passthrough:app"]
+    assert 'CMD ["gunicorn", "--config", "gunicorn.conf.py", "proxy-passthrough:app"]' in (REPO / "Dockerfile").read_text()
+    # The key shares docker-compose.yaml's proxy-state volume (one per stack, mounted in every replica).
+    assert {v["target"]: v["source"] for v in proxy["volumes"]}["/var/lib/proxy"] == "proxy-state"

@@ -48,6 +48,16 @@ def load(**env) -> subprocess.CompletedProcess:
     ("BRAVE_SEARCH_URL", "api.search.brave.com", "BRAVE_SEARCH_URL must be an http:// or https:// URL (http or https)"),
     ("BACKEND_URL", "http://vllm:80000", "BACKEND_URL must be an http:// or https:// URL (a valid port)"),
     ("BACKEND_URL", "ftp://vllm:8000", "BACKEND_URL must be an http:// or https:// URL (http or https)"),
+    ("STATE_URL", "valkey:6379", "STATE_URL must be redis://host:port/db or rediss://... (redis or rediss), "
+                                 "not 'valkey:6379'"),
+    ("STATE_URL", "http://valkey:6379/0", "STATE_URL must be redis://host:port/db or rediss://... (redis or rediss)"),
+    ("STATE_URL", "redis://valkey:99999/0", "(a valid port)"),
+    ("STATE_URL", "redis:///0", "(a host)"),
+    ("STATE_URL", "redis://valkey:6379/cache", "(a database number)"),
+    ("STATE_URL", "redis://a:6379/0 redis://b:6379/0", "(one URL)"),
+    # A password in it is the store's: never shown, in the message either.
+    ("STATE_URL", "redis://:hunter2@valkey:6379/x", "not 'redis://***@valkey:6379/x'"),
+    ("STATE_TIMEOUT", "0", "STATE_TIMEOUT must be above 0, not 0"),
 ])
 def test_a_bad_setting_stops_the_proxy_with_one_line_naming_it(name, value, message):
     proc = load(**{name: value})
@@ -56,8 +66,10 @@ def test_a_bad_setting_stops_the_proxy_with_one_line_naming_it(name, value, mess
     assert len(lines) == 1 and lines[0].startswith("proxy-passthrough.py: ") and message in lines[0], proc.stderr
 
 
-@pytest.mark.parametrize("env", [{}, {"SEARXNG_RESULTS": "", "SEARCH_CACHE_TTL": "0", "STREAM_SEARCH": "client"}],
-                         ids=["defaults", "empty-means-default"])
+@pytest.mark.parametrize("env", [{}, {"SEARXNG_RESULTS": "", "SEARCH_CACHE_TTL": "0", "STREAM_SEARCH": "client"},
+                                 # Not asked at start: a store that is down is found down on first use.
+                                 {"STATE_URL": "redis://:pw@127.0.0.1:1/3"}, {"STATE_URL": "rediss://valkey"}],
+                         ids=["defaults", "empty-means-default", "state-url", "state-url-tls"])
 def test_good_settings_load(env):
     proc = load(**env)
     assert proc.returncode == 0, proc.stderr
@@ -93,6 +105,19 @@ def test_a_password_in_a_url_or_a_bad_key_is_refused_without_showing_it():
     cfg = Config.from_env({"BRAVE_SEARCH_API_KEY": "sekrit-key", "BRAVE_SEARCH_MODE": " Always "})
     assert (cfg.brave_search_api_key, cfg.brave_search_mode) == ("sekrit-key", "always")
     assert "sekrit-key" not in repr(cfg)
+    assert "hunter2" not in repr(Config(state_url="redis://:hunter2@valkey:6379/0"))
+
+
+def test_without_state_url_redis_is_never_imported():
+    """The embedded default stays as it was: the app is built, a worker's services with it, and redis-py is not
+    loaded (tests/test_state.py checks the stores themselves)."""
+    code = ("import sys; from proxy.core.config import Config; from proxy.http.app import create_app; "
+            "create_app(Config()); assert 'redis' not in sys.modules, 'redis imported'; "
+            "create_app(Config(state_url='redis://127.0.0.1:1/0')); assert 'redis' in sys.modules")
+    clean = {k: v for k, v in os.environ.items() if not k.isupper() or k in ("PATH", "HOME", "LANG")}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**clean, "PROXY_METRICS": "false"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_url_provenance_is_on_unless_switched_off():

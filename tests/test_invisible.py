@@ -55,6 +55,37 @@ def test_what_languages_and_emoji_need_is_kept(text):
 
 
 BODY = "<p>" + "Real words about schedulers and their caches. " * 30 + "</p>"
+# Inline styles that hide text, spelled as CSS allows (issue 39): each must be read as a browser reads it.
+CSS_SPELLINGS = [
+    ("opacity:0%", "zero opacity as a percentage"),
+    ("opacity: .0 !important", "zero opacity, no leading digit"),
+    ("filter:opacity(0)", "opacity through a filter"),
+    ("filter: blur(0) opacity(2%)", "a faint filter in a list"),
+    ("font-size:0vw", "zero font size in viewport units"),
+    ("font-size:0.0001em", "a font size no one can read"),
+    ("display:/**/none", "a comment inside the value"),
+    ("display:\\6e one", "an escape in the keyword"),
+    ("\\64 isplay:none", "an escape in the property's name"),
+    ("DISPLAY:NONE", "upper case"),
+    ("visibility:/* x */collapse", "collapse with a comment"),
+    ("left:-99vw;position:absolute", "off the screen in viewport units"),
+    ("left:-9e3px;position:absolute", "off the screen in e-notation"),
+    ("position:absolute;top:-50em", "off the screen above"),
+    ("transform:translateX(-10000px)", "translated off the screen"),
+    ("transform: translate(-200vw, 0)", "translated in viewport units"),
+    ("transform:scale(0)", "scaled to nothing"),
+    ("transform:scaleY(0)", "scaled flat"),
+    ("clip-path:circle(0)", "clipped to a point"),
+    ("clip-path: inset(50%)", "clipped from every side"),
+    ("clip:rect(0,0,0,0);position:absolute", "clip with commas"),
+    ("clip:rect(1px 1px 1px 1px);position:absolute", "the screen-reader-only idiom"),
+    ("color:transparent", "transparent text"),
+    ("color:rgba(0,0,0,0)", "an alpha of zero"),
+    ("color:#ffffff00", "an alpha in the hex colour"),
+    ("width:0;height:0;overflow:hidden", "a box of no size"),
+    ("display:block;display:none", "the later declaration wins"),
+    ("display:none !important;display:block", "an important one wins over a later one"),
+]
 HIDDEN = [
     ('<p hidden>SECRET-A</p>', 1),
     ('<p style="display: none">SECRET-A</p>', 1),
@@ -65,6 +96,7 @@ HIDDEN = [
     ('<h2 style="text-indent:-10000em">SECRET-A</h2>', 1),
     ('<p style="opacity:0">SECRET-A</p>', 1),
     ('<div hidden><p style="display:none">SECRET-A</p><p>SECRET-B</p></div>', 1),  # one element, not three
+    *((f'<p style="{style}">SECRET-A</p>', 1) for style in [spelling for spelling, _ in CSS_SPELLINGS]),
 ]
 
 
@@ -78,6 +110,17 @@ def test_hidden_elements_never_reach_the_text(snippet, dropped, fast, monkeypatc
     assert n == dropped
     _, text, _ = extract_page(visible, "http://x.test/")
     assert "SECRET" not in text and "Real words" in text
+
+
+@pytest.mark.parametrize("style", [
+    "display:none;display:block", "opacity:0.5", "font-size:.9em",
+    "left:-5px", "transform:translateX(-20px) scale(1.5)", "color:transparent;background-clip:text",
+    "color:rgba(0,0,0,.8)", "clip-path:circle(40%)", "clip:rect(0 100px 20px 0)", "width:0;overflow:visible",
+    "font-size:12px;color:#333", "display:/*none*/block", "margin-left:-1em",
+])
+def test_a_style_that_shows_its_text_is_kept(style):
+    html = f"<html><body>{BODY}<p style=\"{style}\">SHOWN-TEXT</p></body></html>"
+    assert visible_html(html) == (html, 0)
 
 
 @pytest.mark.parametrize("html", [

@@ -43,6 +43,6 @@ def test_the_project_reads_its_dependencies_from_requirements_in():
 
 
 def test_every_marker_is_registered():
-    """The three tiers, and `slow` (the inner loop's filter, README "Tests")."""
+    """The four tiers, and `slow` (the inner loop's filter, README "Tests")."""
     markers = PYPROJECT["tool"]["pytest"]["ini_options"]["markers"]
-    assert sorted(m.split(":")[0] for m in markers) == ["agents", "container", "real_vllm", "slow"]
+    assert sorted(m.split(":")[0] for m in markers) == ["agents", "container", "real_vllm", "redis", "slow"]

@@ -63,11 +63,11 @@ def mounts(service: dict) -> dict[str, dict]:
 
 def test_without_the_profile_nothing_changes(plain, profiled):
     assert set(plain["services"]) == {"preflight", "model", "vllm", "proxy", "searxng"}
-    assert set(plain.get("volumes", {})) == {"vllm-cache"}
+    assert set(plain.get("volumes", {})) == {"vllm-cache", "proxy-state"}
     # With it, everything else resolves exactly as without it.
     others = {name: s for name, s in profiled["services"].items() if name not in MONITORING}
     assert others == plain["services"]
-    assert set(profiled["volumes"]) == {"vllm-cache", "prometheus-data", "grafana-data"}
+    assert set(profiled["volumes"]) == {"vllm-cache", "proxy-state", "prometheus-data", "grafana-data"}
 
 
 def test_the_profile_adds_prometheus_and_grafana_at_pinned_releases(profiled):
@@ -219,7 +219,7 @@ def test_the_datasource_is_the_profiles_prometheus_and_every_panel_uses_it():
 
 def test_every_dashboard_has_its_own_uid_and_every_panel_its_own_id():
     docs = dashboards.load()
-    assert set(docs) == {"card.json", "agents.json"}
+    assert set(docs) == {"card.json", "agents.json", "scale.json"}
     assert len({d["uid"] for d in docs.values()}) == len(docs)
     for doc in docs.values():
         ids = [p["id"] for p in doc["panels"]] + [p["id"] for r in doc["panels"] for p in r.get("panels", [])]

@@ -49,10 +49,10 @@ def selected(tests: dict[str, set[str]], expr: str) -> dict[str, set[str]]:
 
 
 @pytest.mark.parametrize("expr, tiers", [
-    (QUICK, set()),
-    ("not container", {"real_vllm", "agents"}),
+    (QUICK, {"redis"}),  # the shared-state tests' redis-server is light enough for the inner loop
+    ("not container", {"real_vllm", "agents", "redis"}),
     ("agents", {"agents", "container", "real_vllm"}),  # the container tier runs both agents too
-    ("real_vllm and not container", {"real_vllm"}),
+    ("real_vllm and not container", {"real_vllm", "redis"}),  # the router test's replicas share a redis-server
 ])
 def test_an_expression_selects_exactly_its_tiers(every_test, expr, tiers):
     chosen = selected(every_test, expr)

@@ -3,13 +3,60 @@
 with who wrote it (proxy/tools/provenance.py's Given). System, developer and user messages, every client tool's
 output item, and the sources, completed page reads and citations of earlier searches give URLs; the model's
 messages, calls and reasoning give none. Tested by tests/test_provenance.py.
+
+Also every API's reader of a user-role message (issue 39): what in it a person typed, and what a client generated
+into it, recognised by the clients' own formats (samples in tests/test_provenance.py): a compaction summary (Claude
+Code's "This session is being continued...", Codex's "Another language model started...") is the model's own text;
+Claude Code's system-reminder blocks and command output, Codex's environment context and AGENTS.md, Cline-style
+tool output sent as user text are a client's, which gives no URL the model wrote.
 """
 from __future__ import annotations
 
-from proxy.core.codec import as_dict
-from proxy.tools.provenance import MODEL, Given
+import re
 
-ROLES = {"system": "system", "developer": "system", "user": "user"}
+from proxy.core.codec import as_dict
+from proxy.tools.provenance import MODEL, READ, Given
+
+# A client's compaction: the summary the model wrote of the conversation so far, sent back as a user message.
+SUMMARIES = ("This session is being continued from a previous conversation",                  # Claude Code
+             "Another language model started to solve this problem")                          # Codex (and others)
+# Cline and its forks send each tool's output as user text: "[execute_command for 'ls'] Result:".
+_TOOL_OUTPUT = re.compile(r"\A\s*\[[\w-]+(?: for '.*?')?\] Result:", re.DOTALL)
+_INJECTED = ("# AGENTS.md instructions",)  # Codex's project instructions, read from a file the model may have written
+# Blocks a client wraps around what it adds to a user's message (Claude Code, Codex, Cline).
+_CLIENT_BLOCK = re.compile(
+    r"<(system-reminder|environment_details|environment_context|user_instructions|local-command-stdout|"
+    r"local-command-stderr|bash-stdout|bash-stderr|command-message|command-args)>.*?(?:</\1>|\Z)", re.DOTALL)
+
+
+def typed(text: str) -> list[Given]:
+    """A user-role text as Given parts: what a person typed ("user"), what a client generated ("tool"), and a
+    compaction summary (the model's). Pure."""
+    at = min((i for i in map(text.find, SUMMARIES) if i >= 0), default=-1)
+    if at >= 0:  # the summary and all after it are the model's, wherever a client put it in the text
+        return [*(typed(text[:at]) if text[:at].strip() else []), Given(MODEL, text[at:])]
+    start = text.lstrip()
+    if _TOOL_OUTPUT.match(text) or start.startswith(_INJECTED):
+        return [Given("tool", text)]
+    blocks = [m.group(0) for m in _CLIENT_BLOCK.finditer(text)]
+    person = _CLIENT_BLOCK.sub(" ", text) if blocks else text
+    return [Given("user", person), *(Given("tool", b) for b in blocks)]
+
+
+def user_given(content) -> list[Given]:
+    """A user-role message's content (a string, or parts of any API's shapes) as Given parts. Pure."""
+    out: list[Given] = []
+    for part in content if isinstance(content, list) else [content]:
+        text = part if isinstance(part, str) else as_dict(part).get("text")
+        if isinstance(text, str):
+            out.extend(typed(text))
+        elif str(as_dict(part).get("type") or "").endswith("tool_result"):
+            out.append(Given("tool", part))
+        else:
+            out.append(Given("user", part))  # an image's URL, a document the user attached
+    return out
+
+ROLES = {"system": "system", "developer": "system"}
 
 
 def input_given(items) -> list[Given]:
@@ -20,7 +67,9 @@ def input_given(items) -> list[Given]:
     for item in items if isinstance(items, list) else []:
         item = as_dict(item)
         kind = str(item.get("type") or ("message" if "role" in item else ""))
-        if kind == "message" and item.get("role") in ROLES:
+        if kind == "message" and item.get("role") == "user":
+            out.extend(user_given(item.get("content")))
+        elif kind == "message" and item.get("role") in ROLES:
             out.append(Given(ROLES[str(item["role"])], item.get("content")))
         elif kind.endswith("_output"):  # function_call_output, custom_tool_call_output, local_shell_call_output, ...
             out.append(Given("tool", item.get("output")))
@@ -31,7 +80,7 @@ def input_given(items) -> list[Given]:
             sources = action.get("sources")
             out.append(Given("search", [as_dict(s).get("url") for s in sources] if isinstance(sources, list) else []))
             if action.get("type") in ("open_page", "find_in_page") and item.get("status") == "completed":
-                out.append(Given("search", action.get("url")))
+                out.append(Given(READ, action.get("url")))  # read earlier: at the depth it was read at
             else:
                 out.append(Given(MODEL, action))
         else:
@@ -49,5 +98,5 @@ def _citations(message: dict) -> list[Given]:
     for part in parts:
         notes = as_dict(part).get("annotations")
         if isinstance(notes, list):
-            out.extend(Given("search", as_dict(a).get("url")) for a in notes)
+            out.extend(Given(READ, as_dict(a).get("url")) for a in notes)
     return out

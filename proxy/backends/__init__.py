@@ -1,1 +1,1 @@
-"""What the tools run on: search backends behind one protocol (SearXNG the first), the page fetcher with its SSRF guard, body decoding and HTML extraction, and the TTL cache; no knowledge of any API."""
+"""What the tools run on: search backends behind one protocol (SearXNG the first), the page fetcher with its SSRF guard, body decoding and HTML extraction, the TTL cache, and the state store under what outlives a request (in process, or Valkey/Redis with STATE_URL); no knowledge of any API."""

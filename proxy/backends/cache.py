@@ -1,18 +1,24 @@
 """A bounded cache with a time to live and one computation in flight per key (TTLCache): the one cache
-mechanism of the proxy, under SearXNG's answers (proxy/backends/searxng.py's CachedSearXNG) and fetched pages
-(proxy/backends/fetcher.py's Fetcher).
+mechanism of the proxy, under SearXNG's answers (proxy/backends/search.py's CachedSearch) and fetched pages
+(proxy/backends/fetcher.py's Fetcher). With STATE_URL set, each has a SharedTier too: a value this process lacks is
+looked up in the shared store (proxy/backends/state.py) before it is computed, and one it computed is put there.
 
-Not run on its own; tests/test_cache.py checks TTLCache with a fake clock and no network, and
-tests/test_metrics.py and tests/test_fetch.py the caches built on it.
+Not run on its own; tests/test_cache.py checks TTLCache with a fake clock and no network, tests/test_state.py the
+shared tier on a real redis-server, and tests/test_metrics.py and tests/test_fetch.py the caches built on it.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+import orjson
+
+from proxy.backends.state import State, StateDown
 
 V = TypeVar("V")
 
@@ -45,6 +51,23 @@ class _Flight:
         self.ok = False  # False: the computation raised, and each waiter computes for itself
 
 
+@dataclass
+class SharedTier(Generic[V]):
+    """Where a cache's values are shared with other processes: the store, the cache's name there (its `use`), and
+    the value's JSON form both ways; from_json gives None for anything that is not a value of the cache's kind
+    (the store is hostile too: a bad value is a miss)."""
+    state: State
+    use: str
+    to_json: Callable[[V], Any]
+    from_json: Callable[[Any], V | None]
+    on_error: Callable[[str, str], None] | None = None  # (use, op): a value the store had that from_json refused
+
+
+def shared_key(key: Hashable) -> str:
+    """A cache key (a string or a tuple of JSON types) as the store's key. Pure."""
+    return key if isinstance(key, str) else orjson.dumps(list(key) if isinstance(key, tuple) else key).decode()
+
+
 class TTLCache(Generic[V]):
     """Values for `ttl` seconds, at most `max_entries` of them and `max_bytes` (as `sizeof` counts),
     least recently used out first. A ttl, entry count or byte size of 0 turns it off.
@@ -54,6 +77,9 @@ class TTLCache(Generic[V]):
     searches at once are one request to an upstream that is failing, not two).
     Thread-safe, and gevent-safe under gunicorn's gevent worker, whose monkey-patching makes
     threading's Lock and Event cooperative; the lock is never held while computing.
+
+    `shared` (None: this process only): the store behind this process's entries. A store that is down is a miss
+    there, so the cache works per process meanwhile; one computation in flight per key holds per process only.
     """
 
     def __init__(self, ttl: float, max_entries: int, max_bytes: int, sizeof: Callable[[V], int],
@@ -68,6 +94,7 @@ class TTLCache(Generic[V]):
         self._flights: dict[Hashable, _Flight] = {}
         self._bytes = 0
         self._lock = threading.Lock()
+        self.shared: SharedTier[V] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -85,16 +112,19 @@ class TTLCache(Generic[V]):
         with self._lock:
             return self._get(key)
 
-    def put(self, key: Hashable, value: V) -> bool:
-        """Store `value`; False when it is not stored (cache off, or larger than the whole cache)."""
+    def put(self, key: Hashable, value: V, age: float = 0.0, share: bool = True) -> bool:
+        """Store `value` (`age` seconds old already: from the shared store), and in the shared store unless
+        `share` is False; False when it is not stored here (cache off, or larger than the whole cache)."""
         if not self.enabled:
             return False
+        if share and self.shared is not None:
+            self._share(key, value)
         size = self._sizeof(value)
         if size > self.max_bytes:
             return False
         with self._lock:
             self._drop(key)
-            self._entries[key] = _Entry(value, self._clock(), size)
+            self._entries[key] = _Entry(value, self._clock() - age, size)
             self._bytes += size
             while self._entries and (len(self._entries) > self.max_entries or self._bytes > self.max_bytes):
                 self._drop(next(iter(self._entries)))
@@ -122,16 +152,46 @@ class TTLCache(Generic[V]):
             if flight.done.wait(wait) and flight.ok:
                 return Lookup(flight.value, "shared")
             return Lookup(compute(), "miss")
+        elsewhere: Lookup[V] | None = None
         try:
-            value = compute()
+            elsewhere = self._from_shared(key)
+            value = elsewhere.value if elsewhere is not None else compute()
             flight.value, flight.ok = value, True
         finally:
             with self._lock:
                 self._flights.pop(key, None)
             flight.done.set()
+        if elsewhere is not None:
+            self.put(key, value, age=elsewhere.age or 0.0, share=False)
+            return elsewhere
         if cacheable(value):
             self.put(key, value)
         return Lookup(value, "miss")
+
+    def _from_shared(self, key: Hashable) -> Lookup[V] | None:
+        """Another process's value from the shared store, as a hit; None when there is none, it is not of this
+        cache's kind, or the store is down (each counted by the store's or the tier's on_error)."""
+        tier = self.shared
+        if tier is None:
+            return None
+        try:
+            stored = tier.state.get(tier.use, shared_key(key))
+        except StateDown:
+            return None
+        if stored is None:
+            return None
+        value = tier.from_json(stored.value)
+        if value is None or stored.age >= self.ttl:
+            if value is None and tier.on_error:
+                tier.on_error(tier.use, "decode")
+            return None
+        return Lookup(value, "hit", stored.age)
+
+    def _share(self, key: Hashable, value: V) -> None:
+        tier = self.shared
+        assert tier is not None
+        with contextlib.suppress(StateDown):  # counted by the store (proxy_state_errors_total); this process keeps its copy
+            tier.state.put(tier.use, shared_key(key), tier.to_json(value), self.ttl)
 
     def _get(self, key: Hashable) -> Lookup[V] | None:
         entry = self._entries.get(key)

@@ -23,6 +23,7 @@ from proxy.backends.search_health import (
     engine_failures,
 )
 from proxy.backends.searxng import Answer
+from proxy.backends.state import State
 from proxy.runtime.cancel import GONE, Cancel
 
 log = logging.getLogger("proxy.search")
@@ -113,12 +114,13 @@ class FailoverSearch:
     def __init__(self, instances: list, timeout: float, keyed=None, keyed_mode: str = "fallback",
                  on_engine_failure: Callable[[str, str], None] | None = None,
                  on_fallback: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 shared: State | None = None):
         self._by_url = {i.base_url: i for i in instances}
         self.timeout = timeout
         self.results = instances[0].results
         self.keyed, self.keyed_mode = keyed, keyed_mode
-        self.instances = Instances(self._by_url, clock=clock, wall=wall)
+        self.instances = Instances(self._by_url, clock=clock, wall=wall, shared=shared)  # shared: STATE_URL's store
         self.engines = Engines(wall=wall)
         self._clock, self._wall = clock, wall
         self._on_engine_failure = on_engine_failure

@@ -13,7 +13,7 @@ import logging
 import socket
 import time
 import urllib.parse
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 
 from proxy.backends import netguard
@@ -91,6 +91,28 @@ class Fetched:
     page: Page
     hops: tuple
     status: int  # the final answer's HTTP status, for the log line
+
+
+def fetched_json(f: Fetched) -> dict:
+    """A cached page as the shared page cache keeps it (proxy/backends/state.py). Pure."""
+    return {"page": asdict(f.page), "hops": list(f.hops), "status": f.status}
+
+
+_PAGE_TYPES: dict[str, type | tuple[type, ...]] = {"url": str, "title": (str, type(None)), "text": str, "content_type": str, "retrieved_at": str,
+               "truncated": bool, "invisible": int, "hidden": int}
+
+
+def fetched_from_json(doc) -> Fetched | None:
+    """What fetched_json wrote, or None for anything else the shared store handed back (a miss). Pure."""
+    if not isinstance(doc, dict):
+        return None
+    page, hops, status = doc.get("page"), doc.get("hops"), doc.get("status")
+    if (not isinstance(page, dict) or set(page) != set(_PAGE_TYPES)
+            or any(not isinstance(page[k], t) for k, t in _PAGE_TYPES.items())
+            or not isinstance(hops, list) or not hops or not all(isinstance(h, str) for h in hops)
+            or isinstance(status, bool) or not isinstance(status, int)):
+        return None
+    return Fetched(Page(**page), tuple(hops), status)
 
 
 def fetched_size(f: Fetched) -> int:

@@ -150,6 +150,15 @@ class Target:
     host_header: str
 
 
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+
+
+def _ascii(text: str) -> str:
+    """`text` with each run of non-ASCII characters UTF-8 %-escaped, the rest (a %XX already there) unchanged: what
+    a browser does with an IRI's path and query."""
+    return _NON_ASCII.sub(lambda m: urllib.parse.quote(m.group(0), safe=""), text)
+
+
 def parse_url(url, max_chars: int = MAX_URL_CHARS) -> tuple[Target | None, tuple[str, str] | None]:
     """Check a model-written URL: (target, None), or (None, (error_code, message)). Pure.
 
@@ -189,10 +198,12 @@ def parse_url(url, max_chars: int = MAX_URL_CHARS) -> tuple[Target | None, tuple
     port = port or (443 if scheme == "https" else 80)
     shown = f"[{host}]" if ip is not None and ip.version == 6 else host
     netloc = shown if port == (443 if scheme == "https" else 80) else f"{shown}:{port}"
-    # The path as the server will resolve it, so the domain filters judge the path that is sent.
-    path = normalise_path(parts.path)
-    request_target = path + (f"?{parts.query}" if parts.query else "")
-    normalised = urllib.parse.urlunsplit((scheme, netloc, path, parts.query, ""))
+    # The path as the server will resolve it, so the domain filters judge the path that is sent. An IRI's
+    # non-ASCII path and query go out as a browser sends them, UTF-8 %-escaped (issue 39): HTTP carries ASCII only.
+    path = normalise_path(_ascii(parts.path))
+    query = _ascii(parts.query)
+    request_target = path + (f"?{query}" if query else "")
+    normalised = urllib.parse.urlunsplit((scheme, netloc, path, query, ""))
     return Target(normalised, scheme, host, port, request_target, netloc), None
 
 

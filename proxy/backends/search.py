@@ -6,6 +6,7 @@ tests/test_rules.py check it without a network.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
@@ -104,6 +105,42 @@ def search_key(query: str, language: str | None, limit: int, time_range: str | N
     ignore case and spacing), language, time range and result count. The instance and its
     engines are one per proxy. Domain filters are not in it: they apply to the cached answer. Pure."""
     return (" ".join(query.casefold().split()), language or "", time_range or "", limit)
+
+
+def outcome_json(o: SearchOutcome) -> dict:
+    """An outcome as the shared search cache keeps it (proxy/backends/state.py): its fields, hits as objects. Pure."""
+    return dataclasses.asdict(o)
+
+
+def _strs(value) -> list[str] | None:
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
+
+
+def _hit(value) -> Hit | None:
+    if not isinstance(value, dict):
+        return None
+    title, url, snippet, date = value.get("title"), value.get("url"), value.get("snippet", ""), value.get("date")
+    if not (isinstance(title, str) and isinstance(url, str) and isinstance(snippet, str)
+            and (date is None or isinstance(date, str))):
+        return None
+    return Hit(title, url, snippet, date)
+
+
+def outcome_from_json(doc) -> SearchOutcome | None:
+    """What outcome_json wrote, or None for anything else the shared store handed back (a miss). Pure."""
+    if not isinstance(doc, dict):
+        return None
+    query, status, message, code = doc.get("query"), doc.get("status"), doc.get("message", ""), doc.get("error_code")
+    raw_hits = doc.get("hits", [])
+    hits = [_hit(h) for h in raw_hits] if isinstance(raw_hits, list) else [None]
+    lists = [_strs(doc.get(name, [])) for name in ("answers", "infoboxes", "notes")]
+    if (not isinstance(query, str) or status not in ("ok", "empty", "failed") or not isinstance(message, str)
+            or not (code is None or isinstance(code, str)) or any(h is None for h in hits)
+            or any(v is None for v in lists)):
+        return None
+    answers, infoboxes, notes = (v or [] for v in lists)
+    return SearchOutcome(query, status, [h for h in hits if h is not None], answers, infoboxes, message, code,
+                         timed_out=doc.get("timed_out") is True, notes=notes)
 
 
 def outcome_size(o: SearchOutcome) -> int:

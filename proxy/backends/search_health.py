@@ -3,14 +3,20 @@ ask them, and which engines each instance reports failing in `unresponsive_engin
 clocks, so tests/test_search_health.py checks cool-downs and engine changes without waiting or a network.
 
 One of each per gunicorn worker (proxy/backends/failover.py holds them); the /proxy/search/health view reads them.
+With STATE_URL, Instances shares its cool-downs through the state store (proxy/backends/state.py): an instance one
+worker or replica found failing is asked last by all of them until its cool-down ends; the engines stay per worker.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
+
+from proxy.backends.state import State, StateDown
 
 # The metric's reasons (proxy_search_engine_failures_total{reason}); a dashboard queries these exact values.
 REASONS = ("suspended", "captcha", "too_many_requests", "timeout", "error")
@@ -115,14 +121,65 @@ class _Instance:
     last_success: float | None = None   # wall clock
 
 
+HEALTH_USE = "health"  # the state store's name for the shared cool-downs
+
+
+def shared_cool_down(doc: Any, now_wall: float) -> tuple[int, float, str, float] | None:
+    """A cool-down another process shared (failures in a row, seconds left, last error, when it failed), or None for
+    one that is over or anything else the store handed back. Pure."""
+    if not isinstance(doc, dict):
+        return None
+    failures, until, error, at = doc.get("failures"), doc.get("until"), doc.get("error"), doc.get("at")
+    if (isinstance(failures, bool) or not isinstance(failures, int) or not 0 < failures <= 64
+            or not isinstance(error, str) or isinstance(until, bool) or not isinstance(until, (int, float))
+            or isinstance(at, bool) or not isinstance(at, (int, float))):
+        return None
+    left = min(float(until) - now_wall, COOL_DOWN_MAX)
+    return (failures, left, short_message(error), float(at)) if left > 0 else None
+
+
 class Instances:
-    """The instances in the order SEARXNG_URL lists them, each up or cooling down after a failure; thread-safe."""
+    """The instances in the order SEARXNG_URL lists them, each up or cooling down after a failure; thread-safe.
+    `shared` (STATE_URL's store, or None): where the cool-downs are shared with other processes; a store that is
+    down leaves them per process."""
 
     def __init__(self, urls: Iterable[str], clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, first: float = COOL_DOWN_FIRST, cap: float = COOL_DOWN_MAX):
+                 wall: Callable[[], float] = time.time, first: float = COOL_DOWN_FIRST, cap: float = COOL_DOWN_MAX,
+                 shared: State | None = None):
         self._items = [_Instance(u) for u in urls]
         self._clock, self._wall, self._first, self._cap = clock, wall, first, cap
         self._lock = threading.Lock()
+        self.shared = shared
+
+    def _pull(self) -> None:
+        """Take in the cool-downs other processes shared (a later end wins). With one instance there is no order
+        to choose, so nothing is asked."""
+        if self.shared is None or len(self._items) < 2:
+            return
+        for item in self._items:
+            try:
+                stored = self.shared.get(HEALTH_USE, item.url)
+            except StateDown:
+                return  # counted by the store; this process's own cool-downs still order the instances
+            found = shared_cool_down(stored.value if stored else None, self._wall())
+            if found is None:
+                continue
+            failures, left, error, at = found
+            with self._lock:
+                if self._clock() + left > item.until:
+                    item.until, item.failures_in_a_row = self._clock() + left, max(item.failures_in_a_row, failures)
+                    item.last_error, item.last_failure = error, at
+
+    def _push(self, url: str, failures: int, seconds: float, error: str) -> None:
+        if self.shared is None:
+            return
+        with contextlib.suppress(StateDown):  # counted by the store; the cool-down holds in this process
+            if failures:
+                now = self._wall()
+                self.shared.put(HEALTH_USE, url, {"failures": failures, "until": now + seconds, "error": error,
+                                                  "at": now}, seconds)
+            else:
+                self.shared.drop(HEALTH_USE, url)
 
     @property
     def urls(self) -> list[str]:
@@ -131,6 +188,7 @@ class Instances:
     def order(self) -> list[str]:
         """Who to ask, first to last: those up in the configured order, then those cooling down, the one whose
         cool-down ends soonest first (a search asks somebody even when every instance is cooling down)."""
+        self._pull()
         now = self._clock()
         with self._lock:
             up = [i.url for i in self._items if i.until <= now]
@@ -146,7 +204,9 @@ class Instances:
             item.until = self._clock() + seconds
             item.last_error = short_message(why)
             item.last_failure = self._wall()
-            return seconds
+            failures = item.failures_in_a_row
+        self._push(url, failures, seconds, item.last_error)
+        return seconds
 
     def succeeded(self, url: str) -> bool:
         """Note an answer; returns whether the instance was failing until now (its back-off starts over)."""
@@ -154,9 +214,12 @@ class Instances:
             item = self._find(url)
             was_failing = item.failures_in_a_row > 0
             item.failures_in_a_row, item.until, item.last_success = 0, 0.0, self._wall()
-            return was_failing
+        if was_failing:
+            self._push(url, 0, 0.0, "")
+        return was_failing
 
     def view(self) -> list[dict]:
+        self._pull()
         now = self._clock()
         with self._lock:
             return [{"url": i.url, "state": "cooling down" if i.until > now else "up",

@@ -12,7 +12,6 @@ the standard library, so what is accepted is unchanged.
 from __future__ import annotations
 
 import json
-import re
 
 import orjson
 
@@ -141,35 +140,3 @@ def raw_event(name: str, payload: bytes) -> bytes:
 def comment(text: str) -> bytes:
     """An SSE comment line: every client ignores it, and it keeps idle timeouts at bay."""
     return b": " + text.replace("\n", " ").encode() + b"\n\n"
-
-
-# A token count in an answer's JSON, whichever API wrote it: a key in quotes, so text inside a JSON string (where a
-# quote is escaped) never matches.
-_USAGE = re.compile(rb'"(prompt_tokens|input_tokens|cached_tokens|cache_read_input_tokens|cache_creation_input_tokens)"'
-                    rb'\s*:\s*(\d+)')
-
-
-class UsageScan:
-    """The prompt tokens of an answer and how many of them vLLM's prefix cache served, read from its bytes as they
-    pass (JSON or SSE, any of the three APIs' usage shapes), the last value of each count winning: the usage a
-    stream ends with is its whole request's. Looks, never changes a byte."""
-
-    def __init__(self):
-        self._seen: dict[bytes, int] = {}
-        self._tail = b""
-
-    def feed(self, chunk: bytes) -> None:
-        data = self._tail + chunk
-        for m in _USAGE.finditer(data):
-            self._seen[m.group(1)] = int(m.group(2))
-        self._tail = data[-64:]  # a count cut between two chunks is whole in the next look
-
-    def counts(self) -> tuple[int, int] | None:
-        """(prompt tokens, cached prompt tokens), or None when the answer carried no usage."""
-        seen = self._seen
-        if b"cache_read_input_tokens" in seen or b"cache_creation_input_tokens" in seen:
-            # Anthropic's shape: input_tokens are the ones not served from (or written to) the cache.
-            cached = seen.get(b"cache_read_input_tokens", 0)
-            return seen.get(b"input_tokens", 0) + cached + seen.get(b"cache_creation_input_tokens", 0), cached
-        prompt = seen.get(b"prompt_tokens", seen.get(b"input_tokens"))
-        return None if prompt is None else (prompt, seen.get(b"cached_tokens", 0))

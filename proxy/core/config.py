@@ -17,6 +17,7 @@ STREAM_SEARCH_MODES = ("server", "client")
 WEB_FETCH_URL_MODES = ("given", "any")  # proxy/tools/provenance.py: only URLs the conversation gave, or any URL
 # When the Brave Search API is asked (BRAVE_SEARCH_MODE): only after every SearXNG instance failed, or first.
 BRAVE_SEARCH_MODES = ("fallback", "always")
+QUEUE_POLICIES = ("round_robin", "tokens")  # proxy/backends/teamstore.py: the fair queue's choice between keys
 
 
 # ---- readers: one environment string to a value, or a ValueError naming the variable -------------------
@@ -98,6 +99,18 @@ class Config:
     max_body_bytes: int = setting("MAX_BODY_BYTES", 64 * 1024 * 1024, whole, positive=True)
     # Comma-separated keys clients must present; empty leaves the proxy open.
     proxy_api_keys: tuple[str, ...] = setting("PROXY_API_KEY", (), keys)
+    # A keys file of people's keys (scripts/keys.py writes it; proxy/backends/keys.py reads it, again whenever it
+    # changes): each a name, a SHA-256 of the key, optional limits. Beside PROXY_API_KEY, which stays the admin key.
+    proxy_keys_file: str = setting("PROXY_KEYS_FILE", "")
+    # The SQLite file of usage per key, quota windows and the fair queue's tickets, shared by every worker (and kept
+    # across restarts in the compose volume). Empty: a file of this run's own, made by gunicorn.conf.py.
+    proxy_state_db: str = setting("PROXY_STATE_DB", "")
+    # Generation requests admitted to vLLM at once (vLLM's --max-num-seqs, which the compose file passes to both);
+    # the rest wait in the proxy's fair queue, taken round-robin across keys. 0: no queue, vLLM's own FIFO.
+    max_num_seqs: int = setting("MAX_NUM_SEQS", 0, whole)
+    # Which key the fair queue serves next: "round_robin" (the key served longest ago) or "tokens" (the key that used
+    # the fewest tokens today); README "Sharing the stack" has the two measured side by side.
+    queue_policy: str = setting("QUEUE_POLICY", "round_robin", lowered)
     # Answer unknown model names on /v1/messages (Claude Code's claude-...) with the served model.
     anthropic_any_model: bool = setting("ANTHROPIC_ANY_MODEL", False, flag)
     # open + find commands one /v1/alpha/search request may run (each fetches a page); Codex sends one or two.
@@ -130,10 +143,13 @@ class Config:
     web_fetch_max_per_request: int = setting("WEB_FETCH_MAX_PER_REQUEST", 50, whole)
     # "given": web_fetch (and Codex's open) reads only URLs the conversation gave it, never one the model built
     # (README, Security); "any" lets the model fetch any URL. Links of pages read are followed at most
-    # WEB_FETCH_LINK_DEPTH pages deep and WEB_FETCH_LINK_BUDGET times per request.
+    # WEB_FETCH_LINK_DEPTH pages deep, WEB_FETCH_LINK_BUDGET times from one given URL and WEB_FETCH_LINKS_PER_HOUR
+    # times in all, per client (its key or address) over an hour: agents make many requests, and each would
+    # otherwise start a fresh budget (issue 39).
     web_fetch_urls: str = setting("WEB_FETCH_URLS", "given", lowered)
     web_fetch_link_depth: int = setting("WEB_FETCH_LINK_DEPTH", 2, whole)
     web_fetch_link_budget: int = setting("WEB_FETCH_LINK_BUDGET", 2, whole)
+    web_fetch_links_per_hour: int = setting("WEB_FETCH_LINKS_PER_HOUR", 24, whole)
     # Seconds a search answer with results is reused (agents repeat queries within minutes); 0 turns the cache off.
     search_cache_ttl: float = setting("SEARCH_CACHE_TTL", 600.0, number)
     # Bounds of the search cache, per gunicorn worker: answers kept, and their bytes (16 MiB).
@@ -159,6 +175,18 @@ class Config:
     brave_search_mode: str = setting("BRAVE_SEARCH_MODE", "fallback", lowered)
     # Brave's Web Search endpoint; another only for a relay in front of it (or the tests' stand-in).
     brave_search_url: str = setting("BRAVE_SEARCH_URL", "https://api.search.brave.com/res/v1/web/search")
+    # Where the proxy's state lives (README, "Shared state"): empty keeps it in each process; redis://host:port/db
+    # (a Valkey or Redis server; rediss:// for TLS) shares the caches, Codex's ref ids and the SearXNG cool-downs
+    # between workers and replicas, and the team's usage, quotas and fair queue live there instead of PROXY_STATE_DB.
+    # Secret: the URL may carry the server's password.
+    state_url: str = setting("STATE_URL", "", secret=True)
+    # Seconds one call to the state store may take (connect, or send and answer); a store on the same host or LAN
+    # answers in a millisecond, and a store that does not is left alone for a while (proxy/backends/state.py).
+    state_timeout: float = setting("STATE_TIMEOUT", 0.25, number, positive=True)
+    # The key of the X-Session-ID hash (proxy/http/affinity.py): every proxy behind one router must share it, or one
+    # session's turns get different ids and land on different workers. Empty: a random key per process
+    # (gunicorn.conf.py makes one for all its workers; compose.scale.yaml shares one file between replicas).
+    session_id_secret: str = setting("SESSION_ID_SECRET", "", secret=True)
     log_level: str = setting("LOG_LEVEL", "info")
     # Where Flask's development server listens (`python proxy-passthrough.py`); gunicorn reads it too.
     bind: str = setting("PROXY_BIND", "0.0.0.0:11433")
@@ -184,6 +212,12 @@ class Config:
                 raise ValueError(f"{variable(name)} must be an http:// or https:// URL ({problem}), "
                                  f"not {getattr(self, name)!r}")
         parse_urls("SEARXNG_URL", self.searxng_url)
+        problem = state_url_problem(self.state_url)
+        if problem:
+            raise ValueError(f"STATE_URL must be redis://host:port/db or rediss://... ({problem}), "
+                             f"not {masked_url(self.state_url)!r}")
+        if self.queue_policy not in QUEUE_POLICIES:
+            raise ValueError(f"QUEUE_POLICY must be 'round_robin' or 'tokens', not {self.queue_policy!r}")
         if self.brave_search_mode not in BRAVE_SEARCH_MODES:
             raise ValueError(f"BRAVE_SEARCH_MODE must be 'fallback' or 'always', not {self.brave_search_mode!r}")
         if self.brave_search_api_key and not re.fullmatch(r"[\x21-\x7e]+", self.brave_search_api_key):
@@ -235,6 +269,35 @@ def url_problem(url: str) -> str | None:
     if not parts.hostname:
         return "a host"
     return None
+
+
+def state_url_problem(url: str) -> str | None:
+    """Why STATE_URL names no Valkey/Redis server the proxy can use (empty is fine: no shared state), or None. Pure."""
+    if not url:
+        return None
+    if any(c in url for c in " ,\t\n"):
+        return "one URL"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError on a port that is not a number from 0 to 65535)
+    except ValueError:
+        return "a valid port"
+    if parts.scheme not in ("redis", "rediss"):
+        return "redis or rediss"
+    if not parts.hostname:
+        return "a host"
+    if parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        return "a database number"
+    return None
+
+
+def masked_url(url: str) -> str:
+    """A URL fit for a message: its password (or whatever stands before the @) never shown. Pure."""
+    scheme, sep, rest = url.partition("://")
+    host = rest.partition("/")[0]
+    if "@" not in host:
+        return url
+    return f"{scheme}{sep}***@{rest.partition('@')[2]}"
 
 
 def parse_urls(name: str, text: str) -> tuple[str, ...]:

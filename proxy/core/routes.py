@@ -14,6 +14,7 @@ ALPHA_SEARCH = "/v1/alpha/search"
 PROXY_HEALTH = "/proxy/health"
 PROXY_METRICS = "/proxy/metrics"
 PROXY_SEARCH_HEALTH = "/proxy/search/health"  # the search failover's state; behind PROXY_API_KEY like the metrics
+PROXY_USAGE = "/proxy/usage"  # usage per key name and day (proxy/http/team.py); the admin key's alone
 HEALTH = "/health"  # vLLM's, relayed; open like the proxy's own so a healthcheck needs no key
 
 

@@ -17,6 +17,7 @@ TOOL_CALL = "tool_call"          # one call outside the loop (Codex's /v1/alpha/
 URL_REFUSED = "url_refused"      # URL provenance refused a page read before it ran; payload: the reason
 CAP_HIT = "cap_hit"              # a limit ended the loop; payload: the cap's name ("search_rounds")
 CLIENT_LEFT = "client_left"      # the client hung up; payload: the calls to vLLM that this cut
+BACKEND_RETRIED = "backend_retried"  # a call to vLLM failed before its answer and went once more; payload: why
 REQUEST_ENDED = "request_ended"  # a request's body is done or abandoned; payload: its Finished record
 
 Observer = Callable[[dict, Any], None]

@@ -8,6 +8,7 @@ import logging
 import select
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -15,16 +16,32 @@ from flask import Response
 
 from proxy.core import codec
 from proxy.core.config import Config
-from proxy.core.errors import error_for_path
-from proxy.engine.events import CLIENT_LEFT, TOOLS_RAN, URL_REFUSED, Events
+from proxy.core.errors import anthropic_error_bytes, as_anthropic_error, error_for_path, sse_error
+from proxy.core.routes import route_of
+from proxy.engine.admission import POLL, Seat, queues
+from proxy.engine.events import BACKEND_RETRIED, CLIENT_LEFT, TOOLS_RAN, URL_REFUSED, Events
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
+from proxy.tools.client_reads import client_of
 from proxy.tools.provenance import Ledger, Rules
 from proxy.tools.session import ToolSession
 from proxy.transport.http1 import end_to_end_headers
 from proxy.transport.vllm import UpstreamError, UpstreamResponse, gateway_status
 
 log = logging.getLogger("proxy")
+ANTHROPIC_PING = b'event: ping\ndata: {"type": "ping"}\n\n'  # Anthropic's keep-alive event, as the Messages API sends it
+
+# A gateway's "my upstream is gone" answers, which vllm-router writes as plain text: 502 on the routes it passes
+# through (the worker it chose refused or reset: "Backend request failed: ..."), 500 once its own retries of a chat
+# or a GET are spent on a worker that is gone ("Request failed: error sending request ..."), 503 with no worker left
+# for now. vLLM's own 500/502/503 (an engine error, /health while the engine is dead) are JSON or empty: those are
+# vLLM's answer, relayed as they are.
+GATEWAY_GONE = (500, 502, 503)
+
+
+def gateway_gone(up: UpstreamResponse) -> bool:
+    """A gateway in front of vLLM (not vLLM) says the worker it chose is gone. Pure."""
+    return up.status in GATEWAY_GONE and up.header("content-type").lower().startswith("text/plain")
 
 
 class Abortable(Protocol):
@@ -130,15 +147,21 @@ class Call:
     the call off the watch, so nothing of this request holds the connection afterwards.
     """
 
-    __slots__ = ("_response", "_conn", "_aborted", "_watch")
+    __slots__ = ("_response", "_conn", "_aborted", "_watch", "seat")
 
-    def __init__(self, watch: ClientWatch | None):
+    def __init__(self, watch: ClientWatch | None, seat: Seat | None = None):
         self._response: UpstreamResponse | None = None  # set by Exchange.call once vLLM's head is in
         self._conn = None
         self._aborted = False
         self._watch = watch
+        self.seat = seat  # its seat in the fair queue, given back when it ends
         if watch is not None:
             watch.attach(self)
+
+    @property
+    def aborted(self) -> bool:
+        """The client's watch stopped this call: its failure is the watch's doing, not vLLM's."""
+        return self._aborted
 
     @property
     def response(self) -> UpstreamResponse:
@@ -175,6 +198,8 @@ class Call:
             self._watch.detach(self)
         if self._response is not None:
             self._response.close()
+        if self.seat is not None:
+            self.seat.release()
 
 
 def _cut(conn):
@@ -198,6 +223,8 @@ class Exchange:
     environ: dict
     watch: ClientWatch | None = None
     ledger: Ledger | None = None     # the URLs its fetches may read, from the client's body (each API's handler)
+    seat: Seat | None = None         # its ticket in the fair queue for the next call, taken ahead by the loop
+    served: bool = False             # a generation call of this request has run: later ones are resumed turns
 
     @property
     def cfg(self) -> Config:
@@ -218,6 +245,10 @@ class Exchange:
         """Tell the worker's observers (proxy/engine/events.py) what happened to this request."""
         self.services.events.emit(name, self.environ, payload)
 
+    def new_ledger(self, parts) -> Ledger:
+        """The ledger of the URLs this request may read, from its conversation's parts, on its client's memory."""
+        return Ledger(Rules.of(self.cfg), parts, self.services.reads, client_of(self.environ))
+
     def session(self) -> ToolSession:
         cfg = self.cfg
         # The watch starts after the dialect made its session (loop.run), so the session asks for it per call.
@@ -225,19 +256,64 @@ class Exchange:
         return ToolSession(self.services.tool_backends, cfg.max_search_iter, cfg.web_fetch_max_per_turn,
                            cfg.web_fetch_max_per_request, watch=lambda: self.watch,
                            on_round=lambda outcomes: self.emit(TOOLS_RAN, outcomes),
-                           ledger=self.ledger if self.ledger is not None else Ledger(Rules.of(cfg)),
+                           ledger=self.ledger if self.ledger is not None else self.new_ledger([]),
                            on_refused=lambda reason: self.emit(URL_REFUSED, reason))
+
+    def queue_seat(self, method: str = "POST", target: str | None = None) -> Seat | None:
+        """This request's ticket for its next call to vLLM (taken now if it has none), or None when the call does
+        not queue: no fair queue, or not a generation call (admission.queues)."""
+        queue = self.services.queue
+        if queue is None or not queues(method, self.target if target is None else target):
+            return None
+        if self.seat is None or self.seat.released:
+            self.seat = queue.take(self.environ, resumed=self.served)
+        return self.seat
 
     def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:
         """Send one request to vLLM and wait for its head, the watch able to abort it
-        throughout; raises UpstreamError. The caller ends the call when it is done with it."""
-        call = Call(self.watch)
-        try:
-            call._response = self.services.backend.request(method, target, body, headers, on_open=call.opened)
-        except BaseException:
-            call.end()
-            raise
-        return call
+        throughout; raises UpstreamError. The caller ends the call when it is done with it.
+        A generation call waits for its seat in the fair queue first (here, blocking, unless the loop waited
+        with a stream's keep-alives already); a client that leaves meanwhile gives up its place.
+
+        A call that failed before any byte of an answer (refused, reset or closed before the head), or that a
+        gateway answered 500/502/503 in plain text (vllm-router: the worker it chose is gone), goes once more: nothing has reached
+        the client yet, and behind a router the second try finds a live worker (its circuit breaker opened on the
+        first failure). Never after the head is in: from then on the caller may have sent bytes to the client. The
+        failed attempt's generation, if any began, was aborted with its connection, so the retry never doubles an
+        answer the client sees. The retry keeps the seat: it is the same call to the card, not a new arrival."""
+        seat = self.queue_seat(method, target)
+        if seat is not None:
+            watch = self.watch
+            if not seat.wait(lambda: watch is not None and watch.gone):
+                raise UpstreamError("unreachable", "the client left while queued for the model")
+            self.seat, self.served = None, True
+        for attempt in (0, 1):
+            call = Call(self.watch, seat)
+            try:
+                call._response = self.services.backend.request(method, target, body, headers, on_open=call.opened)
+            except UpstreamError as e:
+                if attempt == 0 and e.unanswered and not call.aborted:
+                    call.seat = None  # kept for the retry
+                    call.end()
+                    self._retrying(method, target, str(e), "unreachable")
+                    continue
+                call.end()
+                raise
+            except BaseException:
+                call.end()
+                raise
+            if attempt == 0 and gateway_gone(call.response) and not call.aborted:
+                status = call.response.status
+                call.seat = None  # kept for the retry
+                call.end()  # not read: the connection closes, and the gateway's short error body goes with it
+                self._retrying(method, target, f"a gateway answered {status}", str(status))
+                continue
+            return call
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _retrying(self, method: str, target: str, why: str, reason: str) -> None:
+        log.warning("%s %s: %s; trying once more", method, target.split("?", 1)[0], why)
+        self.emit(BACKEND_RETRIED, reason)
 
     def post(self, path: str, payload: dict) -> Call:
         """POST a JSON body to vLLM for one turn of the search loop."""
@@ -268,6 +344,10 @@ def relay(ex: Exchange, body: bytes) -> Response:
     """Send the request on unchanged and the answer back unchanged, streaming if it streams."""
     method = ex.environ["REQUEST_METHOD"]
     watch = ex.watch_client()
+    seat = ex.queue_seat(method, ex.target)
+    if seat is not None and not seat.ready() and asks_to_stream(body):
+        return Response(_queued_stream(ex, body, method, seat, watch), status=200, headers=QUEUED_HEADERS,
+                        direct_passthrough=True)
     send_body = body if body or method in ("POST", "PUT", "PATCH") else None
     try:
         call = ex.call(method, ex.target, send_body, ex.headers)
@@ -313,6 +393,73 @@ def relay(ex: Exchange, body: bytes) -> Response:
             watch.stop()
             call.end()
     return _without_default_type(Response(stream(), status=up.status, headers=headers, direct_passthrough=True), up)
+
+
+QUEUED_HEADERS = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")]
+
+
+def asks_to_stream(body: bytes) -> bool:
+    """Whether a request body asks for an event stream (`"stream": true`). Pure."""
+    if b'"stream"' not in body:
+        return False
+    try:
+        data = codec.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("stream") is True
+
+
+def _queued_stream(ex: Exchange, body: bytes, method: str, seat: Seat, watch: ClientWatch):
+    """A relayed stream that must wait for a seat in the fair queue: its head goes out at once and the API's
+    keep-alives while it waits (Anthropic's ping events on /v1/messages, an SSE comment elsewhere), so no client
+    times out on a silent connection; then vLLM's stream byte for byte, or its refusal as the stream's error event.
+    The head is the price: the status is 200 before vLLM has answered, as in the search loop's streams."""
+    anthropic = route_of(ex.target.split("?", 1)[0]).errors == "anthropic"
+    keepalive = ANTHROPIC_PING if anthropic else codec.comment("queued for the model")
+    last = time.monotonic()
+    try:
+        while not seat.ready():
+            if watch.gone:
+                seat.release()
+                return
+            if time.monotonic() - last >= ex.cfg.keepalive_interval:
+                last = time.monotonic()
+                yield keepalive
+            runtime.sleep(POLL)
+        try:
+            call = ex.call(method, ex.target, body, ex.headers)
+        except UpstreamError as e:
+            if not watch.gone:
+                yield _stream_error(anthropic, *gateway_status(e))
+            return
+        try:
+            up = call.response
+            if up.status != 200 or not up.is_event_stream:
+                yield _stream_error(anthropic, up.status if up.status != 200 else 502, "", call.read())
+                return
+            yield from up.iter_raw()  # from here on, exactly vLLM's bytes
+        except UpstreamError as e:
+            if not watch.gone:
+                # As relay's stream: the client must see a broken body, not a clean end that looks complete.
+                log.warning("%s %s: %s", method, ex.target.split("?", 1)[0], gateway_status(e)[1])
+                client = ex.environ.get("gunicorn.socket")
+                if client is not None:
+                    client.shutdown(socket.SHUT_RDWR)
+        finally:
+            call.end()
+    finally:
+        seat.release()
+        watch.stop()
+
+
+def _stream_error(anthropic: bool, status: int, message: str, raw: bytes | None = None) -> bytes:
+    """An error as a stream's last event, in the route's shape (vLLM's own body when it wrote one)."""
+    if anthropic:
+        payload = as_anthropic_error(status, raw) if raw else anthropic_error_bytes(status, message)
+        return codec.raw_event("error", payload)
+    if raw:
+        return b"data: " + raw.strip().replace(b"\n", b" ") + b"\n\n" + codec.DONE
+    return sse_error(status, message)
 
 
 def _without_default_type(resp: Response, up) -> Response:

@@ -15,6 +15,7 @@ finishing steps as generators, and the loop passes it on untouched.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Generator, Iterable
 from typing import Any, Protocol, cast
 
@@ -22,8 +23,10 @@ from flask import Response
 
 from proxy.core import codec
 from proxy.core.codec import comment
+from proxy.engine.admission import POLL
 from proxy.engine.events import CAP_HIT, ROUND_DONE
 from proxy.engine.exchange import Call, ClientWatch, Exchange, response_headers
+from proxy.runtime import concurrency as runtime
 from proxy.runtime.concurrency import run_with_keepalive
 from proxy.tools.session import ToolSession
 from proxy.tools.sources import Sources
@@ -33,6 +36,8 @@ log = logging.getLogger("proxy")
 
 CAP_TYPE = "search_iterations_exceeded"  # the error type (OpenAI) or code (Responses) of the cap
 CLIENT_CLOSED = "client closed the request"
+# A stream's head when it starts before vLLM answers (while it waits in the fair queue).
+SSE_HEADERS = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")]
 
 
 class Dialect(Protocol):
@@ -112,7 +117,10 @@ def vllm_answer(up: UpstreamResponse, raw: bytes) -> Response:
 
 
 def searching_comment(shown: list[str]) -> bytes:
-    """A stream's keep-alive while a round runs: an SSE comment naming what is being looked up."""
+    """A stream's keep-alive while a round runs: an SSE comment naming what is being looked up (with nothing
+    to name, the wait for a seat in the fair queue)."""
+    if not any(shown):
+        return comment("queued for the model")
     return comment("searching " + ", ".join(repr(q) for q in shown if q))
 
 
@@ -171,6 +179,13 @@ def run(ex: Exchange, d: AnyDialect) -> Response:
             watch.stop()
         return answer if answer is not None else d.error(499, CLIENT_CLOSED)
     call, headers = None, d.headers
+    seat = ex.queue_seat("POST", d.path) if d.first_turn is None else None
+    if seat is not None and not seat.ready():
+        # Queued behind other people's requests: the stream starts now and carries keep-alives while it waits
+        # (_rounds), so no client or gateway times out on a silent connection; vLLM's answer to the first turn then
+        # arrives inside the stream, a refusal as the dialect's error events.
+        return Response(_streamed(ex, d, None, watch), status=200, headers=headers or SSE_HEADERS,
+                        direct_passthrough=True)
     if d.first_turn is None:
         # The first turn opens before the client's answer does: until vLLM streams, its
         # status and body are still the client's to get.
@@ -207,6 +222,8 @@ def _rounds(ex: Exchange, d: AnyDialect, call, watch: ClientWatch):
         while True:
             if turn is None:
                 if call is None:
+                    if d.stream:
+                        yield from _wait_for_seat(ex, cast(StreamDialect, d), watch)
                     if watch.gone:
                         return  # no turn starts for a client that has gone
                     call = ex.post(d.path, d.request)
@@ -237,6 +254,23 @@ def _rounds(ex: Exchange, d: AnyDialect, call, watch: ClientWatch):
     finally:
         if call is not None:
             call.end()
+
+
+def _wait_for_seat(ex: Exchange, d: StreamDialect, watch: ClientWatch):
+    """A generator waiting for the next turn's seat in the fair queue, the stream kept alive meanwhile; a client
+    that leaves gives up its place at once."""
+    seat = ex.queue_seat("POST", d.path)
+    if seat is None:
+        return
+    last = time.monotonic()
+    while not seat.ready():
+        if watch.gone:
+            seat.release()
+            return
+        if time.monotonic() - last >= ex.cfg.keepalive_interval:
+            last = time.monotonic()
+            yield d.keepalive([])
+        runtime.sleep(POLL)
 
 
 def _run_round(ex: Exchange, d: AnyDialect, calls: list, watch: ClientWatch):

@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from proxy.backends.cache import TTLCache
 from proxy.backends.fetcher import Fetcher
 from proxy.backends.search import SearchBackend
+from proxy.backends.state import State, StateDown
 from proxy.core import codec
 from proxy.core.config import Config
+from proxy.engine.admission import Queue
 from proxy.engine.events import Events
 from proxy.tools.base import Backends
+from proxy.tools.client_reads import ClientReads
 from proxy.transport.vllm import Backend, UpstreamError
 
 log = logging.getLogger("proxy")
@@ -30,19 +33,38 @@ KEPT_ENTRIES = 100_000  # a bound on the count beside the bytes: each entry's ke
 
 class KeptResults:
     """What the model read for each of the proxy's tool calls, by the id the client knows the call by, for an API
-    whose client keeps no copy (Responses' web_search_call carries only its action): a later request that
-    replays the call gives the model the same bytes again. In this worker's memory, bounded, with a time to
-    live; only get and put, so the store beneath can change (a shared one for several workers)."""
+    whose client keeps no copy (Responses' web_search_call carries only its action; an Anthropic error block only
+    its code): a later request that replays the call gives the model the same bytes again. Bounded, with a time to
+    live: on the shared state store when STATE_URL names one (so a replay served by another worker or replica
+    still finds it), else in this worker's memory. A store that is down loses a replay's exactness, never the
+    request: the replay reads its stand-in."""
 
-    def __init__(self, ttl: float, max_bytes: int, clock: Callable[[], float] = time.monotonic):
+    USE = "kept"  # the state store's namespace for these records
+
+    def __init__(self, ttl: float, max_bytes: int, clock: Callable[[], float] = time.monotonic,
+                 state: State | None = None):
         self._cache: TTLCache[dict[str, str]] = TTLCache(ttl, KEPT_ENTRIES, max_bytes, _kept_size, clock=clock)
+        self._state = state
+        self._ttl = ttl if max_bytes > 0 else 0.0
 
     def get(self, key: str) -> dict[str, str] | None:
-        """The record kept under `key`, or None (never kept, expired or pushed out)."""
+        """The record kept under `key`, or None (never kept, expired, pushed out, or the store is down)."""
+        if self._state is not None and self._ttl > 0:
+            try:
+                found = self._state.get(self.USE, key)
+            except StateDown:
+                return None
+            return found.value if found is not None and isinstance(found.value, dict) else None
         hit = self._cache.get(key)
         return None if hit is None else hit.value
 
     def put(self, key: str, value: dict[str, str]) -> None:
+        if self._state is not None and self._ttl > 0:
+            try:
+                self._state.put(self.USE, key, value, self._ttl)  # False past the store's value size: not kept
+            except StateDown:
+                log.warning("state store down: a result for replays not kept")
+            return
         self._cache.put(key, value)
 
 
@@ -88,8 +110,14 @@ class Services:
     # What the model read of the proxy's calls on /v1/responses, for the turns that replay them (off by default here;
     # wiring sizes it from the Config).
     kept: KeptResults = field(default_factory=lambda: KeptResults(0, 0))
+    # The shared state store (STATE_URL; proxy/backends/state.py), or None: each use keeps its state in this process.
+    state: State | None = None
+    # What each client read and how many links it followed, over an hour: URL provenance's memory across requests.
+    reads: ClientReads = field(default_factory=ClientReads)
     # GET /proxy/search/health's JSON: the search failover's state in this worker (proxy/backends/failover.py).
     search_health: Callable[[], dict] = dict
+    # The fair queue in front of the card (MAX_NUM_SEQS); None: every call goes straight to vLLM.
+    queue: Queue | None = None
 
     @property
     def tool_backends(self) -> Backends:

@@ -4,8 +4,8 @@ Built by create_app(config); proxy-passthrough.py reads the environment and serv
 """
 from __future__ import annotations
 
-import hmac
 import logging
+import time
 import urllib.parse
 
 from flask import Flask, Response, request
@@ -15,13 +15,17 @@ from proxy.apis.alpha_search import handler as alpha_search
 from proxy.apis.chat import handler as chat
 from proxy.apis.messages import handler as messages
 from proxy.apis.responses import handler as responses
+from proxy.backends.keys import ADMIN
 from proxy.core import codec, routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
-from proxy.engine.events import REQUEST_ENDED
+from proxy.engine.admission import KEY_NAME
+from proxy.engine.events import REQUEST_ENDED, TOOLS_RAN, URL_REFUSED
 from proxy.engine.exchange import Exchange
+from proxy.http import affinity
 from proxy.http.flow import RequestFlow, access_log
-from proxy.http.wiring import build_services
+from proxy.http.team import Team, key_ok, presented_key  # noqa: F401 (the key helpers' old home: tests/test_rules.py)
+from proxy.http.wiring import build_services, build_store
 from proxy.observe import metrics
 from proxy.transport.http1 import end_to_end_headers
 
@@ -52,38 +56,21 @@ class WholePath:
         return self.app(environ, start_response)
 
 
-def outbound_headers(headers, cfg: Config) -> list[tuple[str, str]]:
+def outbound_headers(headers, cfg: Config, guarded: bool | None = None) -> list[tuple[str, str]]:
     """The client's headers as vLLM should see them. Pure.
 
     Hop-by-hop and Host belong to the client's connection. Credentials: with BACKEND_API_KEY
     the proxy's own key replaces the client's; with PROXY_API_KEY the client's key was for
-    the proxy and stays here; with neither the proxy is transparent and passes it on.
+    the proxy and stays here (`guarded`: a keys file's too, once it exists); with neither the
+    proxy is transparent and passes it on.
     """
     out = [(n, v) for n, v in end_to_end_headers(headers)
            if n.lower() not in ("host", "content-length")]
-    if cfg.backend_api_key or cfg.proxy_api_keys:
+    if cfg.backend_api_key or (bool(cfg.proxy_api_keys) if guarded is None else guarded):
         out = [(n, v) for n, v in out if n.lower() not in CREDENTIAL_HEADERS]
     if cfg.backend_api_key:
         out.append(("Authorization", f"Bearer {cfg.backend_api_key}"))
     return out
-
-
-def presented_key(headers) -> str | None:
-    """The key a client sent: `Authorization: Bearer K` (OpenAI) or `x-api-key: K` (Anthropic)."""
-    auth = headers.get("Authorization", "")
-    if auth[:7].lower() == "bearer ":
-        return auth[7:].strip()
-    return headers.get("x-api-key") or None
-
-
-def key_ok(key: str | None, keys: tuple[str, ...]) -> bool:
-    """Constant-time check against every configured key (no early exit on a match)."""
-    if key is None:
-        return False
-    ok = False
-    for k in keys:
-        ok |= hmac.compare_digest(key.encode(), k.encode())
-    return ok
 
 
 def create_app(cfg: Config) -> Flask:
@@ -91,7 +78,8 @@ def create_app(cfg: Config) -> Flask:
     app = Flask("proxy")
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
     services = build_services(cfg)  # one per worker, shared by its requests
-    _install_guards(app, cfg)
+    team = Team(cfg, services.queue.store if services.queue is not None else build_store(cfg))
+    _install_guards(app, cfg, team)
 
     @app.route(routes.PROXY_HEALTH)
     def proxy_health():
@@ -103,9 +91,24 @@ def create_app(cfg: Config) -> Flask:
         # Which SearXNG instances are up and which engines fail, in this worker (README "When engines are blocked").
         return Response(codec.dumps(services.search_health()), mimetype="application/json")
 
+    @app.route(routes.PROXY_USAGE)
+    def usage():
+        # Per key name and UTC day (README "Sharing the stack"); people's keys may not read each other's figures.
+        if team.keys is not None and request.environ.get(KEY_NAME) != ADMIN:
+            return error_for_path(routes.PROXY_USAGE, 403, "GET /proxy/usage needs the admin key (PROXY_API_KEY).",
+                                  "permission_error")
+        return team.usage()
+
+    session_secret = affinity.install_secret(cfg.session_id_secret)
+
     def exchange() -> Exchange:
-        return Exchange(services, request_body(cfg), outbound_headers(request.headers.items(), cfg), raw_target(),
-                        request.environ)
+        body = request_body(cfg)
+        headers = outbound_headers(request.headers.items(), cfg, team.guarded)
+        # Every request to vLLM (the relay's and each turn of the search loop, which reuse these headers) names its
+        # session, so a router in front of several workers keeps the session on one (compose.scale.yaml).
+        key = affinity.session_key(request.headers.items(), body, session_secret)
+        headers = [(n, v) for n, v in headers if n.lower() != "x-session-id"] + [(affinity.HEADER, key)]
+        return Exchange(services, body, headers, raw_target(), request.environ)
 
     @app.route(routes.CHAT, methods=["POST"])
     def chat_completions():
@@ -135,12 +138,15 @@ def create_app(cfg: Config) -> Flask:
 
     metrics.install(app, cfg)  # GET /proxy/metrics
     services.events.subscribe(REQUEST_ENDED, access_log)
+    services.events.subscribe(REQUEST_ENDED, team.request_ended)
+    services.events.subscribe(TOOLS_RAN, team.tools_ran)
+    services.events.subscribe(URL_REFUSED, team.url_refused)
     # Flask's documented way to add WSGI middleware; RequestFlow outermost, so its times are the whole request's.
     app.wsgi_app = RequestFlow(WholePath(app.wsgi_app), services.events)  # type: ignore[method-assign]
     return app
 
 
-def _install_guards(app: Flask, cfg: Config) -> None:
+def _install_guards(app: Flask, cfg: Config, team: Team) -> None:
     """The key check before every route, and the proxy's own errors in each path's API shape."""
 
     @app.errorhandler(RequestEntityTooLarge)
@@ -159,11 +165,8 @@ def _install_guards(app: Flask, cfg: Config) -> None:
 
     @app.before_request
     def check_key():
-        if cfg.proxy_api_keys and request.path not in routes.OPEN_PATHS:
-            if not key_ok(presented_key(request.headers), cfg.proxy_api_keys):
-                return error_for_path(request.path, 401, "Missing or invalid API key: send it as `Authorization: Bearer <key>` "
-                                      "(or `x-api-key: <key>`) with a key from PROXY_API_KEY.", "authentication_error")
-        return None
+        # Whose key (PROXY_API_KEY's, or a person's in PROXY_KEYS_FILE), and within its quotas (proxy/http/team.py).
+        return team.check(request.environ, request.headers, request.path, time.time())
 
 
 def request_body(cfg: Config) -> bytes:

@@ -1,34 +1,59 @@
 """The one place a worker is put together from its settings: the vLLM client, the search backend (the failover over
-SEARXNG_URL's instances and the optional Brave key, under the meters, under the search cache), the page fetcher with its observer, the event hub with its subscribers (the
+SEARXNG_URL's instances and the optional Brave key, under the meters, under the search cache), the page fetcher with its observer,
+the shared state store when STATE_URL names one (under both caches, Codex's ref ids and the cool-downs), the event hub with its subscribers (the
 metrics, the access log's search count). create_app calls build_services(cfg) once per worker; not run on its own.
 """
 from __future__ import annotations
 
+import functools
+import os
+import tempfile
+from typing import TYPE_CHECKING
+
 from proxy.backends.brave import BraveSearch
-from proxy.backends.cache import TTLCache
+from proxy.backends.cache import SharedTier, TTLCache
 from proxy.backends.failover import FailoverSearch
-from proxy.backends.fetcher import Fetcher
-from proxy.backends.search import CachedSearch, SearchBackend, SearchOutcome, outcome_size
+from proxy.backends.fetcher import Fetcher, fetched_from_json, fetched_json
+from proxy.backends.search import (
+    CachedSearch,
+    SearchBackend,
+    SearchOutcome,
+    outcome_from_json,
+    outcome_json,
+    outcome_size,
+)
 from proxy.backends.searxng import SearXNG
-from proxy.core.config import Config
+from proxy.backends.state import open_state
+from proxy.backends.teamstore import TeamStore
+from proxy.core.config import Config, masked_url
+from proxy.engine.admission import Queue
 from proxy.engine.events import TOOLS_RAN, Events
 from proxy.engine.services import KeptResults, Services
 from proxy.observe import metrics
 from proxy.tools.session import searches_in
 from proxy.transport.vllm import Backend
 
+if TYPE_CHECKING:  # only for the annotation: redis-py loads only with STATE_URL
+    from proxy.backends.teamstore_redis import RedisTeamStore
+
 SEARCHES = "proxy.searches"  # environ key: the searches a request ran, for the access log
 
 
 def build_services(cfg: Config) -> Services:
     on = cfg.proxy_metrics
+    # STATE_URL empty: None, and every use keeps its state in this process as before (redis is never imported).
+    shown = masked_url(cfg.state_url)  # the store's label in the metrics: never its password
+    state = open_state(cfg.state_url, cfg.state_timeout, on_error=metrics.state_error if on else None,
+                       on_up=functools.partial(metrics.state_up, shown) if on else None)
+    if state is not None and on:
+        metrics.state_up(shown, True)  # until a call finds it down
     backend = Backend(cfg.backend_url, cfg.connect_timeout, cfg.read_timeout, cfg.backend_api_key)
     instances = [SearXNG(url, cfg.searxng_results, cfg.searxng_timeout, cfg.searxng_max_bytes) for url in cfg.searxng_urls]
     keyed = (BraveSearch(cfg.brave_search_api_key, cfg.searxng_results, cfg.searxng_timeout, cfg.searxng_max_bytes,
                          cfg.brave_search_url) if cfg.brave_search_api_key else None)
     failover = FailoverSearch(instances, cfg.searxng_timeout, keyed=keyed, keyed_mode=cfg.brave_search_mode,
                               on_engine_failure=metrics.search_engine_failed if on else None,
-                              on_fallback=metrics.search_fallback if on else None)
+                              on_fallback=metrics.search_fallback if on else None, shared=state)
     search: SearchBackend = failover
     if on:
         search = metrics.MeteredSearch(search)  # under the cache: only searches that went out are timed
@@ -38,12 +63,32 @@ def build_services(cfg: Config) -> Services:
     fetcher = Fetcher(cfg, observer=metrics.FetchMeter() if on else None)
     if on:
         fetcher.cache.on_size = metrics.page_cache_size
+    if state is not None:
+        errors = metrics.state_error if on else None
+        cache.shared = SharedTier(state, "search", outcome_json, outcome_from_json, errors)
+        fetcher.cache.shared = SharedTier(state, "page", fetched_json, fetched_from_json, errors)
     events = Events()
     events.subscribe(TOOLS_RAN, count_searches)
     if on:
         metrics.observe(events)
-    return Services(cfg, backend, search, fetcher, events, search_health=failover.health,
-                    kept=KeptResults(cfg.responses_results_ttl, cfg.responses_results_bytes))
+    team = build_store(cfg) if cfg.max_num_seqs else None
+    queue = Queue(team, cfg.max_num_seqs, cfg.queue_policy, on_wait=metrics.queue_waited if on else None) if team else None
+    return Services(cfg, backend, search, fetcher, events, state=state, search_health=failover.health, queue=queue,
+                    kept=KeptResults(cfg.responses_results_ttl, cfg.responses_results_bytes, state=state))
+
+
+def build_store(cfg: Config) -> TeamStore | RedisTeamStore | None:
+    """The shared store, when keys or the fair queue need it: Redis with STATE_URL, else the SQLite file
+    PROXY_STATE_DB, or (unset, as outside compose and not under gunicorn.conf.py, which makes one per run) a file of
+    this process's own."""
+    if not (cfg.proxy_keys_file or cfg.max_num_seqs):
+        return None
+    if cfg.state_url:
+        # Imported here, as backends/state.py imports redis-py: a proxy without STATE_URL never loads it.
+        from proxy.backends.teamstore_redis import RedisTeamStore
+        return RedisTeamStore(cfg.state_url)
+    path = cfg.proxy_state_db or os.path.join(tempfile.mkdtemp(prefix="proxy-state-"), "state.sqlite3")
+    return TeamStore(path)
 
 
 def count_searches(environ: dict, outcomes: list) -> None:

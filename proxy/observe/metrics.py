@@ -29,6 +29,7 @@ from proxy.core.config import Config
 from proxy.core.errors import error_for_path
 from proxy.core.routes import PROXY_METRICS, api_of
 from proxy.engine.events import (
+    BACKEND_RETRIED,
     CAP_HIT,
     CLIENT_LEFT,
     REQUEST_ENDED,
@@ -86,6 +87,11 @@ DISCONNECTS = Counter("proxy_client_disconnects", "Clients that left before thei
                       ["api"], registry=REGISTRY)
 ABORTS = Counter("proxy_backend_aborts", "Calls to vLLM cut because their client left, by API.",
                  ["api"], registry=REGISTRY)
+# Behind vllm-router (compose.scale.yaml) a worker lost mid-run shows here: each is a request that still succeeded.
+BACKEND_RETRIES = Counter("proxy_backend_retries", "Calls to vLLM tried once more after failing before any answer, "
+                          "by API and reason: unreachable (refused, reset, closed), 500, 502 or 503 (a gateway's, "
+                          "in plain text).",
+                          ["api", "reason"], registry=REGISTRY)
 CACHE_LOOKUPS = Counter("proxy_cache_lookups", "Cache lookups by cache (search, page) and result: hit, miss, or "
                         "shared (waited for an identical request in flight).", ["cache", "result"], registry=REGISTRY)
 CACHE_HIT_AGE = Histogram("proxy_cache_hit_age_seconds", "Age of the answers the caches gave, by cache.",
@@ -100,9 +106,25 @@ CACHE_BYTES = Gauge("proxy_cache_bytes", "Bytes held by a cache (search, page; a
 ENGINE_FAILURES = Counter("proxy_search_engine_failures", "Search engines a SearXNG answer listed as failing "
                           "(unresponsive_engines), by engine and reason: suspended, captcha, too_many_requests, "
                           "timeout, error.", ["engine", "reason"], registry=REGISTRY)
+KEY_USAGE = Counter("proxy_key_usage", "Usage per key name (PROXY_KEYS_FILE's names; admin: PROXY_API_KEY), by "
+                    "figure: requests, prompt_tokens, completion_tokens, cached_tokens, searches, page_reads, "
+                    "refused_fetches, queued_seconds.", ["key", "figure"], registry=REGISTRY)
+KEY_LIMITED = Counter("proxy_key_limited", "Requests refused with 429 because their key was over a limit, by key "
+                      "name and limit (rpm, tokens_per_day, concurrent).", ["key", "limit"], registry=REGISTRY)
+QUEUE_WAIT = Histogram("proxy_queue_wait_seconds", "Time a call to vLLM waited for a seat in the fair queue "
+                       "(MAX_NUM_SEQS), by API.", ["api"], buckets=REQUEST_BUCKETS, registry=REGISTRY)
 SEARCH_FALLBACKS = Counter("proxy_search_fallbacks", "Searches answered another way than by the first SearXNG "
                            "instance, by kind: instance (a later one), retry (engines not failing), keyed (the "
                            "Brave Search API).", ["kind"], registry=REGISTRY)
+# The shared state store (STATE_URL, proxy/backends/state.py): calls that got no answer, by use (search, page, refs,
+# health) and op (get, put, drop, count, fields, add_fields, drop_fields; decode: a value that was not one the proxy
+# writes), and whether the store answers. livemin: one worker that finds it down shows it down.
+STATE_ERRORS = Counter("proxy_state_errors", "Calls to the shared state store (STATE_URL) that got no answer (or a "
+                       "value the proxy did not write), by use and op.", ["use", "op"], registry=REGISTRY)
+# Labelled by the store (STATE_URL, its password masked) so that without STATE_URL there is no series at all, rather
+# than an unlabelled gauge's 0 that would read as a store that is down.
+STATE_UP = Gauge("proxy_state_up", "1 while the shared state store (STATE_URL) answers, 0 while it is down; "
+                 "absent without STATE_URL.", ["store"], multiprocess_mode="livemin", registry=REGISTRY)
 
 # Error codes (Anthropic's vocabulary, which every API's outcome carries) the proxy answers itself.
 REFUSED = frozenset({"invalid_tool_input", "query_too_long", "url_not_allowed"})
@@ -149,6 +171,7 @@ def observe(events: Events) -> None:
     events.subscribe(URL_REFUSED, url_refused)
     events.subscribe(CAP_HIT, cap_hit)
     events.subscribe(CLIENT_LEFT, client_left)
+    events.subscribe(BACKEND_RETRIED, backend_retried)
     events.subscribe(REQUEST_ENDED, request_ended)
 
 
@@ -178,6 +201,10 @@ def tool_call(environ, call: tuple[str, Outcome]) -> None:
     TOOL_CALLS.labels(api_of(environ.get("PATH_INFO", "")), label, outcome_of(outcome)).inc()
 
 
+def backend_retried(environ, reason: str) -> None:
+    BACKEND_RETRIES.labels(api_of(environ.get("PATH_INFO", "")), reason).inc()
+
+
 def cap_hit(environ, cap: str) -> None:
     CAP_HITS.labels(api_of(environ.get("PATH_INFO", "")), cap).inc()
 
@@ -187,6 +214,23 @@ def client_left(environ, aborted: int) -> None:
     environ[LEFT] = True
     if aborted:
         ABORTS.labels(api_of(environ.get("PATH_INFO", ""))).inc(aborted)
+
+
+# ---- a shared stack: per key name (never the key), and the fair queue ---------------------------------
+
+def key_used(name: str, figures: dict[str, float]) -> None:
+    """One request's usage, added to its key's counters (the same figures /proxy/usage keeps per day)."""
+    for figure, value in figures.items():
+        if value:
+            KEY_USAGE.labels(name, figure).inc(value)
+
+
+def key_limited(name: str, limit: str) -> None:
+    KEY_LIMITED.labels(name, limit).inc()
+
+
+def queue_waited(environ, seconds: float) -> None:
+    QUEUE_WAIT.labels(api_of(environ.get("PATH_INFO", ""))).observe(seconds)
 
 
 # ---- the request middleware -----------------------------------------------------------------
@@ -269,6 +313,14 @@ def page_cache_size(entries: int, size: int) -> None:
 
 def search_cache_lookup(how: str, age: float | None) -> None:
     cache_lookup("search", how, age)
+
+
+def state_error(use: str, op: str) -> None:
+    STATE_ERRORS.labels(use, op).inc()
+
+
+def state_up(store: str, up: bool) -> None:
+    STATE_UP.labels(store).set(1 if up else 0)
 
 
 # ---- the endpoint ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import select
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,6 +36,14 @@ def call_later(seconds: float, fn: Callable[[], None]) -> Callable[[], None]:
     t.daemon = True
     t.start()
     return t.cancel
+
+
+def sleep(seconds: float) -> None:
+    """Wait without holding up the worker: under gevent only this greenlet sleeps."""
+    if GEVENT:
+        gevent.sleep(seconds)
+    else:
+        time.sleep(seconds)
 
 
 def on_readable(fd: int, callback: Callable[[], object]) -> Callable[[], None] | None:

@@ -99,8 +99,8 @@ class ToolSession:
             for cited in sources(outcome):
                 if cited.page:
                     self.ledger.learn_page(TOOLS[request.tool].reads(request) or cited.url, cited.url, cited.text)
-                else:
-                    self.ledger.allow([cited.url], "search")
+                else:  # a result whose URL echoes the query is the model's words, not the search's (issue 39)
+                    self.ledger.allow([cited.url], "search", query=getattr(request, "query", None))
 
     def run(self, requests: list[Request], limit: int | None = None, language: str | None = None) -> list[Outcome]:
         """Run one round: each request by the tool that owns it, all concurrently; outcomes in the requests'

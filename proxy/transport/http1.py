@@ -100,7 +100,10 @@ def may_retry(method: str, sent: bool, answered: bool) -> bool:
     arrived, or read it, started generating and died. Only an idempotent request may take that
     chance (RFC 9112 §9.3.1). The idle limit and the readability check before reuse (_take)
     are what keep the first case rare, so a POST meets it only in a race of microseconds;
-    it then gets a 502, never a second generation.
+    it then gets a 502 here, never a second generation on the same connection. (A level up, Exchange.call tries a
+    call that failed before any answer once more on a fresh connection: vLLM aborted the first attempt's sequence
+    when its connection closed, so the client still sees one answer; behind vllm-router that retry is what carries
+    a request past a worker lost mid-run.)
     """
     if answered:
         return False  # the server began its answer: it had the request

@@ -45,13 +45,16 @@ class UpstreamError(Exception):
     """The backend could not be reached or did not answer in time.
 
     `kind` is "timeout" (maps to 504) or "unreachable" (502); `refused` says the port was
-    closed, which for vLLM usually means it is still loading the model.
+    closed, which for vLLM usually means it is still loading the model; `unanswered` says the
+    backend failed before a byte of its answer (refused, reset or closed before the head), the
+    one failure the proxy tries once more (proxy/engine/exchange.py's Exchange.call).
     """
 
-    def __init__(self, kind: str, message: str, refused: bool = False):
+    def __init__(self, kind: str, message: str, refused: bool = False, unanswered: bool = False):
         super().__init__(message)
         self.kind = kind
         self.refused = refused
+        self.unanswered = unanswered or refused
 
 
 class Connection:
@@ -391,7 +394,8 @@ class Backend:
                 conn.close()
                 if reused and attempt == 0 and may_retry(method, sent, up._fed > 0):
                     continue
-                raise UpstreamError("unreachable", f"{self.base_url} closed the connection: {e}") from e
+                raise UpstreamError("unreachable", f"{self.base_url} closed the connection: {e}",
+                                    unanswered=up._fed == 0) from e
             except ConnectionRefusedError as e:
                 conn.close()
                 raise UpstreamError("unreachable", f"cannot connect to {self.base_url}: connection refused", refused=True) from e
@@ -403,7 +407,7 @@ class Backend:
                 raise UpstreamError("unreachable", f"{self.base_url} sent a malformed response: {e}") from e
             except OSError as e:
                 conn.close()
-                raise UpstreamError("unreachable", f"cannot reach {self.base_url}: {e}") from e
+                raise UpstreamError("unreachable", f"cannot reach {self.base_url}: {e}", unanswered=up._fed == 0) from e
         raise AssertionError("unreachable")  # the loop returns or raises
 
 

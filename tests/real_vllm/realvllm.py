@@ -231,12 +231,13 @@ def _get(url: str, timeout: float = 2.0) -> int:
         return 0
 
 
-def start_server(env_info: RealVllmEnv, config: dict) -> tuple[subprocess.Popen, RealVllm]:
+def start_server(env_info: RealVllmEnv, config: dict, name: str = "real_vllm") -> tuple[subprocess.Popen, RealVllm]:
     """Starts `vllm serve` of the tiny model on a free loopback port with the compose file's
-    flags; returns at once (the caller waits for /health with wait_healthy)."""
+    flags; returns at once (the caller waits for /health with wait_healthy). `name`: its work folder's, so a
+    second server (test_router_real.py's second worker) never empties the first's."""
     cache = cache_dir()
     # One fixed folder (gitignored), emptied at each start: the last run's log stays for a look.
-    work = REPO / "tests" / ".work" / "real_vllm"
+    work = REPO / "tests" / ".work" / name
     shutil.rmtree(work, ignore_errors=True)
     tmp = work / "tmp"
     tmp.mkdir(parents=True)

@@ -11,6 +11,7 @@ tests/data/codex-alpha-search.md.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import threading
@@ -35,6 +36,7 @@ from proxy.apis.alpha_search.rules import (
     parse_request,
     resolve,
     time_range,
+    unavailable_ref,
     unknown_ref,
     unsupported_note,
     view_ref,
@@ -43,6 +45,7 @@ from proxy.apis.alpha_search.rules import (
 from proxy.apis.given import input_given
 from proxy.backends.fetcher import FetchError, Page
 from proxy.backends.search import SearchOutcome, filter_domains
+from proxy.backends.state import StateDown
 from proxy.core import codec, routes
 from proxy.core.errors import error_response
 from proxy.engine.events import TOOL_CALL, TOOLS_RAN, URL_REFUSED
@@ -50,6 +53,7 @@ from proxy.engine.exchange import ClientWatch
 from proxy.engine.services import Services
 from proxy.runtime.cancel import Watch, watched
 from proxy.runtime.concurrency import run_together
+from proxy.tools.client_reads import client_of
 from proxy.tools.provenance import Ledger, Rules
 from proxy.tools.web_fetch import FetchOutcome
 from proxy.tools.web_search import clean_query
@@ -73,19 +77,21 @@ class SearchCall:
     failures: list[Failure] = field(default_factory=list)
     succeeded: int = 0              # commands that worked; none, with upstream failures only, is a 502/504
     new_refs: dict[str, str] = field(default_factory=dict)
+    refs_down: bool = False         # the state store that keeps ref ids did not answer: a ref is unavailable
 
 
 class AlphaSearch:
     def __init__(self, services: Services):
         self.cfg, self.search, self.fetcher, self.events = services.cfg, services.search, services.fetcher, services.events
-        self.refs = RefStore()
+        self.reads = services.reads  # the client's link depths and charges across calls (proxy/tools/client_reads.py)
+        self.refs = RefStore(services.state)  # with STATE_URL, shared by every worker and replica
         # One ledger per thread and user turn: Codex sends each web.run call alone, so the links a page showed in
         # one call are followed in the next, and the link budget is per turn of the user, as it is per request
         # elsewhere. Bounded like the ref store, least recently used first out.
         self.ledgers: OrderedDict[tuple[str, str], Ledger] = OrderedDict()
         self._lock = threading.Lock()
 
-    def ledger(self, parsed: Parsed, input_, known_refs: dict[str, str]) -> Ledger:
+    def ledger(self, parsed: Parsed, input_, known_refs: dict[str, str], environ: dict) -> Ledger:
         """The thread's ledger for this user turn (a new one when `input` changed): the conversation's URLs and every
         URL the thread's earlier answers listed; search results of this turn's calls are added as they come."""
         parts = input_given(input_)
@@ -93,7 +99,7 @@ class AlphaSearch:
         with self._lock:
             found = self.ledgers.get((parsed.session, turn_key)) if parsed.session else None
             if found is None:
-                found = Ledger(Rules.of(self.cfg), parts)
+                found = Ledger(Rules.of(self.cfg), parts, self.reads, client_of(environ))
                 found.allow(known_refs.values(), "search")  # earlier turns' results and pages, given as Anthropic's are
                 if parsed.session:
                     self.ledgers[(parsed.session, turn_key)] = found
@@ -125,7 +131,7 @@ class AlphaSearch:
         outcomes = run_together(lambda query: self._search(query, limit, parsed.allowed, call.watch),
                                 list(parsed.queries), at_most=4)
         self.events.emit(TOOLS_RAN, call.environ, outcomes)
-        for outcome in outcomes:
+        for query, outcome in zip(parsed.queries, outcomes, strict=True):
             self.events.emit(TOOL_CALL, call.environ, ("web_search", outcome))
             if outcome.status == "failed":
                 call.failures.append(Failure(outcome.error_code or "unavailable", outcome.message, outcome.timed_out))
@@ -134,7 +140,7 @@ class AlphaSearch:
             text, got = format_search(outcome, call.turn, len(call.new_refs))
             call.sections.append(text)
             call.new_refs.update(got)
-            call.ledger.allow(got.values(), "search")
+            call.ledger.allow(got.values(), "search", query=str(query.q))
 
     def _page_for(self, call: SearchCall, command: str, ref_id: str) -> Page | None:
         """The page a ref id (or URL) names, or None once the failure is counted and written."""
@@ -142,7 +148,7 @@ class AlphaSearch:
         url = resolve(ref_id, {**call.known_refs, **call.new_refs})
         refusal = call.ledger.admit(url) if url is not None else None
         if url is None:
-            failure = unknown_ref(command, ref_id)
+            failure = unavailable_ref(command, ref_id) if call.refs_down else unknown_ref(command, ref_id)
         elif refusal is not None:  # before any lookup: a URL the model built never reaches a server or the DNS
             self.events.emit(URL_REFUSED, call.environ, refusal.reason)
             failure = Failure("url_not_allowed", refusal.message[0].upper() + refusal.message[1:])
@@ -190,13 +196,19 @@ class AlphaSearch:
         is on the client's `watch`: a client that leaves stops what is under way and what was still to run.
         `input_` is the request's `input`, the conversation whose URLs open and find may read."""
         parsed, left = within_cap(parsed, self.cfg.alpha_search_max_pages)
-        turn, known_refs = self.refs.begin(parsed.session)
-        call = SearchCall(parsed, environ, watch, turn, known_refs, self.ledger(parsed, input_, known_refs))
+        try:
+            (turn, known_refs), refs_down = self.refs.begin(parsed.session), False
+        except StateDown:  # counted by the store; this call's own refs still work, earlier ones are unavailable
+            (turn, known_refs), refs_down = (0, {}), True
+        call = SearchCall(parsed, environ, watch, turn, known_refs, self.ledger(parsed, input_, known_refs, environ),
+                          refs_down=refs_down)
         if parsed.queries:
             self._run_searches(call)
         self._run_page_commands(call)
         self._add_notes(call, left)
-        self.refs.add(parsed.session, call.new_refs)
+        # A store that is down loses this call's ref ids (counted, and logged once, by the store); its answer stands.
+        with contextlib.suppress(StateDown):
+            self.refs.add(parsed.session, call.new_refs)
         return call.sections, call.failures, call.succeeded, len(parsed.queries)
 
     def handle(self, raw: bytes, environ: dict) -> Response:

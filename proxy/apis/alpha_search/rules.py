@@ -6,12 +6,12 @@ proxy/apis/alpha_search/handler.py runs the commands on these rules.
 """
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+import re
+from dataclasses import dataclass, replace
 
 from proxy.backends.fetcher import Page
 from proxy.backends.search import SearchOutcome
+from proxy.backends.state import MemoryState, State
 from proxy.tools.web_fetch import removed_note
 
 CHARS_PER_TOKEN = 4            # the fetch core's estimate too
@@ -166,45 +166,52 @@ def parse_request(body) -> Parsed:
 
 # ---- reference ids: turn{n}search{i} and turn{n}view{i}, remembered per Codex thread ------
 
-@dataclass
-class Session:
-    turn: int = 0
-    refs: dict = field(default_factory=dict)   # ref_id -> URL
+REFS_USE = "refs"              # the state store's name for them (proxy/backends/state.py)
+# A thread's ref ids are kept a day after its last web.run call: Codex threads are resumed hours later, and a ref
+# the store forgot is answered with a note asking for the URL, which every listing shows.
+REFS_TTL = 24 * 3600.0
+TURN = "#turn"                 # the thread's turn counter, a field beside its ref ids (which never start with #)
+MAX_REF_URL = 8192            # longer is no URL a listing showed
+_REF = re.compile(r"turn(\d{1,9})(search|view)(\d{1,9})")
+
+
+def ref_age(ref_id: str) -> tuple[int, int, int]:
+    """Oldest first when sorted: by turn, then its searches before its views, then index; others first. Pure."""
+    m = _REF.fullmatch(ref_id)
+    return (int(m[1]), m[2] == "view", int(m[3])) if m else (-1, False, -1)
 
 
 class RefStore:
     """The ids a thread's earlier answers handed out, so the model can `open` "turn0search1".
 
-    In memory, per gunicorn worker, bounded (least recently used threads go first): a ref the
-    store forgot is answered with a note asking for the URL, which every listing shows.
+    Kept in the worker's state (proxy/backends/state.py): in this process by default, least recently used threads
+    out first past `max_sessions`, or in the shared store with STATE_URL, where every worker and replica sees them.
+    Each thread keeps at most `max_refs` ids (the oldest turns' out first) for REFS_TTL after its last call. begin
+    and add raise StateDown when the shared store is down (the handler tells the model so).
     """
 
-    def __init__(self, max_sessions: int = 512, max_refs: int = 500):
+    def __init__(self, state: State | None = None, max_sessions: int = 512, max_refs: int = 500):
         self.max_sessions, self.max_refs = max_sessions, max_refs
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
-        self._lock = threading.Lock()
+        self.state: State = state if state is not None else MemoryState(max_keys=max_sessions)
 
     def begin(self, session_id: str) -> tuple[int, dict]:
-        """This call's turn number and a copy of the refs known so far; a request without a
+        """This call's turn number and the refs known so far; a request without a
         thread id remembers nothing (unrelated clients must not share one store)."""
         if not session_id:
             return 0, {}
-        with self._lock:
-            session = self._sessions.pop(session_id, None) or Session()
-            self._sessions[session_id] = session
-            while len(self._sessions) > self.max_sessions:
-                self._sessions.popitem(last=False)
-            turn, session.turn = session.turn, session.turn + 1
-            return turn, dict(session.refs)
+        turn = self.state.count(REFS_USE, session_id, TURN, REFS_TTL) - 1
+        # Only fields of the shape this store writes: a ref id naming an http(s) URL (a shared store is hostile too).
+        refs = {k: v for k, v in self.state.fields(REFS_USE, session_id).items()
+                if _REF.fullmatch(k) and v.startswith(("http://", "https://")) and len(v) <= MAX_REF_URL}
+        return turn, refs
 
     def add(self, session_id: str, refs: dict):
-        with self._lock:
-            session = self._sessions.get(session_id)
-            if session is None:
-                return
-            session.refs.update(refs)
-            for key in list(session.refs)[:max(0, len(session.refs) - self.max_refs)]:
-                del session.refs[key]
+        if not session_id or not refs:
+            return
+        held = self.state.add_fields(REFS_USE, session_id, refs, REFS_TTL) - 1  # the turn counter is one
+        if held > self.max_refs:
+            known = sorted((k for k in self.state.fields(REFS_USE, session_id) if k != TURN), key=ref_age)
+            self.state.drop_fields(REFS_USE, session_id, known[:held - self.max_refs])
 
 
 def search_ref(turn: int, index: int) -> str:
@@ -232,6 +239,14 @@ def unknown_ref(command: str, ref_id: str) -> Failure:
     where = "in a URL" if command == "find" else "a URL"
     return Failure("invalid_tool_input",
                    f"Unknown ref_id {ref_id!r}: {command} {where} or a ref id from an earlier result.")
+
+
+def unavailable_ref(command: str, ref_id: str) -> Failure:
+    """What the model reads when the store that keeps ref ids is down: the ref may be fine, but nobody can look it
+    up now; the URL every listing shows always works."""
+    where = "in a URL" if command == "find" else "a URL"
+    return Failure("ref_unavailable", f"Ref id {ref_id!r} is unavailable right now (the proxy's state store is not "
+                                  f"answering): {command} {where} instead; every result lists its URL.")
 
 
 # ---- writing the output (pure) -----------------------------------------------------------

@@ -4,9 +4,10 @@ tool results and the proxy's own citations, and never from what the model wrote.
 """
 from __future__ import annotations
 
-from proxy.tools.provenance import MODEL, Given
+from proxy.apis.given import user_given
+from proxy.tools.provenance import MODEL, READ, Given
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "tool": "tool", "function": "tool"}
+ROLES = {"system": "system", "developer": "system", "tool": "tool", "function": "tool"}
 
 
 def given(body) -> list[Given]:
@@ -19,14 +20,16 @@ def given(body) -> list[Given]:
         role = msg.get("role")
         if role == "assistant":
             # The model's text and tool calls allow nothing; the citations the proxy added to an earlier answer
-            # are the URLs its searches and fetches gave (a model cannot write an annotation).
+            # are the pages its searches and fetches read (a model cannot write an annotation), at their depth.
             out.append(Given(MODEL, [msg.get("content"), msg.get("tool_calls"), msg.get("function_call"),
                                      msg.get("reasoning_content"), msg.get("reasoning")]))
             notes = msg.get("annotations")
             for a in notes if isinstance(notes, list) else []:
                 cite = a.get("url_citation") if isinstance(a, dict) else None
                 if isinstance(cite, dict):
-                    out.append(Given("search", cite.get("url")))
+                    out.append(Given(READ, cite.get("url")))
+        elif role == "user":  # a person's words, or what a client put in their place (proxy/apis/given.py)
+            out.extend(user_given(msg.get("content")))
         elif role in ROLES:
             out.append(Given(ROLES[role], msg.get("content")))
     return out

@@ -31,8 +31,8 @@ from proxy.core import codec, routes
 from proxy.core.codec import data_of, iter_frame_batches
 from proxy.core.errors import error_response, sse_error
 from proxy.engine import loop
+from proxy.engine.admission import METERED, USAGE_UNSEEN
 from proxy.engine.exchange import Exchange, response_headers
-from proxy.tools.provenance import Ledger, Rules
 
 log = logging.getLogger("proxy.chat")
 
@@ -53,7 +53,7 @@ def handle(ex: Exchange) -> Response:
     ours = tools_to_inject(body, ex.cfg.inject_web_search, ex.cfg.inject_web_fetch)
     if not ours:
         return ex.relay()
-    ex.ledger = Ledger(Rules.of(ex.cfg), given(body))
+    ex.ledger = ex.new_ledger(given(body))
     body = with_tools(body, ours)
     if body.get("stream"):
         if ex.cfg.stream_search == "client":
@@ -212,6 +212,14 @@ class StreamedChat(_Chat):
     def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...] = (WEB_SEARCH,)):
         super().__init__(ex, body, ours)
         self.ident = self.created = self.model = None  # the first turn's, which every later chunk takes
+        self.environ = ex.environ
+        given_options = body.get("stream_options")
+        options: dict = given_options if isinstance(given_options, dict) else {}
+        # A key's tokens per day count streams too: vLLM is asked for the usage chunk the client did not ask for,
+        # and the proxy keeps it (USAGE_UNSEEN) instead of sending it, so the client's stream is as it asked.
+        self.hide_usage = bool(ex.environ.get(METERED)) and not options.get("include_usage")
+        if self.hide_usage:
+            self.body = self.request = {**self.request, "stream_options": {**options, "include_usage": True}}
         # The answer's annotations: positions in the content the client gathers over every turn of the stream.
         self.citer = citations.Citer(self.sources, citations.chat_citation) if self.sources is not None else None
 
@@ -297,7 +305,10 @@ class StreamedChat(_Chat):
         for frame in turn.held:
             yield frame if first else self.restamp(data_of(frame))
         if turn.usage_frame is not None:
-            if first:
+            if self.hide_usage:
+                self.environ[USAGE_UNSEEN] = add_usage(self.usage, codec.loads(data_of(turn.usage_frame) or b"{}")
+                                                       .get("usage"))
+            elif first:
                 yield turn.usage_frame
             else:
                 payload = data_of(turn.usage_frame) or b"{}"

@@ -5,8 +5,9 @@ model's text, thinking and tool inputs give none. Tested by tests/test_provenanc
 """
 from __future__ import annotations
 
+from proxy.apis.given import user_given
 from proxy.core.codec import as_dict
-from proxy.tools.provenance import MODEL, Given
+from proxy.tools.provenance import MODEL, READ, Given
 
 SEARCH_RESULTS = "web_search_tool_result"
 FETCH_RESULT = "web_fetch_tool_result"
@@ -23,10 +24,8 @@ def given(body) -> tuple[list[Given], list[tuple[str, str]]]:
         msg = as_dict(msg)
         content = msg.get("content")
         blocks = content if isinstance(content, list) else [content]
-        if msg.get("role") == "user":
-            for block in blocks:
-                kind = str(as_dict(block).get("type") or "")
-                out.append(Given("tool" if kind.endswith("tool_result") else "user", block))
+        if msg.get("role") == "user":  # a person's words, client tool results and what a client generated
+            out.extend(user_given(blocks))
         elif msg.get("role") == "assistant":
             for block in blocks:
                 out.extend(_assistant(as_dict(block), pages) if isinstance(block, dict) else [Given(MODEL, block)])
@@ -46,9 +45,9 @@ def _assistant(block: dict, pages: list) -> list[Given]:
         source = as_dict(as_dict(result.get("content")).get("source"))
         if source.get("type") == "text" and isinstance(source.get("data"), str):
             pages.append((url, source["data"]))
-        return [Given("search", url)]
+        return [Given(READ, url)]  # read earlier: at the depth it was read at
     # The model's own blocks (text, thinking, tool_use, server_tool_use) allow nothing; the citations the proxy put
     # on a text block name what searches and fetches gave.
     cites = block.get("citations")
     urls = [as_dict(c).get("url") for c in cites] if isinstance(cites, list) else []
-    return [Given(MODEL, {k: v for k, v in block.items() if k != "citations"}), Given("search", urls)]
+    return [Given(MODEL, {k: v for k, v in block.items() if k != "citations"}), Given(READ, urls)]

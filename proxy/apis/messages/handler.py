@@ -51,7 +51,6 @@ from proxy.engine import loop
 from proxy.engine.exchange import Exchange, response_headers
 from proxy.tools import registry
 from proxy.tools.base import Outcome, Request
-from proxy.tools.provenance import Ledger, Rules
 from proxy.transport.vllm import UpstreamError, gateway_status
 
 
@@ -72,7 +71,7 @@ def handle(ex: Exchange) -> Response:
         return anthropic_error(400, problem)
     vbody, plan = rewrite(body, ex.cfg.citations, ex.services.kept.get)
     parts, pages = given(body)
-    ex.ledger = Ledger(Rules.of(ex.cfg), parts)
+    ex.ledger = ex.new_ledger(parts)
     for url, text in pages:  # links of pages read in earlier requests: links, within this request's budget
         ex.ledger.learn_page(url, url, text)
     if ex.target.split("?", 1)[0].rstrip("/").endswith("/count_tokens"):

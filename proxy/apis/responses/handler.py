@@ -32,7 +32,6 @@ from proxy.core import codec, routes
 from proxy.core.errors import error_response
 from proxy.engine import loop
 from proxy.engine.exchange import Exchange
-from proxy.tools.provenance import Ledger, Rules
 
 PATH = routes.RESPONSES
 
@@ -52,7 +51,7 @@ def handle(ex: Exchange) -> Response:
     if not plan.hosted:
         # History only: the model has no search tool this time, so vLLM's answer is final.
         return ex.relay(codec.dumps(request))
-    ex.ledger = Ledger(Rules.of(ex.cfg), given(body))
+    ex.ledger = ex.new_ledger(given(body))
     dialect = StreamedResponses if body.get("stream") else PlainResponses
     return loop.run(ex, dialect(ex, request, plan))
 

@@ -1,0 +1,297 @@
+"""The team's shared state in Redis or Valkey (STATE_URL=redis://...), for replicas on several hosts: the same usage
+per key and day, quota windows, requests in flight and fair-queue tickets as proxy/backends/teamstore.py keeps in
+SQLite, with the same methods, so proxy/http/wiring.py picks one and nothing above it knows which.
+
+Exact across every worker of every replica: each check-and-update is one Lua script, which Redis runs atomically
+(no other command runs in between), so two replicas can never both see 59 of 60 requests used. The clock is the
+caller's, as in SQLite; replicas need synchronised clocks (NTP), which a lease of 20 s tolerates easily.
+Live rows (requests in flight, tickets) carry leases this worker renews for the ones it holds; a dead worker's run
+out and the next script drops them.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from proxy.backends.keys import Limits
+from proxy.backends.teamstore import (
+    FIELDS,
+    LEASE,
+    PATIENCE,
+    WINDOW,
+    Admitted,
+    Refusal,
+    StoreError,
+    day_of,
+    seconds_to_midnight,
+)
+from proxy.runtime import concurrency as runtime
+
+log = logging.getLogger("proxy")
+
+PREFIX = "coding-stack:team:"
+DAYS_KEPT = 400 * 86400  # a day's usage expires after a year and a bit
+
+ADMIT = """
+local p, name, now, day = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local rpm, tpd, conc = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local id, lease, final, window = ARGV[8], tonumber(ARGV[9]), ARGV[10], tonumber(ARGV[11])
+local hits, active, usage = p..'hits:'..name, p..'active:'..name, p..'usage:'..name..':'..day
+redis.call('ZREMRANGEBYSCORE', hits, '-inf', now - window)
+redis.call('ZREMRANGEBYSCORE', active, '-inf', '('..now)
+local function refuse(kind, allowed, retry)
+  if final == '1' or kind ~= 'concurrent' then
+    redis.call('HINCRBYFLOAT', usage, 'limited', 1)
+    redis.call('SADD', p..'usage:index', name..'|'..day)
+    redis.call('EXPIRE', usage, ARGV[13])
+  end
+  return {kind, allowed, tostring(retry)}
+end
+if rpm > 0 then
+  if redis.call('ZCARD', hits) >= rpm then
+    local oldest = redis.call('ZRANGE', hits, 0, 0, 'WITHSCORES')
+    return refuse('rpm', rpm, math.max(tonumber(oldest[2]) + window - now, 0.001))
+  end
+end
+if tpd > 0 then
+  local v = redis.call('HMGET', usage, 'prompt_tokens', 'completion_tokens')
+  if (tonumber(v[1]) or 0) + (tonumber(v[2]) or 0) >= tpd then return refuse('tokens_per_day', tpd, ARGV[12]) end
+end
+if conc > 0 and redis.call('ZCARD', active) >= conc then return refuse('concurrent', conc, 1) end
+redis.call('ZADD', hits, now, id)
+redis.call('EXPIRE', hits, math.ceil(window) + 60)
+redis.call('ZADD', active, lease, id)
+redis.call('HINCRBYFLOAT', usage, 'requests', 1)
+redis.call('SADD', p..'usage:index', name..'|'..day)
+redis.call('EXPIRE', usage, ARGV[13])
+local remaining = -1
+if rpm > 0 then remaining = rpm - redis.call('ZCARD', hits) end
+return {'ok', remaining}
+"""
+
+# The fair queue's choice, as teamstore.TeamStore._fill makes it: drop lapsed tickets, then while seats are free give
+# one to the resumed turn first, else the key served longest ago, else the oldest ticket; say whether ARGV[4] runs.
+FILL = """
+local p, now, seats, mine, by_tokens, day = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4],
+  ARGV[5] == 'tokens', ARGV[6]
+local running, waiting = 0, {}
+for _, id in ipairs(redis.call('SMEMBERS', p..'tickets')) do
+  local t = redis.call('HMGET', p..'ticket:'..id, 'name', 'arrived', 'resumed', 'running', 'lease')
+  if not t[5] or tonumber(t[5]) < now then
+    redis.call('DEL', p..'ticket:'..id)
+    redis.call('SREM', p..'tickets', id)
+  elseif t[4] == '1' then
+    running = running + 1
+  else
+    local used = 0
+    if by_tokens then
+      local v = redis.call('HMGET', p..'usage:'..t[1]..':'..day, 'prompt_tokens', 'completion_tokens')
+      used = (tonumber(v[1]) or 0) + (tonumber(v[2]) or 0)
+    end
+    table.insert(waiting, {id = id, name = t[1], arrived = tonumber(t[2]), resumed = tonumber(t[3]), used = used,
+                           served = tonumber(redis.call('HGET', p..'turns', t[1]) or '0')})
+  end
+end
+while running < seats and #waiting > 0 do
+  local bi = 1
+  for i, w in ipairs(waiting) do
+    local b = waiting[bi]
+    if w.resumed > b.resumed or (w.resumed == b.resumed and (w.used < b.used or (w.used == b.used and
+       (w.served < b.served or (w.served == b.served and w.arrived < b.arrived))))) then bi = i end
+  end
+  local best = table.remove(waiting, bi)
+  redis.call('HSET', p..'ticket:'..best.id, 'running', '1')
+  local seq = redis.call('INCR', p..'turns:seq')
+  redis.call('HSET', p..'turns', best.name, seq)
+  for _, w in ipairs(waiting) do if w.name == best.name then w.served = seq end end
+  running = running + 1
+end
+local state = redis.call('HGET', p..'ticket:'..mine, 'running')
+if not state then return -1 end
+return tonumber(state)
+"""
+
+RENEW = """
+local p, lease = ARGV[1], ARGV[2]
+for i = 3, #ARGV, 2 do
+  local kind, id = ARGV[i], ARGV[i + 1]
+  if kind == 't' then
+    if redis.call('EXISTS', p..'ticket:'..id) == 1 then redis.call('HSET', p..'ticket:'..id, 'lease', lease) end
+  else
+    redis.call('ZADD', p..'active:'..kind, 'XX', lease, id)
+  end
+end
+return 0
+"""
+
+
+def _wrapped(fn):
+    """Redis's failures as StoreError, which the callers handle for either store."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except redis.RedisError as e:
+            raise StoreError(str(e)) from None
+    return call
+
+
+def masked(url: str) -> str:
+    """STATE_URL without its password, for log lines. Pure."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
+
+
+class RedisTeamStore:
+    def __init__(self, url: str, clock: Callable[[], float] = time.time, prefix: str = PREFIX):
+        self.path = masked(url)  # what log lines name
+        self.clock = clock
+        self.prefix = prefix
+        self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        self._admit = self.client.register_script(ADMIT)
+        self._fill = self.client.register_script(FILL)
+        self._renew = self.client.register_script(RENEW)
+        self._live: dict[str, str] = {}  # what this worker holds: request id -> key name, or ticket id -> "t"
+        self._lock = threading.Lock()
+        self._renewing = False
+        self._closed = False
+
+    def _ensure_renewing(self) -> None:
+        if not self._renewing:
+            self._renewing = True
+            threading.Thread(target=self._renew_forever, daemon=True, name="lease-renewal").start()
+
+    def close(self) -> None:
+        """Stop renewing leases (what this handle holds then lapses): for a handle that is not a worker's."""
+        self._closed = True
+
+    def _renew_forever(self) -> None:
+        while not self._closed:
+            runtime.sleep(LEASE / 4)
+            if self._closed:
+                return
+            with self._lock:
+                held = [x for id_, kind in self._live.items() for x in (kind, id_)]
+            if not held:
+                continue
+            try:
+                self._renew(args=[self.prefix, self.clock() + LEASE, *held])
+            except redis.RedisError as e:  # the next renewal tries again; the lease outlasts three misses
+                log.warning("STATE_URL %s: renewing leases failed: %s", self.path, e)
+
+    def _hold(self, id_: str, kind: str) -> None:
+        with self._lock:
+            self._live[id_] = kind
+
+    def _drop(self, id_: str) -> None:
+        with self._lock:
+            self._live.pop(id_, None)
+
+    # ---- quotas and usage -------------------------------------------------------------------------------
+
+    @_wrapped
+    def admit(self, name: str, limits: Limits) -> Admitted | Refusal:
+        self._ensure_renewing()
+        deadline = time.monotonic() + PATIENCE
+        while True:
+            final = time.monotonic() >= deadline
+            now, rid = self.clock(), uuid.uuid4().hex
+            out = self._admit(args=[self.prefix, name, now, day_of(now), limits.rpm or 0, limits.tokens_per_day or 0,
+                                    limits.concurrent or 0, rid, now + LEASE, "1" if final else "0", WINDOW,
+                                    seconds_to_midnight(now), DAYS_KEPT])
+            kind = out[0].decode() if isinstance(out[0], bytes) else out[0]
+            if kind == "ok":
+                self._hold(rid, name)
+                return Admitted(rid, None if out[1] < 0 else int(out[1]))
+            if kind != "concurrent" or final:
+                return Refusal(kind, int(out[1]), float(out[2]))
+            runtime.sleep(0.02)
+
+    @_wrapped
+    def ended(self, admitted_id: str, name: str, figures: dict[str, float]) -> None:
+        self._drop(admitted_id)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.zrem(f"{self.prefix}active:{name}", admitted_id)
+        self._adding(pipe, name, figures)
+        pipe.execute()
+
+    @_wrapped
+    def add(self, name: str, figures: dict[str, float]) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        self._adding(pipe, name, figures)
+        pipe.execute()
+
+    def _adding(self, pipe: Any, name: str, figures: dict[str, float]) -> None:
+        day = day_of(self.clock())
+        key = f"{self.prefix}usage:{name}:{day}"
+        for figure, value in figures.items():
+            if figure in FIELDS and value:
+                pipe.hincrbyfloat(key, figure, value)
+        pipe.sadd(f"{self.prefix}usage:index", f"{name}|{day}")
+        pipe.expire(key, DAYS_KEPT)
+
+    @_wrapped
+    def usage(self, days: int = 31) -> dict[str, dict[str, dict[str, float]]]:
+        since = day_of(self.clock() - 86400 * (days - 1))
+        entries = sorted((m.decode() if isinstance(m, bytes) else m).split("|", 1)
+                         for m in self.client.smembers(f"{self.prefix}usage:index"))
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for name, day in sorted(entries, key=lambda e: (e[0], e[1]), reverse=False):
+            if day < since:
+                continue
+            raw = self.client.hgetall(f"{self.prefix}usage:{name}:{day}")
+            values = {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in raw.items()}
+            out.setdefault(name, {})[day] = {f: (round(values.get(f, 0.0), 3) if f == "queued_seconds"
+                                                 else int(values.get(f, 0.0))) for f in FIELDS}
+        return {name: dict(sorted(d.items(), reverse=True)) for name, d in out.items()}
+
+    # ---- the fair queue ------------------------------------------------------------------------------------
+
+    @_wrapped
+    def enqueue(self, name: str, resumed: bool) -> str:
+        self._ensure_renewing()
+        tid, now = uuid.uuid4().hex, self.clock()
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(f"{self.prefix}ticket:{tid}", mapping={"name": name, "arrived": now, "resumed": int(resumed),
+                                                         "running": 0, "lease": now + LEASE})
+        pipe.sadd(f"{self.prefix}tickets", tid)
+        pipe.execute()
+        self._hold(tid, "t")
+        return tid
+
+    @_wrapped
+    def admitted(self, ticket: str, seats: int, policy: str = "round_robin") -> bool | None:
+        now = self.clock()
+        state = self._fill(args=[self.prefix, now, seats, ticket, policy, day_of(now)])
+        if state < 0:
+            self._drop(ticket)
+            return None
+        return bool(state)
+
+    @_wrapped
+    def release(self, ticket: str) -> None:
+        self._drop(ticket)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(f"{self.prefix}ticket:{ticket}")
+        pipe.srem(f"{self.prefix}tickets", ticket)
+        pipe.execute()
+
+    @_wrapped
+    def queue_view(self) -> dict[str, int]:
+        now, counts = self.clock(), {"running": 0, "waiting": 0}
+        for tid in self.client.smembers(f"{self.prefix}tickets"):
+            tid = tid.decode() if isinstance(tid, bytes) else tid
+            running, lease = self.client.hmget(f"{self.prefix}ticket:{tid}", "running", "lease")
+            if lease is not None and float(lease) >= now:
+                counts["running" if running in (b"1", "1") else "waiting"] += 1
+        return counts

@@ -1,0 +1,181 @@
+"""A stack shared by a team: who a request's key belongs to (PROXY_API_KEY's keys are the admin, PROXY_KEYS_FILE's
+are people), their quotas (a 429 in the route's error shape over a limit), and what each request used, added to
+its key's day when the request ends. create_app installs it before every route; not run on its own.
+
+A key is never logged and never a metric label: the name is. The usage of a request is read from the answer its
+client got (proxy/observe/usage.py), its searches and page reads from the engine's events.
+"""
+from __future__ import annotations
+
+import datetime
+import hmac
+import logging
+import math
+import sqlite3
+from typing import TYPE_CHECKING
+
+from flask import Response
+
+from proxy.backends.keys import ADMIN, KeysFile, Limits, Person
+from proxy.backends.teamstore import Admitted, Refusal, StoreError, TeamStore
+from proxy.core import codec, routes
+from proxy.core.config import Config
+from proxy.core.errors import error_for_path
+from proxy.engine.admission import ANONYMOUS, KEY_NAME, METERED, QUEUED, USAGE_UNSEEN
+from proxy.engine.events import Finished
+from proxy.observe import metrics
+from proxy.observe.usage import UsageScan
+from proxy.observe.usage import figures as figures_of
+from proxy.tools.session import searches_in
+
+if TYPE_CHECKING:  # only for annotations: redis-py loads only with STATE_URL (proxy/http/wiring.py)
+    from proxy.backends.teamstore_redis import RedisTeamStore
+
+log = logging.getLogger("proxy")
+
+ADMITTED = "proxy.admitted"   # environ: the request's row among those in flight (teamstore.Admitted)
+TALLY = "proxy.tally"         # environ: searches, page reads and refused fetches the request ran
+SCAN = "proxy.usage_scan"     # environ: the UsageScan reading its answer as it leaves (proxy/http/flow.py)
+UNAUTHORIZED = ("Missing or invalid API key: send it as `Authorization: Bearer <key>` (or `x-api-key: <key>`) "
+                "with a key from PROXY_API_KEY or made by scripts/keys.py.")
+LIMIT_WORDS = {"rpm": "requests per minute", "tokens_per_day": "tokens per day (UTC)",
+               "concurrent": "requests at once"}
+
+
+def presented_key(headers) -> str | None:
+    """The key a client sent: `Authorization: Bearer K` (OpenAI) or `x-api-key: K` (Anthropic)."""
+    auth = headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return headers.get("x-api-key") or None
+
+
+def key_ok(key: str | None, keys: tuple[str, ...]) -> bool:
+    """Constant-time check against every configured key (no early exit on a match)."""
+    if key is None:
+        return False
+    ok = False
+    for k in keys:
+        ok |= hmac.compare_digest(key.encode(), k.encode())
+    return ok
+
+
+def metered(method: str, path: str) -> bool:
+    """Requests counted and limited per key: every POST (they make vLLM or the tools work) outside the proxy's own
+    paths; GETs (models, health, metrics) cost nothing worth a quota. Pure."""
+    return method == "POST" and routes.route_of(path).api != "proxy"
+
+
+def rate_limit_headers(refusal: Refusal, now: float) -> dict[str, str]:
+    """Retry-After and the headers the OpenAI and Anthropic SDKs read on a 429. Pure."""
+    seconds = max(1, math.ceil(refusal.retry_after))
+    reset = datetime.datetime.fromtimestamp(now + seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kind = "tokens" if refusal.limit == "tokens_per_day" else "requests"
+    return {"Retry-After": str(seconds), "retry-after-ms": str(math.ceil(refusal.retry_after * 1000)),
+            f"x-ratelimit-limit-{kind}": str(refusal.allowed), f"x-ratelimit-remaining-{kind}": "0",
+            f"x-ratelimit-reset-{kind}": f"{seconds}s",
+            f"anthropic-ratelimit-{kind}-limit": str(refusal.allowed),
+            f"anthropic-ratelimit-{kind}-remaining": "0", f"anthropic-ratelimit-{kind}-reset": reset}
+
+
+def refused(path: str, name: str, refusal: Refusal, now: float) -> Response:
+    """A 429 in the route's error shape, with the headers clients retry by."""
+    seconds = max(1, math.ceil(refusal.retry_after))
+    resp = error_for_path(path, 429, f"Rate limit: the key {name!r} has used its {refusal.allowed} "
+                          f"{LIMIT_WORDS[refusal.limit]} (its limit in PROXY_KEYS_FILE); try again in {seconds} s.",
+                          "rate_limit_error" if routes.route_of(path).errors == "anthropic" else "rate_limit_exceeded")
+    resp.headers.update(rate_limit_headers(refusal, now))
+    return resp
+
+
+class Team:
+    """One worker's keys, quotas and usage."""
+
+    def __init__(self, cfg: Config, store: TeamStore | RedisTeamStore | None):
+        self.cfg = cfg
+        self.keys = KeysFile(cfg.proxy_keys_file) if cfg.proxy_keys_file else None
+        if self.keys is not None:
+            self.keys.people()  # read at the worker's start: a file broken later keeps this table in every worker
+        self.store = store
+
+    @property
+    def guarded(self) -> bool:
+        """Whether a key is needed: PROXY_API_KEY is set, or the keys file exists."""
+        return bool(self.cfg.proxy_api_keys) or (self.keys is not None and self.keys.exists())
+
+    def who(self, key: str | None) -> Person | None:
+        """The admin, a person with a live key, or None. Both checks run whatever the first found, so the time
+        taken does not tell which kind of key was sent."""
+        admin = key_ok(key, self.cfg.proxy_api_keys)
+        person = self.keys.find(key) if self.keys is not None and key is not None else None
+        if admin:
+            return Person(ADMIN, "")
+        return person if person is not None and not person.disabled else None
+
+    def check(self, environ: dict, headers, path: str, now: float) -> Response | None:
+        """Before every route: a 401 for a key nobody holds, a 429 over a limit, else None with the request's
+        key name (and, when metered, its place among the requests in flight) in the environ."""
+        if not self.guarded:
+            environ[KEY_NAME] = ANONYMOUS
+            return None
+        if path in routes.OPEN_PATHS:
+            return None
+        person = self.who(presented_key(headers))
+        if person is None:
+            return error_for_path(path, 401, UNAUTHORIZED, "authentication_error")
+        # Without a keys file everyone is the one admin: a single key, as before, and one line in the queue.
+        environ[KEY_NAME] = person.name if self.keys is not None else ANONYMOUS
+        if self.keys is None or self.store is None or not metered(environ.get("REQUEST_METHOD", ""), path):
+            return None
+        try:
+            verdict = self.store.admit(person.name, person.limits if person.name != ADMIN else Limits())
+        except (sqlite3.Error, StoreError) as e:
+            log.error("PROXY_STATE_DB %s: %s", self.store.path, e)
+            return error_for_path(path, 503, "The proxy cannot reach its usage store (PROXY_STATE_DB); see its log.")
+        if isinstance(verdict, Refusal):
+            metrics.key_limited(person.name, verdict.limit)
+            return refused(path, person.name, verdict, now)
+        environ[ADMITTED] = verdict
+        environ[METERED] = True
+        environ[TALLY] = {"searches": 0, "page_reads": 0, "refused_fetches": 0}
+        environ[SCAN] = UsageScan()
+        return None
+
+    # ---- what the engine tells (subscribed in create_app) -------------------------------------------
+
+    @staticmethod
+    def tools_ran(environ: dict, outcomes: list) -> None:
+        tally = environ.get(TALLY)
+        if tally is not None:
+            tally["searches"] += searches_in(outcomes)
+            tally["page_reads"] += sum(1 for o in outcomes if o.tool != "web_search" and o.status == "ok")
+
+    @staticmethod
+    def url_refused(environ: dict, _reason: str) -> None:
+        tally = environ.get(TALLY)
+        if tally is not None:
+            tally["refused_fetches"] += 1
+
+    def request_ended(self, environ: dict, _done: Finished) -> None:
+        """The request's figures added to its key's day, and it leaves the requests in flight."""
+        admitted: Admitted | None = environ.get(ADMITTED)
+        if admitted is None or self.store is None:
+            return
+        name = environ[KEY_NAME]
+        scan: UsageScan = environ[SCAN]
+        tokens = scan.result()
+        unseen = environ.get(USAGE_UNSEEN)
+        if isinstance(unseen, dict):  # a stream whose usage the client did not ask for: the proxy kept it
+            tokens = {k: max(v, figures_of(unseen)[k]) for k, v in tokens.items()}
+        figures: dict[str, float] = {**tokens, **environ[TALLY], "queued_seconds": environ.get(QUEUED, 0.0)}
+        metrics.key_used(name, {"requests": 1, **figures})
+        try:
+            self.store.ended(admitted.id, name, figures)
+        except (sqlite3.Error, StoreError) as e:  # the lease frees its concurrency slot; the figures are lost, and said so
+            log.error("PROXY_STATE_DB %s: usage of a request of %r not recorded: %s", self.store.path, name, e)
+
+    def usage(self) -> Response:
+        """GET /proxy/usage: per key name, per UTC day, every figure (admin key only)."""
+        body = {"keys": self.store.usage() if self.store is not None else {},
+                "queue": self.store.queue_view() if self.store is not None and self.cfg.max_num_seqs else None}
+        return Response(codec.dumps(body), mimetype="application/json")

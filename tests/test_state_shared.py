@@ -1,0 +1,179 @@
+"""Two real proxies (gunicorn, standins/proxy_process.py) sharing one real redis-server through STATE_URL: Codex's
+`open` by a ref id the other proxy gave, a repeated search answered from the shared cache once across both (the
+SearXNG stand-in counts what reached it), a page downloaded once across both (the web site stand-in counts), the
+store killed mid-run (both keep serving, say so in /proxy/metrics and one log line, and share again when it is back),
+and one proxy with PROXY_WORKERS=2 whose workers share its caches and ref ids. The interface itself:
+tests/test_state.py.
+
+Run: tests/run.sh tests/test_state_shared.py -q
+"""
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+import pytest
+from test_alpha_search import DOC, post
+from test_metrics import scrape, value
+
+from standins.proxy_process import ProxyProcess
+from standins.redis_server import RedisServer
+from standins.searxng import result
+
+pytestmark = [pytest.mark.redis, pytest.mark.xdist_group("state_shared")]
+
+SHARED = {"SEARCH_CACHE_TTL": "600", "WEB_FETCH_CACHE_TTL": "300", "WEB_FETCH_ALLOWED_NETWORKS": "127.0.0.0/8",
+          "STATE_TIMEOUT": "0.25"}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    return tmp_path_factory.mktemp("proxies")
+
+
+def start(logs, name: str, store: RedisServer, backend, searxng, **env) -> ProxyProcess:
+    return ProxyProcess({"BACKEND_URL": backend.url, "SEARXNG_URL": searxng.url, "STATE_URL": store.url,
+                         **SHARED, **env}, logs / f"proxy-{name}.log")
+
+
+@pytest.fixture(scope="module")
+def pair(logs, store, _backend_server, _searxng_server):
+    """Proxies A and B, one worker each, on the same store."""
+    a = start(logs, "a", store, _backend_server, _searxng_server)
+    try:
+        b = start(logs, "b", store, _backend_server, _searxng_server)
+    except BaseException:
+        a.stop()
+        raise
+    yield a, b
+    for p in (a, b):
+        p.ask_to_stop()
+    for p in (a, b):
+        p.wait_stopped()
+
+
+def thread(**commands) -> dict:
+    return {"id": f"thread-{uuid.uuid4().hex}", "model": "foundation", "commands": commands,
+            "settings": {"allowed_callers": ["direct"], "external_web_access": False}, "max_output_tokens": 2500}
+
+
+def test_a_ref_id_one_proxy_gave_opens_on_the_other(pair, searxng, site):
+    """With WEB_FETCH_URLS=given (the default): B may read the page because the thread's earlier answer listed it,
+    which B learns from the shared ref ids."""
+    a, b = pair
+    site.route("/doc", DOC)
+    searxng.behave("shared refs", "results", results=[result(site.url + "/doc", "The notes", "About 0.32.")])
+    first = thread(search_query=[{"q": "shared refs"}])
+    got, answer = post(a, first)
+    assert got == 200 and "[turn0search0] The notes" in answer["output"], answer
+    got, answer = post(b, {**thread(open=[{"ref_id": "turn0search0"}]), "id": first["id"]})
+    assert got == 200, answer
+    assert "## open [turn1view0] vLLM 0.32 notes" in answer["output"] and "PELICAN-7731" in answer["output"]
+    # And back on A, the page B opened, by the id B gave it.
+    got, answer = post(a, {**thread(find=[{"ref_id": "turn1view0", "pattern": "magic"}]), "id": first["id"]})
+    assert got == 200 and '## find "magic" in [turn1view0]' in answer["output"], answer
+    assert [r.path for r in site.requests] == ["/doc"]  # downloaded once, by B; A's find read the shared page
+
+
+def test_a_repeated_search_goes_out_once_across_both(pair, searxng):
+    a, b = pair
+    query = f"shared cache {uuid.uuid4().hex[:8]}"
+    for proxy in (a, b, a, b):
+        got, answer = post(proxy, thread(search_query=[{"q": query}]))
+        assert got == 200 and "[turn0search0]" in answer["output"], answer
+    assert searxng.queries == [query]
+    # B's first answer came from A's search: a cache hit in B's own metrics, with its age.
+    assert value(scrape(b), "proxy_cache_lookups_total", cache="search", result="hit") >= 2
+
+
+def test_a_page_is_downloaded_once_across_both(pair, searxng, site):
+    a, b = pair
+    path = f"/page-{uuid.uuid4().hex[:8]}"
+    site.route(path, DOC)
+    for proxy in (a, b, b):
+        # The user named the page (URL provenance, WEB_FETCH_URLS=given), in the conversation Codex sends as `input`.
+        got, answer = post(proxy, {**thread(open=[{"ref_id": site.url + path}]), "input": f"Read {site.url + path}"})
+        assert got == 200 and "PELICAN-7731" in answer["output"], answer
+    assert [r.path for r in site.requests] == [path]
+
+
+def state_up(proxy) -> float:
+    return value(scrape(proxy), "proxy_state_up")
+
+
+def test_the_store_dies_and_returns(pair, store, searxng, site):
+    a, b = pair
+    searxng.behave(None, "results")
+    before = thread(search_query=[{"q": "before the outage"}])
+    assert post(a, before)[0] == 200
+    assert state_up(a) == 1 and state_up(b) == 1
+    assert value(scrape(a), "proxy_state_up", store=store.url) == 1  # labelled by its STATE_URL
+    store.stop()
+    try:
+        # Both keep serving: searches (each proxy's own cache still works), pages, and a ref id says it is unavailable.
+        for proxy in (a, b):
+            started = time.monotonic()
+            got, answer = post(proxy, thread(search_query=[{"q": f"during the outage {proxy.url}"}]))
+            assert got == 200 and "[turn0search0]" in answer["output"], answer
+            got, answer = post(proxy, {**thread(open=[{"ref_id": "turn0search0"}]), "id": before["id"]})
+            assert got == 200 and "Ref id 'turn0search0' is unavailable right now" in answer["output"], answer
+            assert time.monotonic() - started < 5
+        for proxy in (a, b):
+            assert state_up(proxy) == 0
+            assert value(scrape(proxy), "proxy_state_errors_total") > 0
+            assert value(scrape(proxy), "proxy_state_errors_total", use="refs") > 0
+            lines = re.findall(r"state store \S+ unreachable", proxy.log_once("unreachable"))
+            assert len(lines) == 1, proxy.log()
+    finally:
+        store.start()
+    # Back: within the circuit's wait (2 s, doubled per failed try, at most 30 s) each proxy shares again.
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and not (state_up(a) == 1 and state_up(b) == 1):
+        for proxy in (a, b):
+            post(proxy, thread(search_query=[{"q": "after the outage"}]))
+        time.sleep(0.5)
+    assert state_up(a) == 1 and state_up(b) == 1
+    for proxy in (a, b):
+        assert "back after" in proxy.log_once("back after") and proxy.log().count("unreachable") == 1
+    searxng.requests.clear()
+    query = f"shared again {uuid.uuid4().hex[:8]}"
+    assert post(a, thread(search_query=[{"q": query}]))[0] == 200
+    assert post(b, thread(search_query=[{"q": query}]))[0] == 200
+    assert searxng.queries == [query]
+
+
+def test_two_workers_of_one_proxy_share_caches_and_refs(logs, store, searxng, site, _backend_server, _searxng_server):
+    """PROXY_WORKERS=2: gunicorn hands each connection to either worker; with STATE_URL both see one cache and one
+    set of ref ids. Requests go on until both workers have answered some (their metric files say which did)."""
+    proxy = start(logs, "workers", store, _backend_server, _searxng_server, PROXY_WORKERS="2")
+    try:
+        site.route("/doc", DOC)
+        query = f"workers {uuid.uuid4().hex[:8]}"
+        searxng.behave(query, "results", results=[result(site.url + "/doc", "The notes", "About 0.32.")])
+        first = thread(search_query=[{"q": query}])
+        assert post(proxy, first)[0] == 200
+        for i in range(40):
+            got, answer = post(proxy, {**thread(search_query=[{"q": query}], open=[{"ref_id": "turn0search0"}]),
+                                       "id": first["id"]})
+            assert got == 200 and f"[turn{i + 1}search0]" in answer["output"], answer
+            assert "PELICAN-7731" in answer["output"], answer
+            served = {f.name.rsplit("_", 1)[1] for f in proxy.metrics_dir.glob("counter_*.db")}
+            if len(served) >= 2 and i >= 3:
+                break
+        assert len(served) == 2, served
+        assert searxng.queries == [query] and [r.path for r in site.requests] == ["/doc"]
+    finally:
+        proxy.stop()
+
+
+def test_without_state_url_there_is_no_store_to_report(proxy):
+    """No series at all (an unlabelled gauge's 0 would read as a store that is down)."""
+    assert post(proxy, thread(search_query=[{"q": "no store"}]))[0] == 200
+    assert not [name for name, _ in scrape(proxy) if name.startswith("proxy_state")]

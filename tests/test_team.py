@@ -1,0 +1,675 @@
+"""A stack shared by a team (README "Sharing the stack"): people's keys from PROXY_KEYS_FILE made by scripts/keys.py,
+their quotas, usage per key and day, and the fair queue, through the real proxy under gunicorn with two workers
+in front of the paced vLLM stand-in (standins/paced_backend.py), which serves one sequence at a time where a test
+says so, as vLLM does with --max-num-seqs 1.
+
+Run: tests/run.sh tests/test_team.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from clients import anthropic, openai
+
+from standins.proxy_process import ProxyProcess
+from standins.rawhttp import raw_request
+from standins.redis_server import RedisServer
+from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames, tool_call
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYS = ROOT / "scripts" / "keys.py"
+PACED = ROOT / "standins" / "paced_backend.py"
+ADMIN_KEY = "admin-key-for-the-tests"
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+def keys(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(KEYS), *args], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, **(env or {})})
+
+
+def add_key(path: Path, name: str, *limits: str) -> str:
+    proc = keys("add", name, *limits, "--file", str(path))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sk-cs-"), proc.stdout
+    return lines[0]
+
+
+def chat(key: str | None, *, stream: bool = False, tokens: int = 3, user: str = "", include_usage: bool = True,
+         **extra) -> dict:
+    body = {"model": "foundation", "messages": [{"role": "user", "content": "say three words"}],
+            "max_tokens": tokens, "ignore_eos": True, "stream": stream, "user": user, **extra}
+    if stream and include_usage:
+        body["stream_options"] = {"include_usage": True}
+    return {"body": json.dumps(body).encode(),
+            "headers": {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}}
+
+
+def post(proxy, path: str, request: dict, timeout: float = 60) -> tuple[int, dict, bytes]:
+    return raw_request(proxy.url, "POST", path, request["body"], request["headers"], timeout=timeout)
+
+
+def usage(proxy) -> dict:
+    status, _, raw = raw_request(proxy.url, "GET", "/proxy/usage", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert status == 200, raw
+    return json.loads(raw)
+
+
+def today(proxy, name: str) -> dict:
+    days = usage(proxy)["keys"].get(name, {})
+    return next(iter(days.values())) if days else {}
+
+
+def stream_usage(raw: bytes) -> dict:
+    """The usage a streamed chat answer ended with, as the client read it."""
+    found = {}
+    for line in raw.decode().splitlines():
+        if line.startswith("data: {") and '"usage"' in line:
+            found = json.loads(line[6:])["usage"] or found
+    return found
+
+
+@pytest.fixture
+def paced(tmp_path):
+    """paced(*flags) -> the base URL of a paced vLLM stand-in (stopped by its pid at the end)."""
+    procs = []
+
+    def start(*flags: str) -> str:
+        proc = subprocess.Popen([sys.executable, str(PACED), "--port", "0", *flags], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), "the paced stand-in did not start"
+        return url
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def team(tmp_path, paced):
+    """team(**env) -> a proxy under gunicorn with two workers, a keys file and a state file of the test's own."""
+    running: list[ProxyProcess] = []
+    keys_file = tmp_path / "keys.json"
+
+    def start(backend: str | None = None, **env) -> ProxyProcess:
+        full = {"BACKEND_URL": backend or paced("--gap", "0.001"), "SEARXNG_URL": "http://127.0.0.1:9",
+                "PROXY_WORKERS": "2", "PROXY_API_KEY": ADMIN_KEY, "PROXY_KEYS_FILE": str(keys_file),
+                "PROXY_STATE_DB": str(tmp_path / "state" / "state.sqlite3"), "KEEPALIVE_INTERVAL": "0.2",
+                **{k: str(v) for k, v in env.items()}}
+        proxy = ProxyProcess(full, tmp_path / f"proxy-{len(running)}.log")
+        running.append(proxy)
+        # Both workers up (each reads the keys file as it starts), so a test's requests may land on either.
+        deadline = time.monotonic() + 30
+        while proxy.log().count("PROXY_KEYS_FILE") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return proxy
+
+    start.keys_file = keys_file  # type: ignore[attr-defined]
+    yield start
+    for p in running:
+        p.stop()
+
+
+# ---- scripts/keys.py ------------------------------------------------------------------------------
+
+def test_keys_script_adds_lists_and_revokes_writing_the_file_whole_and_private(tmp_path):
+    path = tmp_path / "keys.json"
+    key = add_key(path, "alice", "--rpm", "60", "--concurrent", "2")
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert key not in path.read_text() and [p.name for p in tmp_path.iterdir()] == ["keys.json"]  # no temp file left
+    listed = keys("list", env={"PROXY_KEYS_FILE": str(path)})  # the default file is $PROXY_KEYS_FILE
+    assert listed.returncode == 0 and "alice" in listed.stdout and key not in listed.stdout
+    assert listed.stdout.split("\n")[1].split()[:4] == ["alice", "60", "-", "2"]
+    inode = path.stat().st_ino
+    assert keys("revoke", "alice", "--file", str(path)).returncode == 0
+    assert path.stat().st_ino != inode, "rewritten in place: a reader could see half a file"
+    assert "alice" not in keys("list", "--file", str(path)).stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["add", "bad name"], "a key's name is 1-64 letters"),
+    (["add", "admin"], "'admin' is the name of PROXY_API_KEY's keys"),
+    (["add", "bob", "--rpm", "0"], "--rpm: must be above 0"),
+    (["add", "bob", "--tokens-per-day", "many"], "must be a whole number"),
+    (["revoke", "nobody"], "no key named 'nobody'"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_keys_script_errors_are_one_line_and_non_zero(tmp_path, args, message):
+    proc = keys(*args, "--file", str(tmp_path / "keys.json"))
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_keys_script_refuses_a_broken_file_and_a_missing_path(tmp_path):
+    path = tmp_path / "keys.json"
+    path.write_text("{not json")
+    proc = keys("add", "carol", "--file", str(path))
+    assert proc.returncode == 1 and proc.stderr.startswith("keys.py: ") and path.read_text() == "{not json"
+    proc = keys("list", env={"PROXY_KEYS_FILE": ""})
+    assert proc.returncode == 2 and "PROXY_KEYS_FILE" in proc.stderr and proc.stderr.count("\n") == 1
+    assert keys("-h").returncode == 0 and "revoke NAME" in keys("-h").stdout
+
+
+# ---- keys per person -------------------------------------------------------------------------------
+
+def test_each_person_has_a_key_revoked_alone_at_the_next_request(team):
+    alice = add_key(team.keys_file, "alice")
+    bob = add_key(team.keys_file, "bob")
+    proxy = team()
+    for key in (alice, bob, ADMIN_KEY):
+        for _ in range(4):  # both workers
+            assert post(proxy, "/v1/chat/completions", chat(key))[0] == 200
+    assert keys("revoke", "alice", "--file", str(team.keys_file)).returncode == 0
+    for _ in range(4):
+        status, head, raw = post(proxy, "/v1/chat/completions", chat(alice))
+        assert status == 401 and json.loads(raw)["error"]["type"] == "authentication_error", raw
+        assert post(proxy, "/v1/chat/completions", chat(bob))[0] == 200
+    # Anthropic's shape on /v1/messages, for a key nobody holds.
+    status, _, raw = raw_request(proxy.url, "POST", "/v1/messages", b"{}", {"x-api-key": "sk-cs-nobody"})
+    assert status == 401 and json.loads(raw)["error"]["type"] == "authentication_error" and json.loads(raw)["type"] == "error"
+    # People read no one's usage; the admin reads everyone's, by name.
+    assert raw_request(proxy.url, "GET", "/proxy/usage", headers={"Authorization": f"Bearer {bob}"})[0] == 403
+    assert {"alice", "bob", "admin"} <= set(usage(proxy)["keys"])
+    _, _, metrics = raw_request(proxy.url, "GET", "/proxy/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert b'key="bob"' in metrics
+    time.sleep(0.3)  # the last access lines
+    for key in (alice, bob, ADMIN_KEY):
+        assert key.encode() not in metrics and key not in proxy.log(), "a key reached the metrics or the log"
+    assert proxy.log().count(" key=bob") >= 8
+
+
+def test_a_broken_keys_file_keeps_the_keys_read_before(team):
+    alice = add_key(team.keys_file, "alice")
+    proxy = team()
+    assert post(proxy, "/v1/chat/completions", chat(alice))[0] == 200
+    team.keys_file.write_text('{"keys": [{"name": "alice"')  # a hand edit, half saved
+    for _ in range(4):
+        assert post(proxy, "/v1/chat/completions", chat(alice))[0] == 200
+    assert "keeping the 1 keys read before" in proxy.log()
+
+
+# ---- quotas -------------------------------------------------------------------------------------------
+
+def test_requests_per_minute_hold_exactly_across_two_workers(team):
+    burst = add_key(team.keys_file, "burst", "--rpm", "7")
+    other = add_key(team.keys_file, "other", "--rpm", "7")
+    proxy = team()
+    assert len(proxy.workers()) == 2
+    with ThreadPoolExecutor(24) as pool:
+        statuses = list(pool.map(lambda _: post(proxy, "/v1/chat/completions", chat(burst))[0], range(24)))
+    assert sorted(statuses) == [200] * 7 + [429] * 17, statuses
+    assert post(proxy, "/v1/chat/completions", chat(other))[0] == 200, "one key's limit is not another's"
+    day = today(proxy, "burst")
+    assert (day["requests"], day["limited"]) == (7, 17)
+    _, _, metrics = raw_request(proxy.url, "GET", "/proxy/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert b'proxy_key_limited_total{key="burst",limit="rpm"} 17.0' in metrics
+
+
+def test_the_429_loads_in_the_openai_and_anthropic_sdks(team):
+    key = add_key(team.keys_file, "sdk", "--rpm", "1")
+    proxy = team()
+    assert post(proxy, "/v1/chat/completions", chat(key))[0] == 200
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.chat.completions.create(model="foundation", messages=[{"role": "user", "content": "hi"}])
+    err = caught.value
+    assert err.status_code == 429 and "requests per minute" in err.message and err.type == "rate_limit_exceeded"
+    headers = err.response.headers
+    assert 1 <= int(headers["retry-after"]) <= 60 and headers["x-ratelimit-remaining-requests"] == "0"
+    assert headers["x-ratelimit-limit-requests"] == "1"
+    waits = client._parse_retry_after_header(headers)  # the SDK's own reading of the retry headers
+    assert waits is not None and 0 < waits <= 60
+    aclient = anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0)
+    with pytest.raises(anthropic.RateLimitError) as acaught:
+        aclient.messages.create(model="foundation", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    aerr = acaught.value
+    assert aerr.status_code == 429 and aerr.body["error"]["type"] == "rate_limit_error"
+    assert aerr.response.headers["anthropic-ratelimit-requests-remaining"] == "0"
+    assert 0 < aclient._parse_retry_after_header(aerr.response.headers) <= 60
+
+
+def test_tokens_per_day_are_counted_from_real_usage_streamed_and_not(team):
+    key = add_key(team.keys_file, "tokens", "--tokens-per-day", "60")
+    proxy = team()
+    status, _, raw = post(proxy, "/v1/chat/completions", chat(key, tokens=7))
+    assert status == 200
+    plain = json.loads(raw)["usage"]
+    status, _, raw = post(proxy, "/v1/chat/completions", chat(key, stream=True, tokens=9))
+    streamed = stream_usage(raw)
+    assert status == 200 and streamed["completion_tokens"] == 9
+    # A stream that does not ask for usage gets none, and is counted all the same.
+    status, _, raw = post(proxy, "/v1/chat/completions", chat(key, stream=True, tokens=5, include_usage=False))
+    assert status == 200 and b'"usage"' not in raw and raw.rstrip().endswith(b"data: [DONE]")
+    time.sleep(0.3)  # usage is recorded when the answer's last byte has gone
+    day = today(proxy, "tokens")
+    assert day["prompt_tokens"] == plain["prompt_tokens"] + 2 * streamed["prompt_tokens"]
+    assert day["completion_tokens"] == 7 + 9 + 5
+    spent = day["prompt_tokens"] + day["completion_tokens"]
+    while spent < 60:  # up to the limit; the request that crosses it is served, the next is not
+        status, _, raw = post(proxy, "/v1/chat/completions", chat(key, tokens=9))
+        assert status == 200
+        spent += json.loads(raw)["usage"]["total_tokens"]
+    time.sleep(0.3)
+    status, head, raw = post(proxy, "/v1/chat/completions", chat(key))
+    assert status == 429 and "tokens per day" in json.loads(raw)["error"]["message"]
+    assert head["x-ratelimit-limit-tokens"] == "60" and int(head["retry-after"]) <= 86400
+
+
+def test_concurrent_requests_are_limited_and_freed_when_they_end(team, paced):
+    key = add_key(team.keys_file, "solo", "--concurrent", "1")
+    proxy = team(paced("--gap", "0.05"))
+    with ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(post, proxy, "/v1/chat/completions", chat(key, tokens=30))
+        time.sleep(0.5)
+        status, _, raw = post(proxy, "/v1/chat/completions", chat(key))
+        assert status == 429 and "1 requests at once" in json.loads(raw)["error"]["message"]
+        assert slow.result()[0] == 200
+    assert post(proxy, "/v1/chat/completions", chat(key))[0] == 200
+
+
+def test_usage_survives_a_restart(team):
+    key = add_key(team.keys_file, "keeper")
+    proxy = team()
+    for _ in range(3):
+        assert post(proxy, "/v1/chat/completions", chat(key, tokens=4))[0] == 200
+    time.sleep(0.3)
+    before = today(proxy, "keeper")
+    assert before["requests"] == 3 and before["completion_tokens"] == 12
+    proxy.stop()
+    again = team()
+    assert today(again, "keeper") == before
+
+
+# ---- usage per key --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_usage_counts_searches_page_reads_refused_fetches_and_the_tokens_the_client_got(
+        start_proxy, backend, searxng, site, tmp_path, stream):
+    keys_file = tmp_path / "keys.json"
+    key = add_key(keys_file, "reader")
+    proxy = start_proxy(PROXY_KEYS_FILE=str(keys_file), PROXY_STATE_DB=str(tmp_path / "state.sqlite3"),
+                        PROXY_API_KEY=ADMIN_KEY, WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", KEEPALIVE_INTERVAL="0.2")
+    path = f"/notes-{stream}"
+    site.route(path, "<html><head><title>Notes</title></head><body><article><h1>Notes</h1><p>"
+               + "The release adds prefix caching. " * 20 + "</p></article></body></html>")
+    given = f"http://127.0.0.1:{site.port}{path}"
+
+    def turn(calls):
+        if stream:
+            return sse_reply(stream_frames(tool_calls=calls, finish_reason="tool_calls", include_usage=True,
+                                           completion_tokens=11))
+        return json_reply(completion(tool_calls=calls, completion_tokens=11))
+
+    backend.script(turn([tool_call("web_search", {"query": "release notes"})]),
+                   turn([tool_call("web_fetch", {"url": given}),
+                         tool_call("web_fetch", {"url": "http://127.0.0.1:9/never-given"})]),
+                   sse_reply(stream_frames(content=["Done."], finish_reason="stop", include_usage=True,
+                                           completion_tokens=5)) if stream
+                   else json_reply(completion(content="Done.", completion_tokens=5)))
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
+    messages = [{"role": "user", "content": f"Search, then read {given}"}]
+    if stream:
+        chunks = list(client.chat.completions.create(model="foundation", messages=messages, stream=True,
+                                                     stream_options={"include_usage": True}))
+        got = next(c.usage for c in chunks if c.usage is not None)
+    else:
+        got = client.chat.completions.create(model="foundation", messages=messages).usage
+    assert got.completion_tokens == 11 + 11 + 5
+    time.sleep(0.3)
+    day = today(proxy, "reader")
+    assert {k: day[k] for k in ("requests", "searches", "page_reads", "refused_fetches")} == {
+        "requests": 1, "searches": 1, "page_reads": 1, "refused_fetches": 1}, day
+    assert (day["prompt_tokens"], day["completion_tokens"]) == (got.prompt_tokens, got.completion_tokens)
+    _, _, metrics = raw_request(proxy.url, "GET", "/proxy/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert b'proxy_key_usage_total{figure="searches",key="reader"}' in metrics
+
+
+SPLITS = [1, 7, 64, 10_000]
+
+
+def feed(scan, raw: bytes, size: int) -> dict:
+    for i in range(0, len(raw), size):
+        scan.feed(raw[i:i + size])
+    return scan.result()
+
+
+@pytest.mark.parametrize("size", SPLITS)
+@pytest.mark.parametrize("kind, raw, want", [
+    ("text/event-stream", b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\ndata: {"choices":[],"usage":'
+     b'{"prompt_tokens":40,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":32}}}\n\ndata: [DONE]\n\n',
+     (40, 9, 32)),
+    ("text/event-stream; charset=utf-8", b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
+     b'{"input_tokens":10,"cache_read_input_tokens":30,"output_tokens":1}}}\n\nevent: ping\ndata: {"type":"ping"}\n\n'
+     b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":12}}\n\n', (40, 12, 30)),
+    ("text/event-stream", b'event: response.completed\ndata: {"type":"response.completed","response":{"usage":'
+     b'{"input_tokens":50,"output_tokens":6,"input_tokens_details":{"cached_tokens":48}}}}\n\n', (50, 6, 48)),
+    ("application/json", b'{"id":"x","usage":{"prompt_tokens":17,"completion_tokens":20}}', (17, 20, 0)),
+    ("application/json", b'{"type":"message","usage":{"input_tokens":8,"output_tokens":3}}', (8, 3, 0)),
+    ("application/json", b'{"error":{"message":"no"}}', (0, 0, 0)),
+    ("text/event-stream", b'data: {"usage": "not an object"}\n\ndata: {broken "usage"\n\n', (0, 0, 0)),
+])
+def test_usage_is_read_from_every_apis_answer_however_it_is_cut(kind, raw, want, size):
+    from proxy.observe.usage import UsageScan
+    scan = UsageScan()
+    scan.headers([("Content-Type", kind)])
+    found = feed(scan, raw, size)
+    assert (found["prompt_tokens"], found["completion_tokens"], found["cached_tokens"]) == want
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A real Redis (Debian's redis-server, tests/run.sh's redis tier) on a free loopback port, stopped by its pid."""
+    with RedisServer(tmp_path / "redis") as server:
+        yield server.url
+
+
+# ---- the fair queue: the store's choices ------------------------------------------------------------------
+
+class Clock:
+    def __init__(self):
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def admitted_order(store, tickets: dict[str, str], seats: int = 1) -> list[str]:
+    """Release whatever runs, one at a time, and say which ticket each free seat went to."""
+    order = []
+    by_id = {v: k for k, v in tickets.items()}
+    while by_id:
+        running = [t for t in by_id if store.admitted(t, seats)]
+        assert len(running) <= seats
+        for t in running:
+            order.append(by_id.pop(t))
+            store.release(t)
+    return order
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def stores(request, tmp_path):
+    """stores(clock) -> a new handle on one shared store (each a worker's), SQLite's or Redis's."""
+    from proxy.backends.teamstore import TeamStore
+    from proxy.backends.teamstore_redis import RedisTeamStore
+    made: list = []
+    url = request.getfixturevalue("redis_url") if request.param == "redis" else ""
+
+    def make(clock=time.time):
+        store = TeamStore(str(tmp_path / "state.sqlite3"), clock=clock) if not url else RedisTeamStore(url, clock=clock)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()  # its lease renewal must not outlive the test (nor its Redis)
+
+
+def test_the_queue_goes_round_robin_across_keys_and_a_resumed_turn_keeps_its_place(stores):
+    store = stores()
+    tickets = {}
+    for label, name in [("x1", "x"), ("x2", "x"), ("x3", "x"), ("y1", "y"), ("z1", "z"), ("x4", "x")]:
+        tickets[label] = store.enqueue(name, resumed=False)
+        time.sleep(0.002)
+    assert admitted_order(store, tickets) == ["x1", "y1", "z1", "x2", "x3", "x4"]
+    # A request back from its search round goes ahead of every first turn, whoever was served last.
+    first = store.enqueue("x", resumed=False)
+    assert store.admitted(first, 1)
+    waiting = {"y": store.enqueue("y", resumed=False), "x-resumed": store.enqueue("x", resumed=True)}
+    store.release(first)
+    assert admitted_order(store, waiting) == ["x-resumed", "y"]
+
+
+def test_with_queue_policy_tokens_the_key_that_used_fewest_tokens_today_goes_first(stores):
+    store = stores()
+    store.add("heavy", {"prompt_tokens": 900, "completion_tokens": 100})
+    store.add("light", {"prompt_tokens": 90, "completion_tokens": 10})
+    running = store.enqueue("other", resumed=False)
+    assert store.admitted(running, 1, "tokens")
+    waiting = {name: store.enqueue(name, resumed=False) for name in ("heavy", "light", "fresh")}
+    store.release(running)
+    order = []
+    while waiting:
+        for name, t in list(waiting.items()):
+            if store.admitted(t, 1, "tokens"):
+                order.append(name)
+                store.release(waiting.pop(name))
+    assert order == ["fresh", "light", "heavy"]
+
+
+def test_a_dead_workers_seat_is_reclaimed_when_its_lease_runs_out(stores):
+    from proxy.backends.teamstore import LEASE
+    clock = Clock()
+    dead, alive = stores(clock), stores(clock)
+    held = dead.enqueue("x", resumed=False)
+    assert dead.admitted(held, 1)
+    clock.now += LEASE - 1
+    mine = alive.enqueue("y", resumed=False)
+    assert alive.admitted(mine, 1) is False
+    clock.now += 2  # the dead worker never renewed its lease; ours is fresh
+    assert alive.admitted(mine, 1) is True and dead.admitted(held, 1) is None
+
+
+# ---- the fair queue, end to end ----------------------------------------------------------------------------
+
+def ends(events: Path) -> list[str]:
+    """The users whose requests the stand-in finished, in order."""
+    return [e["user"] for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "end"]
+
+
+def starts(events: Path) -> list[str]:
+    if not events.exists():
+        return []
+    return [e["user"] for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "start"]
+
+
+def until(predicate, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def one_run(team, paced, tmp_path, seats: int, keys: dict[str, str]) -> dict[str, tuple[int, float]]:
+    """Six long streamed requests of one key, then one short request from each of two others: for each short
+    one, the long requests finished after it arrived and before it was done, and its seconds from arrival to answer."""
+    events = tmp_path / f"events-{seats}.jsonl"
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.02", "--events", str(events)), MAX_NUM_SEQS=seats,
+                 PROXY_STATE_DB=tmp_path / f"state-{seats}.sqlite3")
+    out = {}
+    with ThreadPoolExecutor(8) as pool:
+        longs = [pool.submit(post, proxy, "/v1/chat/completions", chat(keys["agent"], stream=True, tokens=50,
+                                                                       user=f"long{i}")) for i in range(6)]
+        until(lambda: len(starts(events)) >= 1)
+        time.sleep(0.4)  # the other five are waiting: in vLLM's queue (FIFO) or the proxy's (fair)
+        done_before = len(ends(events))
+        arrived = time.monotonic()
+
+        def short(name: str) -> float:
+            status, _, raw = post(proxy, "/v1/chat/completions", chat(keys[name], tokens=2, user=name,
+                                                                     stream=name == "ben"))
+            assert status == 200, raw
+            return time.monotonic() - arrived
+
+        shorts = {name: pool.submit(short, name) for name in ("ann", "ben")}
+        for name, future in shorts.items():
+            seconds = future.result(timeout=60)
+            order = ends(events)
+            out[name] = (sum(1 for u in order[done_before:order.index(name)] if u.startswith("long")), seconds)
+        assert all(f.result(timeout=60)[0] == 200 for f in longs)
+    if seats:
+        until(lambda: today(proxy, "agent").get("requests") == 6)
+        assert today(proxy, "agent")["queued_seconds"] > 1.0  # five of its six waited behind each other
+        assert "key=agent" in proxy.log() and " queued=" in proxy.log()
+    proxy.stop()
+    return out
+
+
+@pytest.mark.slow  # two runs of six one-second generations on a one-at-a-time stand-in: about 15 s
+def test_a_short_request_waits_behind_at_most_one_long_request_of_another_key(team, paced, tmp_path):
+    keys = {name: add_key(team.keys_file, name) for name in ("agent", "ann", "ben")}
+    fifo = one_run(team, paced, tmp_path, 0, keys)
+    fair = one_run(team, paced, tmp_path, 1, keys)
+    print("\nlong requests finished ahead of each short one, and its seconds to answer (6 long ones of 1 s queued):")
+    for name in ("ann", "ben"):
+        print(f"  {name}: vLLM's FIFO {fifo[name][0]} long, {fifo[name][1]:.1f} s; "
+              f"fair queue {fair[name][0]} long, {fair[name][1]:.1f} s")
+    assert all(ahead <= 1 for ahead, _ in fair.values()), fair
+    assert all(ahead >= 5 for ahead, _ in fifo.values()), fifo  # the baseline really was first come, first served
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_leaves_while_queued_gives_up_its_place(request, team, paced, tmp_path, stream, store):
+    keys = {name: add_key(team.keys_file, name) for name in ("busy", "leaver", "next")}
+    events = tmp_path / "events.jsonl"
+    shared = {"STATE_URL": request.getfixturevalue("redis_url")} if store == "redis" else {}
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.02", "--events", str(events)), MAX_NUM_SEQS=1, **shared)
+    with ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(post, proxy, "/v1/chat/completions", chat(keys["busy"], tokens=50, user="busy"))
+        until(lambda: starts(events) == ["busy"])
+        sock = socket.create_connection((proxy.url.split("//")[1].split(":")[0], int(proxy.url.rsplit(":", 1)[1])))
+        request = chat(keys["leaver"], stream=stream, tokens=50, user="leaver")
+        head = "".join(f"{k}: {v}\r\n" for k, v in request["headers"].items())
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{head}Content-Length: "
+                     f"{len(request['body'])}\r\n\r\n".encode() + request["body"])
+        if stream:
+            # A queued stream answers at once and keeps the client alive while it waits.
+            sock.settimeout(5)
+            got = b""
+            while b"queued for the model" not in got:
+                got += sock.recv(4096)
+            assert got.startswith(b"HTTP/1.1 200")
+        else:
+            until(lambda: usage(proxy)["queue"]["waiting"] == 1)
+        sock.close()  # the client gives up while the card is busy
+        until(lambda: usage(proxy)["queue"]["waiting"] == 0, seconds=5)
+        assert post(proxy, "/v1/chat/completions", chat(keys["next"], tokens=2, user="next"))[0] == 200
+        assert busy.result(timeout=30)[0] == 200
+    assert starts(events) == ["busy", "next"], "the request of a client that had left went to vLLM"
+
+
+# ---- replicas sharing Redis (STATE_URL) ---------------------------------------------------------------------
+
+@pytest.mark.redis
+def test_two_replicas_on_one_redis_share_quotas_and_usage_exactly(team, paced, redis_url, tmp_path):
+    key = add_key(team.keys_file, "everywhere", "--rpm", "9")
+    backend = paced("--gap", "0.001")
+    replicas = [team(backend, STATE_URL=redis_url, PROXY_STATE_DB=tmp_path / f"unused-{i}.sqlite3") for i in range(2)]
+    with ThreadPoolExecutor(24) as pool:
+        statuses = list(pool.map(lambda i: post(replicas[i % 2], "/v1/chat/completions", chat(key, tokens=4))[0],
+                                 range(24)))
+    assert sorted(statuses) == [200] * 9 + [429] * 15, statuses
+    time.sleep(0.3)
+    for proxy in replicas:  # either replica answers for both
+        day = today(proxy, "everywhere")
+        assert (day["requests"], day["limited"], day["completion_tokens"]) == (9, 15, 36), day
+    assert not list(tmp_path.glob("unused-*.sqlite3")), "the SQLite store was used beside STATE_URL"
+    time.sleep(0.3)
+    assert all(redis_url not in p.log() for p in replicas)
+
+
+def read_stream(sock: socket.socket, until_bytes: bytes, seconds: float = 20.0) -> bytes:
+    sock.settimeout(seconds)
+    got = b""
+    while until_bytes not in got:
+        piece = sock.recv(65536)
+        if not piece:
+            break
+        got += piece
+    return got
+
+
+@pytest.mark.parametrize("path, body, keepalive, end", [
+    # tool_choice "none": nothing for the proxy to add, so vLLM's stream is relayed byte for byte once served.
+    ("/v1/chat/completions", {"model": "foundation", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                              "max_tokens": 3, "ignore_eos": True, "tool_choice": "none", "user": "relayed"},
+     b": queued for the model", b"data: [DONE]"),
+    # No server tools: relayed too; the stand-in has no /v1/messages, and its 404 arrives as Anthropic's error event.
+    ("/v1/messages", {"model": "foundation", "max_tokens": 3, "stream": True,
+                      "messages": [{"role": "user", "content": "hi"}]},
+     b'event: ping\ndata: {"type": "ping"}', b"event: error\ndata: {\"type\":\"error\""),
+])
+def test_a_relayed_stream_that_waits_gets_the_apis_keep_alives_then_vllms_answer(team, paced, tmp_path, path,
+                                                                                  body, keepalive, end):
+    keys = {name: add_key(team.keys_file, name) for name in ("busy", "waiter")}
+    events = tmp_path / "events.jsonl"
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.03", "--events", str(events)), MAX_NUM_SEQS=1)
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(post, proxy, "/v1/chat/completions", chat(keys["busy"], tokens=50, user="busy"))
+        until(lambda: starts(events) == ["busy"])
+        host, port = proxy.url.split("//")[1].split(":")
+        sock = socket.create_connection((host, int(port)))
+        raw = json.dumps(body).encode()
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-api-key: {keys['waiter']}"
+                     f"\r\nContent-Length: {len(raw)}\r\n\r\n".encode() + raw)
+        got = read_stream(sock, keepalive)
+        assert got.startswith(b"HTTP/1.1 200") and keepalive in got, got
+        assert not busy.done(), "the keep-alive came only after the card was free"
+        got += read_stream(sock, end)
+        sock.close()
+        assert end in got, got
+        assert busy.result(timeout=30)[0] == 200
+    if path == "/v1/chat/completions":
+        assert starts(events) == ["busy", "relayed"] and b'"finish_reason":"length"' in got
+
+
+def card_time(events: Path) -> dict[str, float]:
+    """Seconds the stand-in spent generating for each key (the user label's part before '-')."""
+    began: dict[str, float] = {}
+    spent: dict[str, float] = {}
+    for e in map(json.loads, events.read_text().splitlines()):
+        if e["event"] == "start":
+            began[e["user"]] = e["t"]
+        elif e["user"] in began:
+            key = e["user"].split("-")[0]
+            spent[key] = spent.get(key, 0.0) + e["t"] - began.pop(e["user"])
+    return spent
+
+
+def busy_run(team, paced, tmp_path, policy: str, keys: dict[str, str], seconds: float = 6.0) -> dict[str, float]:
+    """Two keys that always have three requests waiting, one of long requests and one of short: each key's share
+    of the card's time."""
+    events = tmp_path / f"events-{policy}.jsonl"
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.02", "--events", str(events)), MAX_NUM_SEQS=1,
+                 QUEUE_POLICY=policy, PROXY_STATE_DB=tmp_path / f"state-{policy}.sqlite3")
+    stop = time.monotonic() + seconds
+
+    def agent(name: str, tokens: int, i: int) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            n += 1
+            status = post(proxy, "/v1/chat/completions", chat(keys[name], tokens=tokens, user=f"{name}-{i}-{n}"))[0]
+            assert status == 200
+
+    with ThreadPoolExecutor(6) as pool:
+        for f in [pool.submit(agent, "heavy", 40, i) for i in range(3)] + [pool.submit(agent, "light", 4, i)
+                                                                             for i in range(3)]:
+            f.result(timeout=60)
+    proxy.stop()
+    spent = card_time(events)
+    return {k: v / sum(spent.values()) for k, v in spent.items()}
+
+
+@pytest.mark.slow  # two 6 s runs of two always-busy keys on a one-at-a-time stand-in
+def test_round_robin_against_token_weighting_with_two_busy_keys(team, paced, tmp_path):
+    keys = {name: add_key(team.keys_file, name) for name in ("heavy", "light")}
+    rr = busy_run(team, paced, tmp_path, "round_robin", keys)
+    tokens = busy_run(team, paced, tmp_path, "tokens", keys)
+    print("\nshare of the card's time, two keys always waiting (0.8 s requests against 0.1 s ones):")
+    for name in ("heavy", "light"):
+        print(f"  {name}: round_robin {rr.get(name, 0):.0%}, tokens {tokens.get(name, 0):.0%}")
+    # Each policy does what it says: turns alike (so the long requests take most of the time), or tokens alike.
+    assert rr["heavy"] > 0.7 and tokens["light"] > rr["light"] + 0.1, (rr, tokens)
+    assert min(rr.values()) > 0 and min(tokens.values()) > 0, "a key never got the card"
