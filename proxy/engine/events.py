@@ -32,6 +32,7 @@ class Finished:
     ended: float
     sent: int                    # body bytes handed to the server
     complete: bool               # the body was sent to its end (else the server stopped sending: the client left)
+    usage: tuple[int, int] | None = None  # (prompt tokens, of them served by vLLM's prefix cache) the answer reported
 
 
 class Events:

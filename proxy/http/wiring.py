@@ -28,7 +28,7 @@ from proxy.backends.teamstore import TeamStore
 from proxy.core.config import Config, masked_url
 from proxy.engine.admission import Queue
 from proxy.engine.events import TOOLS_RAN, Events
-from proxy.engine.services import Services
+from proxy.engine.services import KeptResults, Services
 from proxy.observe import metrics
 from proxy.tools.session import searches_in
 from proxy.transport.vllm import Backend
@@ -73,7 +73,8 @@ def build_services(cfg: Config) -> Services:
         metrics.observe(events)
     team = build_store(cfg) if cfg.max_num_seqs else None
     queue = Queue(team, cfg.max_num_seqs, cfg.queue_policy, on_wait=metrics.queue_waited if on else None) if team else None
-    return Services(cfg, backend, search, fetcher, events, state=state, search_health=failover.health, queue=queue)
+    return Services(cfg, backend, search, fetcher, events, state=state, search_health=failover.health, queue=queue,
+                    kept=KeptResults(cfg.responses_results_ttl, cfg.responses_results_bytes, state=state))
 
 
 def build_store(cfg: Config) -> TeamStore | RedisTeamStore | None:

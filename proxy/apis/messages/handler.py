@@ -18,8 +18,12 @@ from proxy.apis.messages.blocks import (
     FETCH_NAME,
     SERVER_NAME,
     add_usage,
+    client_id,
     counts_as_fetch,
     counts_as_search,
+    input_query,
+    kept_text,
+    model_text,
     server_result_block,
     server_use_block,
     tool_results,
@@ -65,7 +69,7 @@ def handle(ex: Exchange) -> Response:
     problem = validate(body)
     if problem:
         return anthropic_error(400, problem)
-    vbody, plan = rewrite(body, ex.cfg.citations)
+    vbody, plan = rewrite(body, ex.cfg.citations, ex.services.kept.get)
     parts, pages = given(body)
     ex.ledger = ex.new_ledger(parts)
     for url, text in pages:  # links of pages read in earlier requests: links, within this request's budget
@@ -131,6 +135,7 @@ class _Messages:
         self.path = ex.target  # the client's own path and query (Claude Code's `?beta=true`)
         self.body, self.plan, self.first_turn = body, plan, first
         self.messages = list(body["messages"])
+        self.kept = ex.services.kept
         self.limit = ex.cfg.searxng_results
         self.used = 0          # searches asked for, against max_uses
         self.requests = 0      # searches that count as done (web_search_requests)
@@ -225,6 +230,10 @@ class _Messages:
                                          tool_results(turn_calls(turn.blocks), calls, outcomes, self.sources,
                                                       self.cites_pages)]
         self.request = next_request(self.body, self.messages, self.plan)
+        # A failure's sentence is more than its result block can hold: kept by the block's id for the replays.
+        for call, outcome in zip(calls, outcomes, strict=True):
+            if kept_text(outcome):
+                self.kept.put(client_id(call.get("id")), {"output": model_text(outcome, input_query(call))})
 
     def error_reply(self, status, message, type_=None) -> Response:
         return anthropic_error(status, message)  # Anthropic's error types follow the status

@@ -4,14 +4,24 @@ tests/run.sh tests/test_messages.py tests/test_messages_fetch.py.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from proxy.apis import citations
-from proxy.apis.messages.blocks import FETCH_NAME, SERVER_BLOCKS, outcome_from_block, replayed_text
+from proxy.apis.messages.blocks import FETCH_NAME, SERVER_BLOCKS, input_query, outcome_from_block, replayed_text
 from proxy.core import validate as V
-from proxy.core.codec import as_dict
 from proxy.tools.web_search import format_for_model
 
+# What the model read live for a result its block cannot rebuild (a failure's own sentence), by tool_use_id:
+# services.KeptResults.get, whose record holds it as "output".
+Kept = Callable[[str], "dict[str, str] | None"]
 
-def rewrite_history(messages: list[dict], name: str, fetch_name: str = FETCH_NAME, cite: bool = True) -> list[dict]:
+
+def no_kept(_: str) -> None:
+    return None
+
+
+def rewrite_history(messages: list[dict], name: str, fetch_name: str = FETCH_NAME, cite: bool = True,
+                    kept: Kept = no_kept) -> list[dict]:
     """Replayed server blocks as blocks vLLM accepts (`name`, `fetch_name`: the tools' names on
     the vLLM side). Pure.
 
@@ -27,7 +37,7 @@ def rewrite_history(messages: list[dict], name: str, fetch_name: str = FETCH_NAM
             out.append(_opened_with(carry, msg))
             carry = []
         elif _replays_server_blocks(msg):
-            turns, carry = _split_answer(msg, name, fetch_name, cite)
+            turns, carry = _split_answer(msg, name, fetch_name, cite, kept)
             out += turns
         else:
             out.append(msg)
@@ -49,12 +59,11 @@ def _opened_with(results: list[dict], msg: dict) -> dict:
     return {**msg, "content": results + rest}
 
 
-def _split_answer(msg: dict, name: str, fetch_name: str, cite: bool) -> tuple[list[dict], list[dict]]:
+def _split_answer(msg: dict, name: str, fetch_name: str, cite: bool, kept: Kept) -> tuple[list[dict], list[dict]]:
     """One assistant message with server blocks as the turns it becomes, and the tool_results
     still owed to the user turn after it."""
     content = msg["content"]
-    queries = {b.get("id"): str((as_dict(b.get("input"))).get("query", ""))
-               for b in content if isinstance(b, dict) and b.get("type") == "server_tool_use"}
+    queries = {b.get("id"): input_query(b) for b in content if isinstance(b, dict) and b.get("type") == "server_tool_use"}
     ids = set(queries)
     # Numbered as when this answer was made (one counter per answer, pages only when they were cited), so the
     # model reads the same text again (CITATIONS=off: unnumbered, as then).
@@ -65,7 +74,7 @@ def _split_answer(msg: dict, name: str, fetch_name: str, cite: bool) -> tuple[li
     for b in content:
         kind = V.kind(b)
         if kind in ("web_search_tool_result", "web_fetch_tool_result"):
-            results.append(_replayed_result(b, kind, queries, sources))
+            results.append(_replayed_result(b, kind, queries, sources, kept))
             continue
         if kind == "server_tool_use":
             # A search after a run whose results are all in was written after reading them: a new turn.
@@ -85,9 +94,13 @@ def _split_answer(msg: dict, name: str, fetch_name: str, cite: bool) -> tuple[li
     return out, _complete(seg, results, ids) if results or _pending(seg, results, ids) else []
 
 
-def _replayed_result(block: dict, kind: str, queries: dict, sources: citations.Sources | None) -> dict:
-    """A web_search_tool_result or web_fetch_tool_result as the tool_result the model first read."""
+def _replayed_result(block: dict, kind: str, queries: dict, sources: citations.Sources | None, kept: Kept) -> dict:
+    """A web_search_tool_result or web_fetch_tool_result as the tool_result the model first read: rebuilt from the
+    block, or, for a failure the block keeps only the code of, the live sentence while this worker keeps it."""
     tid = block.get("tool_use_id")
+    record = kept(tid) if isinstance(tid, str) else None
+    if isinstance(record, dict) and isinstance(record.get("output"), str):
+        return {"type": "tool_result", "tool_use_id": tid, "content": record["output"]}
     if kind == "web_fetch_tool_result":
         text = replayed_text(block.get("content"), sources)
     else:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from proxy.apis import citations
 from proxy.apis.messages.blocks import FETCH_NAME, SERVER_BLOCKS, SERVER_NAME
-from proxy.apis.messages.history import rewrite_history
+from proxy.apis.messages.history import Kept, no_kept, rewrite_history
 from proxy.core import validate as V
 from proxy.tools import registry
 from proxy.tools.base import Limits, Request
@@ -223,9 +223,10 @@ def fetch_tool_for_vllm(name: str, fp: FetchPlan) -> dict:
     return {"name": name, "description": desc, "input_schema": tool.schema}
 
 
-def rewrite(body: dict, cite: bool = True) -> tuple[dict, MessagesPlan]:
+def rewrite(body: dict, cite: bool = True, kept: Kept = no_kept) -> tuple[dict, MessagesPlan]:
     """The request as vLLM accepts it: the server tool as an ordinary tool, server blocks in
-    history as tool_use/tool_result; every other field unchanged. Pure."""
+    history as tool_use/tool_result (`kept`: the live text of results their blocks cannot rebuild, by
+    tool_use_id); every other field unchanged. Pure but for the lookup."""
     spec, fspec = server_tool(body), fetch_tool(body)
     tools = body.get("tools")
     name = internal_name(tools)
@@ -245,7 +246,7 @@ def rewrite(body: dict, cite: bool = True) -> tuple[dict, MessagesPlan]:
             and name != SERVER_NAME and not _client_has(tools, SERVER_NAME):
         out["tool_choice"] = {**tc, "name": name}
     if has_server_blocks(body):
-        out["messages"] = rewrite_history(body["messages"], name, plan.fetch_name, cite)
+        out["messages"] = rewrite_history(body["messages"], name, plan.fetch_name, cite, kept)
     out["messages"] = citations.without_citations(out["messages"])  # an earlier answer's cited text blocks
     return out, plan
 
