@@ -244,6 +244,12 @@ def engines() -> dict[str, Callable[[str, str], str]]:
         text = readable.extract_page(visible_html(html)[0], url)[1]
         return "" if text.startswith(NO_TEXT_PREFIX) else links_as_text(text)  # the note saying why is no text
 
+    def shown_hidden(html: str, url: str) -> str:  # extract_page still drops hidden= and display:none itself
+        # What the hidden-element defence costs: WCXB counts text in hidden tabs, accordions and fade-in wrappers
+        # (opacity:0 until a script runs) as content.
+        text = readable.extract_page(html, url)[1]
+        return "" if text.startswith(NO_TEXT_PREFIX) else links_as_text(text)
+
     def rules_only(html: str, url: str) -> str:
         share, readable.SECOND_OPINION_SHARE = readable.SECOND_OPINION_SHARE, 0.0
         try:
@@ -256,11 +262,11 @@ def engines() -> dict[str, Callable[[str, str], str]]:
         content = readable.second_opinion(visible_html(html)[0], url)
         return links_as_text(MarkdownWriter(url).write(content)) if content is not None else ""
 
-    out: dict[str, Callable[[str, str], str]] = {
-        "proxy (links as text)": proxy,
-        "proxy, its rules only": rules_only,
-        "trafilatura's pick, proxy's writer": trafilatura_written,
-    }
+    out: dict[str, Callable[[str, str], str]] = {"proxy (links as text)": proxy}
+    if hasattr(readable, "second_opinion"):  # absent from a checkout before issue 40, run for its "before" figures
+        out["proxy, its rules only"] = rules_only
+        out["proxy without invisible.py's pass"] = shown_hidden
+        out["trafilatura's pick, proxy's writer"] = trafilatura_written
     try:
         import trafilatura
         out["trafilatura 2.3.1 (default, txt)"] = lambda html, url: trafilatura.extract(html, url=url) or ""

@@ -44,6 +44,9 @@ PROSE_LINKS = 0.25
 # Below this share of the page's visible text, our pick is doubted and trafilatura asked (_with_floor); tuned on
 # WCXB's dev split: 0.3 took trafilatura's pick on about one page in six.
 SECOND_OPINION_SHARE = 0.3
+# Readers' comments are prose too, but not the article (every benchmark's bodies leave them out, and scoring would
+# pick a long thread over a short article): they are not kept for their prose.
+COMMENTS = re.compile(r"comment|disqus|respond|replies", re.I)
 CARDS = 4
 WORD = re.compile(r"\w")
 NO_TEXT_NOTE = "(The page has no readable text: {why}.)"
@@ -290,7 +293,7 @@ def main_content(body):
                 len(el) and el[0].tag in HEADINGS):
             continue  # a document's section named for its subject (Sphinx's id="menus", id="comments") is content
         text = el.text_content()
-        if len(text) < most and not _prose(el, text, linked):
+        if len(text) < most and (_has(COMMENTS, names) or not _prose(el, text, linked)):
             _drop_counted(el, linked)
     for el in body.xpath(NOT_CONTENT + "|" + CAPTIONS):
         text = el.text_content()
