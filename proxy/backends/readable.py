@@ -1,6 +1,8 @@
-"""A page's main content, picked by readability's scoring on one lxml parse, and written as Markdown
+"""A page's main content, picked by readability's scoring on one lxml parse (trafilatura asked as a second opinion when
+that pick keeps little of the page, the page's visible text as the floor), and written as Markdown
 (proxy/backends/markdown.py): extract_page, pure, run inside the extraction pool's children (proxy/backends/extract.py)
-and tested in-process by tests/test_extract.py and tests/test_fetch.py; scripts/bench_articles.py measures it.
+and tested in-process by tests/test_extract.py and tests/test_fetch.py; scripts/bench_articles.py measures it on
+held-out public sets (docs/performance.md).
 """
 from __future__ import annotations
 
