@@ -1,25 +1,40 @@
-"""Scores HTML extractors on scrapinghub's article-extraction-benchmark (181 news and blog pages with human-written
-article bodies) by the benchmark's own shingle F1, with median and p90 milliseconds a page, all engines side by side in
-one run; run: python scripts/bench_articles.py DATA_DIR [--runs N] [--only a,b] in a venv with the proxy's requirements
-plus trafilatura, html_text and selectolax (docs/performance.md gives the pins).
+"""Scores HTML extractors on several public benchmarks, each by its own scoring code, with F1, empty outputs and time
+a page (median, p95), all engines side by side in one run, the tuning set and the held-out sets labelled.
+Run: python scripts/bench_articles.py DATA_DIR [--sets a,b] [--every N] [--only a,b] [--per-type] [--worst N]
+in a venv with the proxy's requirements (trafilatura among them) plus readability-lxml and html_text
+(docs/performance.md gives the pins). Nothing here is committed data: DATA_DIR is a checkout made by hand:
 
-DATA_DIR holds the benchmark's `ground-truth.json` and `html/*.html.gz` (MIT licence, not committed here). Get them with
-`git clone https://github.com/scrapinghub/article-extraction-benchmark` (the directory itself is then DATA_DIR).
+  DATA_DIR/wcxb         git clone https://github.com/Murrough-Foley/web-content-extraction-benchmark (CC-BY-4.0)
+  DATA_DIR/scrapinghub  git clone https://github.com/scrapinghub/article-extraction-benchmark (MIT)
+  DATA_DIR/trafilatura  git clone https://github.com/adbar/trafilatura (Apache-2.0; tests/evaldata.json, tests/cache,
+                        tests/eval are used)
 
-Quality: `shingle_counts` and `f1` below are the benchmark's evaluate.py (`string_shingle_matching`, `_tokenize`,
-`_ngrams`, `metrics_from_tp_fp_fns`) rewritten without its bootstrap: each page's 4-word shingles of `\\w+` tokens are
-matched as multisets, tp/fp/fn normalised per page so long pages weigh no more, precision and recall averaged over
-pages, F1 from the two averages. "links as text" reads Markdown as its words: link targets, the proxy's `[n]` markers
-and its list of link URLs are removed first (a URL's words are not the article's); "as written" scores the output as
-it is, URLs included.
+The sets and their scoring:
+- wcxb-dev (TUNING: the proxy's rules were tuned on it) and wcxb-test (HELD OUT): WCXB's evaluate.py `word_f1`,
+  token counts of `\\w+` in lower case, precision and recall per page, F1 per page, averaged over pages (a page with
+  empty ground truth scores 1 only when the output is empty too). The 139 dev pages whose HTML is byte for byte a
+  test page are left out of dev.
+- trafilatura-eval (HELD OUT; 990 pages, news, blogs, government and company pages in many languages; note that it is
+  trafilatura's own evaluation set, so it favours trafilatura): its tests/eval_common.py `count_item`, whitespace-
+  normalised substring matching of the `with` and `without` snippets, tp/fp/fn pooled over all pages, F1 = 2tp /
+  (2tp + fp + fn).
+- scrapinghub (HELD OUT since issue 40; the extractor of issue 34 was tuned on it): its evaluate.py shingle F1,
+  4-word shingles of `\\w+` tokens matched as multisets, tp/fp/fn normalised per page, precision and recall averaged
+  over pages, F1 from the two averages.
 
-Speed: wall time of one extraction in this process, after one warm-up round; the engines take turns page by page (the
-order rotating) so a noisy machine's drift falls on all of them alike.
+Every engine reads the same str: the page's bytes decoded as the proxy decodes a download without a charset header
+(proxy/backends/pagetext.py decode_text: a byte-order mark, then <meta charset>, then UTF-8). "links as text" reads
+Markdown as its words: link targets, the proxy's `[n]` markers and its list of link URLs are removed first. An empty
+output is one with no `\\w` word. The proxy's time includes its hidden-element pre-pass (proxy/backends/invisible.py),
+as in its extraction child. Time is the CPU time of one extraction in this process (time.process_time: on a shared
+machine wall time measures the neighbours), after a warm-up page, the engines taking turns page by page (the order
+rotating) so what drift remains falls on all of them alike.
 """
 from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -28,12 +43,33 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TOKEN = re.compile(r"\w+", re.UNICODE | re.MULTILINE | re.IGNORECASE | re.DOTALL)
+WORD = re.compile(r"\w")
 
+
+@dataclass
+class Page:
+    key: str
+    url: str
+    html: str
+    truth: object  # the set's own ground truth: a body text, or a {"with": [...], "without": [...]} item
+    kind: str = ""  # WCXB's page type
+
+
+@dataclass
+class Bench:
+    name: str
+    role: str  # "tuning" or "held out"
+    score: Callable[[list[Page], list[str]], float]
+    pages: list[Page] = field(default_factory=list)
+
+
+# -- scrapinghub's evaluate.py ---------------------------------------------------------------------
 
 def shingle_counts(text: str, n: int = 4) -> Counter:
     """evaluate.py's _all_shingles: 4-grams of \\w+ tokens; a text shorter than n is one shorter shingle."""
@@ -73,6 +109,119 @@ def f1(counts: list[tuple[float, float, float]]) -> tuple[float, float, float]:
     return (2 * p * r / (p + r) if p + r else 0.0), p, r
 
 
+def scrapinghub_score(pages: list[Page], outputs: list[str]) -> float:
+    return f1([tp_fp_fn(str(p.truth), o) for p, o in zip(pages, outputs, strict=True)])[0]
+
+
+# -- WCXB's evaluate.py ----------------------------------------------------------------------------
+
+def word_f1(predicted: str, reference: str) -> float:
+    """evaluate.py's word_f1 (its F1 only)."""
+    pred, ref = re.findall(r"\w+", predicted.lower()), re.findall(r"\w+", reference.lower())
+    if not ref:
+        return 1.0 if not pred else 0.0
+    if not pred:
+        return 0.0
+    overlap = sum((Counter(pred) & Counter(ref)).values())
+    precision, recall = overlap / len(pred), overlap / len(ref)
+    return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+
+
+def wcxb_score(pages: list[Page], outputs: list[str]) -> float:
+    return statistics.mean(word_f1(o, str(p.truth)) for p, o in zip(pages, outputs, strict=True))
+
+
+# -- trafilatura's tests/eval_common.py ------------------------------------------------------------
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def snippet_counts(item: dict, result: str) -> tuple[int, int, int]:
+    """count_item: (tp, fp, fn) by whitespace-normalised substring matching."""
+    res = _norm(result)
+    tp = sum(1 for w in item["with"] if _norm(w) in res)
+    fp = sum(1 for w in item["without"] if _norm(w) in res)
+    return tp, fp, len(item["with"]) - tp
+
+
+def snippet_score(pages: list[Page], outputs: list[str]) -> float:
+    tp = fp = fn = 0
+    for p, o in zip(pages, outputs, strict=True):
+        a, b, c = snippet_counts(p.truth, o)  # type: ignore[arg-type]
+        tp, fp, fn = tp + a, fp + b, fn + c
+    return 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+def _decode(raw: bytes) -> str:
+    from proxy.backends.pagetext import decode_text
+    return decode_text(raw, None, html=True)
+
+
+def _wcxb_split(root: Path, split: str) -> list[Page]:
+    pages = []
+    for gt in sorted((root / split / "ground-truth").glob("*.json")):
+        data = json.loads(gt.read_text("utf-8"))
+        truth = data.get("ground_truth")
+        if not isinstance(truth, dict):
+            continue  # as evaluate.py's load_ground_truth
+        kind = ((data.get("_internal") or {}).get("page_type") or {})
+        kind = kind.get("primary", "article") if isinstance(kind, dict) else str(kind or "article")
+        raw = gzip.decompress((root / split / "html" / f"{gt.stem}.html.gz").read_bytes())
+        pages.append(Page(gt.stem, data.get("url") or "", raw, truth.get("main_content") or "",  # type: ignore[arg-type]
+                          "collection" if kind == "category" else kind))
+    return pages
+
+
+def load_wcxb(root: Path) -> tuple[Bench, Bench]:
+    test = _wcxb_split(root, "test")
+    seen = {hashlib.sha1(p.html).hexdigest() for p in test}  # type: ignore[arg-type]
+    dev = [p for p in _wcxb_split(root, "dev") if hashlib.sha1(p.html).hexdigest() not in seen]  # type: ignore[arg-type]
+    for p in dev + test:
+        p.html = _decode(p.html)  # type: ignore[arg-type]
+    return (Bench("wcxb-dev", "tuning", wcxb_score, dev), Bench("wcxb-test", "held out", wcxb_score, test))
+
+
+def load_trafilatura(root: Path) -> Bench:
+    data = json.loads((root / "tests" / "evaldata.json").read_text("utf-8"))
+    pages = []
+    for url, item in sorted(data.items()):
+        path = next((p for p in (root / "tests" / "cache" / item["file"], root / "tests" / "eval" / item["file"])
+                     if p.is_file()), None)
+        if path is None:
+            sys.exit(f"bench_articles: {item['file']} of trafilatura's evaldata.json is missing under {root}/tests")
+        pages.append(Page(item["file"], url, _decode(path.read_bytes()), item))
+    return Bench("trafilatura-eval", "held out", snippet_score, pages)
+
+
+def load_scrapinghub(root: Path) -> Bench:
+    truth = json.loads((root / "ground-truth.json").read_text("utf-8"))
+    pages = [Page(key, item.get("url") or "", _decode(gzip.decompress((root / "html" / f"{key}.html.gz").read_bytes())),
+                  item.get("articleBody") or "") for key, item in sorted(truth.items())]
+    return Bench("scrapinghub", "held out", scrapinghub_score, pages)
+
+
+def load(data: Path, names: list[str]) -> list[Bench]:
+    out: list[Bench] = []
+    for name in names:
+        if name not in SETS:
+            sys.exit(f"bench_articles: no set {name!r}; sets: {', '.join(SETS)}")
+    if {"wcxb-dev", "wcxb-test"} & set(names):
+        dev, test = load_wcxb(data / "wcxb")
+        out += [b for b in (dev, test) if b.name in names]
+    if "trafilatura-eval" in names:
+        out.append(load_trafilatura(data / "trafilatura"))
+    if "scrapinghub" in names:
+        out.append(load_scrapinghub(data / "scrapinghub"))
+    return out
+
+
+SETS = ("wcxb-dev", "wcxb-test", "trafilatura-eval", "scrapinghub")
+
+# -- the engines -----------------------------------------------------------------------------------
+
 LINK_TARGET = re.compile(r"\]\((?:[^()\s]|\([^()\s]*\))*(?:\s+\"[^\"]*\")?\)")  # [text](url "title") -> [text]
 REF_MARK = re.compile(r"\]\[\d+\]")  # [text][3] -> [text]
 REF_LIST = re.compile(r"^\[\d+\]: \S+.*$", re.M)  # the proxy's link list at the end
@@ -82,46 +231,45 @@ def links_as_text(markdown: str) -> str:
     return REF_LIST.sub("", REF_MARK.sub("]", LINK_TARGET.sub("]", markdown)))
 
 
-# -- the engines ----------------------------------------------------------------------------------
-
-def proxy_before() -> Callable[[str, str], str]:
-    """The proxy before issue 34 (its proxy/extract.py at that time, here so it stays comparable): readability-lxml
-    picks the content, markdownify writes it, and pages over 512 KiB of raw HTML take the fast rule instead."""
-    import lxml.html
-    import markdownify
-    from readability import Document
-
-    def run(html: str, url: str) -> str:
-        if len(html) > 512 * 1024:
-            root = lxml.html.fromstring(html)
-            for el in root.xpath("//script|//style|//nav|//header|//footer|//aside|//form|//noscript|//template"
-                                 "|//iframe|//svg|//button|//comment()|//processing-instruction()"):
-                el.drop_tree()
-            content = (root.xpath("//main|//article") or root.xpath("//body") or [root])[0]
-        else:
-            content = lxml.html.fromstring(Document(html, url=url).summary(html_partial=True))
-        partial = lxml.html.tostring(content, encoding="unicode")
-        return markdownify.markdownify(partial, heading_style="ATX", bullets="-", strip=["img"])
-    return run
+NO_TEXT_PREFIX = "(The page has no readable text:"
 
 
 def engines() -> dict[str, Callable[[str, str], str]]:
     import logging
     logging.disable(logging.CRITICAL)  # readability logs every page
-    from proxy.backends import readable as extract
-    out: dict[str, Callable[[str, str], str]] = {
-        "proxy before (readability+markdownify)": proxy_before(),
-        "proxy now (proxy.backends.readable)": lambda html, url: extract.extract_page(html, url)[1],
-        "proxy now, links inline": lambda html, url: extract.extract_page(html, url, links="inline")[1],
-    }
+    from proxy.backends import readable
+    from proxy.backends.invisible import visible_html
+
+    def proxy(html: str, url: str) -> str:
+        text = readable.extract_page(visible_html(html)[0], url)[1]
+        return "" if text.startswith(NO_TEXT_PREFIX) else links_as_text(text)  # the note saying why is no text
+
+    def shown_hidden(html: str, url: str) -> str:  # extract_page still drops hidden= and display:none itself
+        # What the hidden-element defence costs: WCXB counts text in hidden tabs, accordions and fade-in wrappers
+        # (opacity:0 until a script runs) as content.
+        text = readable.extract_page(html, url)[1]
+        return "" if text.startswith(NO_TEXT_PREFIX) else links_as_text(text)
+
+    def rules_only(html: str, url: str) -> str:
+        share, readable.SECOND_OPINION_SHARE = readable.SECOND_OPINION_SHARE, 0.0
+        try:
+            return proxy(html, url)
+        finally:
+            readable.SECOND_OPINION_SHARE = share
+
+    def trafilatura_written(html: str, url: str) -> str:
+        from proxy.backends.markdown import MarkdownWriter
+        content = readable.second_opinion(visible_html(html)[0], url)
+        return links_as_text(MarkdownWriter(url).write(content)) if content is not None else ""
+
+    out: dict[str, Callable[[str, str], str]] = {"proxy (links as text)": proxy}
+    if hasattr(readable, "second_opinion"):  # absent from a checkout before issue 40, run for its "before" figures
+        out["proxy, its rules only"] = rules_only
+        out["proxy without invisible.py's pass"] = shown_hidden
+        out["trafilatura's pick, proxy's writer"] = trafilatura_written
     try:
         import trafilatura
-        out["trafilatura (default, txt)"] = lambda html, url: trafilatura.extract(html, url=url) or ""
-        out["trafilatura (favor_precision, txt)"] = (
-            lambda html, url: trafilatura.extract(html, url=url, favor_precision=True) or "")
-        out["trafilatura (precision, md+links)"] = lambda html, url: trafilatura.extract(
-            html, url=url, favor_precision=True, output_format="markdown", include_links=True,
-            include_formatting=True) or ""
+        out["trafilatura 2.3.1 (default, txt)"] = lambda html, url: trafilatura.extract(html, url=url) or ""
     except ImportError:
         print("trafilatura is not installed: left out")
     try:
@@ -130,74 +278,73 @@ def engines() -> dict[str, Callable[[str, str], str]]:
         out["readability-lxml + html_text"] = (
             lambda html, url: html_text.extract_text(Document(html, url=url).summary(html_partial=True)))
     except ImportError:
-        print("html_text is not installed: left out")
-    try:
-        from selectolax.lexbor import LexborHTMLParser
-
-        def lexbor(html: str, url: str) -> str:
-            tree = LexborHTMLParser(html)
-            for node in tree.css("script, style, nav, header, footer, aside, form, noscript, template, iframe, svg, "
-                                 "button"):
-                node.decompose()
-            root = tree.css_first("article") or tree.css_first("main") or tree.body or tree.root
-            for node in root.css("p, li, pre, h1, h2, h3, h4, h5, h6, div, tr, blockquote"):
-                node.insert_after("\n")
-            return root.text(separator="")
-        out["selectolax lexbor (article/main rule)"] = lexbor
-    except ImportError:
-        print("selectolax is not installed: left out")
+        print("readability-lxml or html_text is not installed: left out")
     return out
+
+
+def run(bench: Bench, fns: dict[str, Callable[[str, str], str]]) -> tuple[dict, dict]:
+    names = list(fns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    outputs: dict[str, list[str]] = {n: [] for n in names}
+    for i, page in enumerate(bench.pages):
+        order = names[i % len(names):] + names[:i % len(names)]
+        for name in order:
+            start = time.process_time()
+            try:
+                out = fns[name](str(page.html), page.url)
+            except Exception as e:  # a crash is an empty answer, as trafilatura's evaluate.py counts it
+                print(f"  {name} failed on {page.key}: {type(e).__name__}: {e}")
+                out = ""
+            times[name].append((time.process_time() - start) * 1000)
+            outputs[name].append(out)
+    return times, outputs
+
+
+def report(bench: Bench, times: dict, outputs: dict, per_type: bool, worst: int) -> None:
+    print(f"\n{bench.name} ({bench.role.upper()}, {len(bench.pages)} pages)")
+    print(f"  {'engine':36} {'F1':>6} {'empty':>6} {'median ms':>9} {'p95 ms':>7}")
+    for name, outs in outputs.items():
+        ts = sorted(times[name])
+        empty = sum(1 for o in outs if not WORD.search(o))
+        print(f"  {name:36} {bench.score(bench.pages, outs):6.3f} {empty:6d} {statistics.median(ts):9.1f} "
+              f"{ts[min(len(ts) - 1, int(len(ts) * 0.95))]:7.1f}")
+    if per_type and any(p.kind for p in bench.pages):
+        for kind in sorted({p.kind for p in bench.pages}):
+            idx = [i for i, p in enumerate(bench.pages) if p.kind == kind]
+            row = "  ".join(f"{bench.score([bench.pages[i] for i in idx], [outs[i] for i in idx]):.3f}"
+                            for outs in outputs.values())
+            print(f"    {kind:14} {len(idx):4d} pages  {row}")
+    if worst:
+        first = next(iter(outputs))
+        scored = sorted((bench.score([p], [o]), p.key, p.url, len(o)) for p, o in zip(bench.pages, outputs[first], strict=True))
+        for score, key, url, chars in scored[:worst]:
+            print(f"    {score:.3f} {key[:14]:14} {chars:6d} chars {url}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("data", type=Path, help="the benchmark's directory (ground-truth.json and html/)")
-    ap.add_argument("--runs", type=int, default=1, help="timed extractions of each page by each engine (median kept)")
+    ap.add_argument("data", type=Path, help="the directory holding the checkouts (wcxb, trafilatura, scrapinghub)")
+    ap.add_argument("--sets", default=",".join(SETS), help=f"comma-separated sets ({', '.join(SETS)})")
+    ap.add_argument("--every", type=int, default=1, help="every Nth page of each set only (a quick look)")
     ap.add_argument("--only", default="", help="comma-separated words: engines whose names hold one of them")
-    ap.add_argument("--worst", type=int, default=0, help="also list the N pages where the proxy scores worst")
+    ap.add_argument("--per-type", action="store_true", help="WCXB's page types, one F1 column per engine")
+    ap.add_argument("--worst", type=int, default=0, help="also list the N pages where the first engine scores worst")
     args = ap.parse_args()
-    truth = json.loads((args.data / "ground-truth.json").read_text("utf-8"))
-    pages = []
-    for key, item in sorted(truth.items()):
-        raw = gzip.decompress((args.data / "html" / f"{key}.html.gz").read_bytes())
-        # The benchmark's pages are UTF-8 (its own extractors read them so); bad bytes replaced, as the proxy does.
-        pages.append((key, item.get("url") or "", raw.decode("utf-8", "replace"), item.get("articleBody") or ""))
+    if not args.data.is_dir():
+        sys.exit(f"bench_articles: {args.data} is not a directory")
+    benches = load(args.data, [s for s in args.sets.split(",") if s])
     fns = engines()
     if args.only:
-        words = args.only.split(",")
-        fns = {k: v for k, v in fns.items() if any(w in k for w in words)}
-    names = list(fns)
-    for name in names:  # warm-up: imports, compiled selectors
-        fns[name](pages[0][2], pages[0][1])
-    times: dict[str, list[float]] = {n: [] for n in names}
-    outputs: dict[str, list[str]] = {n: [] for n in names}
-    for i, (_key, url, html, _body) in enumerate(pages):
-        order = names[i % len(names):] + names[:i % len(names)]
-        for name in order:
-            best, out = float("inf"), ""
-            for _ in range(args.runs):
-                start = time.perf_counter()
-                out = fns[name](html, url)
-                best = min(best, time.perf_counter() - start)
-            times[name].append(best * 1000)
-            outputs[name].append(out)
-    kib = statistics.median(len(p[2].encode()) for p in pages) / 1024
-    print(f"{len(pages)} pages (median {kib:.0f} KiB of HTML); Python {sys.version.split()[0]}, "
-          f"{os.cpu_count()} CPUs; ms: {'min of ' + str(args.runs) + ' runs' if args.runs > 1 else 'one run'} a page")
-    print(f"{'engine':40} {'F1 links-as-text':>16} {'(P / R)':>13} {'F1 as written':>13} {'median ms':>9} "
-          f"{'p90 ms':>7} {'chars':>9}")
-    for name in names:
-        plain = f1([tp_fp_fn(p[3], links_as_text(o)) for p, o in zip(pages, outputs[name], strict=True)])
-        written = f1([tp_fp_fn(p[3], o) for p, o in zip(pages, outputs[name], strict=True)])
-        ts = sorted(times[name])
-        print(f"{name:40} {plain[0]:16.3f} {plain[1]:6.3f}/{plain[2]:.3f} {written[0]:13.3f} "
-              f"{statistics.median(ts):9.1f} {ts[int(len(ts) * 0.9)]:7.1f} {sum(map(len, outputs[name])):9,d}")
-    if args.worst:
-        name = next(n for n in names if n.startswith("proxy now"))
-        scored = sorted((f1([tp_fp_fn(p[3], links_as_text(o))])[0], p[0][:10], p[1], len(p[2]) // 1024)
-                        for p, o in zip(pages, outputs[name], strict=True))
-        for row in scored[:args.worst]:
-            print("  %.3f %s %4d KiB %s" % (row[0], row[1], row[3], row[2]))
+        fns = {k: v for k, v in fns.items() if any(w in k for w in args.only.split(","))}
+    if not fns:
+        sys.exit("bench_articles: --only left no engine")
+    for fn in fns.values():  # warm-up: imports, compiled selectors
+        fn(str(benches[0].pages[0].html), benches[0].pages[0].url)
+    print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; CPU ms of one extraction a page, in this process")
+    for bench in benches:
+        bench.pages = bench.pages[::max(1, args.every)]
+        times, outputs = run(bench, fns)
+        report(bench, times, outputs, args.per_type, args.worst)
 
 
 if __name__ == "__main__":

@@ -166,3 +166,21 @@ def test_outcome_size_grows_with_its_text():
     small = SearchOutcome("q", "ok", hits=[Hit("t", "https://a.example/")])
     big = SearchOutcome("q", "ok", hits=[Hit("t" * 1000, "https://a.example/", "s" * 1000)])
     assert 0 < outcome_size(small) < outcome_size(big) and outcome_size(big) > 2000
+
+
+def test_kept_results_are_bounded_and_expire():
+    """services.KeptResults, under Responses' replays: get/put over the same bounded TTL cache."""
+    from proxy.engine.services import KeptResults
+    clock = Clock()
+    kept = KeptResults(10, 100, clock=clock)
+    record = {"name": "web_search", "arguments": "{}", "output": "x" * 40}
+    kept.put("ws_1", record)
+    assert kept.get("ws_1") == record and kept.get("ws_2") is None
+    kept.put("ws_2", record)
+    kept.put("ws_3", record)  # past 100 bytes: the least recently used goes
+    assert kept.get("ws_1") is None and kept.get("ws_3") == record
+    clock.now += 11
+    assert kept.get("ws_3") is None
+    off = KeptResults(0, 100)
+    off.put("ws_1", record)
+    assert off.get("ws_1") is None

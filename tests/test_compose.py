@@ -100,6 +100,8 @@ def test_vllm_command_is_a_list_starting_with_the_model(vllm):
     ("--max-num-batched-tokens", "16384"),
     ("--enable-chunked-prefill", True),
     ("--enable-prefix-caching", True),
+    ("--enable-prompt-tokens-details", True),
+    ("--default-chat-template-kwargs", '{"preserve_thinking":true}'),
     ("--reasoning-parser", "qwen3"),
     ("--tool-call-parser", "qwen3_coder"),
     ("--enable-auto-tool-choice", True),
@@ -111,9 +113,11 @@ def test_vllm_reference_flags(vllm, flag, value):
     assert flag_pairs(vllm["command"]).get(flag) == value
 
 
-@pytest.mark.parametrize("flag", ["--quantization", "--kv-cache-dtype", "--api-key", "--speculative-config"])
+@pytest.mark.parametrize("flag", ["--quantization", "--kv-cache-dtype", "--api-key", "--speculative-config",
+                                  "--mamba-cache-mode"])
 def test_vllm_flags_left_out(vllm, flag):
-    # Quantization is auto-detected, FP8 KV does not run on CC 8.6, auth and MTP are opt-in.
+    # Quantization is auto-detected, FP8 KV does not run on CC 8.6, auth and MTP are opt-in; the Mamba cache mode is
+    # vLLM's pick for a hybrid with prefix caching ("align"), and a crash on a non-hybrid checkpoint when written out.
     assert flag not in vllm["command"]
 
 

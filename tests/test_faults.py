@@ -57,7 +57,7 @@ def worker_pid(proxy) -> int:
     return kids[0]
 
 
-ACCESS = re.compile(r"INFO proxy: (\S+) (\S+) (\S+) (\d+)ms searches=(\d+) bytes=(\d+)$", re.M)
+ACCESS = re.compile(r"INFO proxy: (\S+) (\S+) (\S+) (\d+)ms searches=(\d+) bytes=(\d+) prompt=\S+ cached=\S+(?: .*)?$", re.M)
 
 
 def access_lines(log: str) -> list[tuple]:

@@ -680,7 +680,8 @@ def test_proxy_environment_variables_are_ignored(site, monkeypatch):
 def test_a_page_without_paragraphs_is_read_whole():
     title, text, _ = extract_page("<html><head><title> T </title></head><body>just text</body></html>", "http://x/")
     assert title == "T" and "just text" in text
-    assert extract_page("   ", "http://x/")[:2] == (None, "")
+    # An empty page says so, in the text the model reads (issue 40).
+    assert extract_page("   ", "http://x/")[:2] == (None, "(The page has no readable text: the server sent an empty page.)")
 
 
 def test_a_comment_where_a_big_page_is_cut_does_not_let_its_navigation_through():

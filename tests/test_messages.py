@@ -16,9 +16,16 @@ from pathlib import Path
 import pytest
 from clients import anthropic
 
-from proxy.apis.messages.blocks import add_usage, encode_content, outcome_from_block, result_block
+from proxy.apis.messages.blocks import (
+    ERROR_TEXT,
+    add_usage,
+    encode_content,
+    kept_text,
+    outcome_from_block,
+    result_block,
+)
 from proxy.apis.messages.history import rewrite_history
-from proxy.apis.messages.presentation import with_counts
+from proxy.apis.messages.presentation import model_text, tool_results, with_counts
 from proxy.apis.messages.request import (
     MessagesPlan,
     ToolPlan,
@@ -31,6 +38,7 @@ from proxy.apis.messages.request import (
 )
 from proxy.backends.search import Hit, SearchOutcome
 from proxy.core.errors import as_anthropic_error
+from proxy.tools.sources import Sources, numbered
 from proxy.tools.web_search import QUERY_SCHEMA, TOOL_DESCRIPTION, format_for_model
 from standins import anthropic_wire as W
 from standins.rawhttp import raw_request
@@ -192,7 +200,7 @@ BASH = {"type": "tool_use", "id": "toolu_b", "name": "Bash", "input": {}}
       ("assistant", [("text", "so"), ("tool_use", "toolu_b")]), ("user", [_tr("toolu_b", None)])]),
 ])
 def test_replayed_history_becomes_tool_use_and_tool_result(history, expected):
-    assert _shape(rewrite_history(history, {"web_search": "web_search", "web_fetch": "web_fetch"})) == expected
+    assert _shape(rewrite_history(history, NAMES)) == expected
 
 
 def test_replayed_result_gives_the_model_the_same_text():
@@ -203,6 +211,45 @@ def test_replayed_result_gives_the_model_the_same_text():
     assert [r["page_age"] for r in block["content"]] == ["2026-01-02", None]
     assert json.loads(base64.b64decode(block["content"][1]["encrypted_content"])) == {"snippet": "snip B"}
     assert format_for_model(outcome_from_block("q one", block["content"])) == format_for_model(outcome)
+
+
+NAMES = {"web_search": "web_search", "web_fetch": "web_fetch"}  # each server tool's name on the vLLM side
+HITS = [Hit("A", "https://a.example/x", "snip A", "2026-01-02"), Hit("B", "https://b.example/y", "snip B")]
+
+
+@pytest.mark.parametrize("outcome,input_query", [
+    (SearchOutcome("q one", "ok", hits=HITS), "q one"),
+    # The lines the model read live beside the results: how they came, the cache's age, the repeat warning.
+    (SearchOutcome("q one", "ok", hits=HITS, notes=["Some search engines failed (brave: timeout); results from the others."]), "q one"),
+    (SearchOutcome("q one", "ok", hits=HITS, cached_age=6.4), "q one"),
+    (SearchOutcome("q one", "ok", hits=HITS, cached_age=2.5, repeated=True, answers=["42"], infoboxes=["Box"]), "q one"),
+    # Cleaned by the tool (a bang, spaces): the results say what was searched, live and replayed.
+    (SearchOutcome("q one", "ok", hits=HITS), "  !q   one"),
+    # A failure's own sentence, an empty search's: more than the block holds, so the handler keeps it by id.
+    (SearchOutcome("q", "failed", message="Search failed: the query is empty. Call web_search with ...", error_code="invalid_tool_input"), ""),
+    (SearchOutcome("q", "failed", message="Search failed: SearXNG answered 502.", error_code="unavailable", timed_out=True), "q"),
+    (SearchOutcome("q", "empty", message='No results for "q".', repeated=True), "q"),
+])
+@pytest.mark.parametrize("cite", [True, False])
+def test_a_replayed_search_reads_byte_for_byte_what_the_model_read(outcome, input_query, cite):
+    """What turn 2 replays of a search is the very text turn 1's model read, so vLLM's prefix cache matches it."""
+    use = {"type": "tool_use", "id": "toolu_1", "name": "web_search", "input": {"query": input_query}}
+    live = tool_results([use], [use], [outcome], Sources() if cite else None)["content"][0]["content"]
+    assert live == numbered(Sources() if cite else None, outcome, model_text(outcome, {"query": input_query}))
+    history = [{"role": "user", "content": "ask"},
+               {"role": "assistant", "content": [{**use, "type": "server_tool_use", "id": "srvtoolu_1"},
+                                                 result_block("srvtoolu_1", outcome), {"type": "text", "text": "so"}]},
+               {"role": "user", "content": "more"}]
+    kept = {"srvtoolu_1": {"output": live}} if kept_text(outcome) else {}
+    replayed = rewrite_history(history, NAMES, cite=cite, kept=kept.get)[2]["content"][0]["content"]
+    assert replayed == live
+    if outcome.status == "failed":
+        assert live == format_for_model(outcome)  # the live sentence, with its advice
+        # Once the worker no longer keeps it: the code's sentence (the answer is right; the cache misses from here).
+        gone = rewrite_history(history, NAMES, cite=cite)[2]["content"][0]["content"]
+        assert gone == ERROR_TEXT[outcome.error_code]
+    for line in outcome.notes + ([outcome.cached_note.strip()] if outcome.ok and outcome.cached_age else []):
+        assert line in live
 
 
 @pytest.mark.parametrize("content,status,code", [

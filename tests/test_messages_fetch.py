@@ -128,6 +128,9 @@ def test_error_block_is_the_sdks_error_and_replays_as_a_sentence(code):
     assert block["content"] == {"type": "web_fetch_tool_result_error", "error_code": code}
     parsed = anthropic.types.beta.BetaWebFetchToolResultBlock.model_validate(block)
     assert isinstance(parsed.content, anthropic.types.beta.BetaWebFetchToolResultErrorBlock) and parsed.content.error_code == code
+    # The error block has no room for the live sentence: the handler keeps it for the replays (test below); a
+    # replay it no longer keeps reads the code's sentence.
+    assert model_text(FetchOutcome("https://x.example", error_code=code, message="live words")) == "live words"
     assert fetch_text(block["content"], "live words") == "live words"
     assert fetch_text(block["content"]) == FETCH_ERROR_TEXT[code]
 
@@ -137,7 +140,13 @@ def test_a_replayed_page_gives_the_model_the_same_text():
     assert live == 'Page https://docs.example/a "Changelog"\nRetrieved 2026-12-03T16:20:00Z\n\nvLLM 0.32 adds things.'
     assert fetch_text(fetch_content(PAGE_OUTCOME, {"enabled": True})) == live
     cut = FetchOutcome(PAGE_OUTCOME.url, page=Page(**{**PAGE_OUTCOME.page.__dict__, "truncated": True}))
-    assert model_text(cut) == live + CUT_NOTE  # live, the model is told; the block can't say it
+    assert model_text(cut) == live + CUT_NOTE  # live, the model is told; and the document keeps it for the replay
+    assert fetch_text(fetch_content(cut)) == model_text(cut)
+    hidden = FetchOutcome(PAGE_OUTCOME.url, page=Page(**{**PAGE_OUTCOME.page.__dict__, "truncated": True,
+                                                         "invisible": 2, "hidden": 1}))
+    assert model_text(hidden) == live + "\n\n(2 invisible characters removed, 1 hidden element removed: text a " \
+        "person viewing the page does not see)" + CUT_NOTE
+    assert fetch_text(fetch_content(hidden)) == model_text(hidden)
 
 
 FSTU = {"type": "server_tool_use", "id": "srvtoolu_f", "name": "web_fetch", "input": {"url": "https://docs.example/a"}}
@@ -373,9 +382,9 @@ def test_max_content_tokens_cuts_the_page(fetching, backend, site):
                    W.message_reply([W.text("ok")]))
     msg = ask(fetching, False, tools=[{**FETCH, "max_content_tokens": 10}])
     data = msg.content[1].content.content.source.data
-    assert 30 <= len(data) <= 40 and data.startswith("word word")
+    assert data.endswith(CUT_NOTE) and 30 <= len(data) - len(CUT_NOTE) <= 40 and data.startswith("word word")
     (told,) = last_results(turns(backend)[1])
-    assert told.endswith(data + CUT_NOTE)
+    assert told.endswith(data)  # the note is in the document, so a replay tells the model the same
 
 
 def test_replayed_history_shows_the_model_the_same_page(fetching, backend, site):
@@ -404,6 +413,24 @@ def test_replayed_history_shows_the_model_the_same_page(fetching, backend, site)
                                        "content": FETCH_ERROR_TEXT["url_not_accessible"]},
                                       {"type": "text", "text": "and then?"}]
     assert [r.path for r in site.requests] == [path]  # replaying fetches nothing
+
+
+def test_a_failed_fetch_replays_its_live_sentence(fetching, backend, site):
+    """A failure's sentence (the page's answer, the reason) does not fit its error block: the proxy keeps it by the
+    block's id, so turn 2 reads what turn 1's model read and vLLM's prefix cache matches past it."""
+    path = fresh("/gone")
+    site.route(path, "no", status=404, headers={"Content-Type": "text/plain"})
+    url = f"http://127.0.0.1:{site.port}{path}"
+    backend.script(W.message_reply([W.tool_use("web_fetch", {"url": url})]), W.message_reply([W.text("first")]))
+    first = ask(fetching, False, tools=[FETCH])
+    (live,) = last_results(turns(backend)[1])
+    assert live.startswith("Fetch failed") and live != FETCH_ERROR_TEXT["url_not_accessible"] and "404" in live
+    history = ASK + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                     {"role": "user", "content": "and then?"}]
+    backend.reset()
+    backend.script(W.message_reply([W.text("second")]))
+    ask(fetching, False, messages=history, tools=[FETCH])
+    assert turns(backend)[0].json()["messages"][2]["content"][0]["content"] == live
 
 
 def test_count_tokens_counts_what_vllm_would_get(fetching, backend):

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from standins import anthropic_wire as W
 from standins import responses_wire as R
 from standins.rawhttp import raw_request
+from standins.scripted_backend import Reply
 from standins.searxng import result
 from standins.vllm_wire import completion, json_reply, tool_call
 
@@ -99,7 +100,7 @@ def _alpha(proxy, backend, q):
                                       ("alpha_search", _alpha)])
 def test_a_search_moves_its_apis_counters(proxy, backend, searxng, api, run):
     before = scrape(proxy)
-    status, _ = run(proxy, backend, f"metrics {api}")
+    status, body = run(proxy, backend, f"metrics {api}")
     assert status == 200
     after = scrape(proxy)
     assert searxng.queries == [f"metrics {api}"]
@@ -109,10 +110,56 @@ def test_a_search_moves_its_apis_counters(proxy, backend, searxng, api, run):
     assert delta(before, after, "proxy_tool_calls_total", api=api, tool="web_search", outcome="ok") == 1
     assert delta(before, after, "proxy_tool_calls_total") == 1
     assert delta(before, after, "proxy_searxng_request_duration_seconds_count", outcome="ok") == 1
+    # Every vLLM turn's prompt tokens, as the usage the client got sums them (alpha search asks no model).
+    prompt = {"chat": lambda u: u["prompt_tokens"], "messages": lambda u: u["input_tokens"],
+              "responses": lambda u: u["input_tokens"], "alpha_search": lambda u: 0}[api](body.get("usage") or {})
+    assert (api == "alpha_search") == (prompt == 0)
+    assert delta(before, after, "proxy_prompt_tokens_total", api=api) == prompt
     # The scrape before this one counted itself under its own label, never as an API's request.
     assert delta(before, after, "proxy_requests_total", api="proxy") == 1
     # The cache is off in the shared proxies (tests/conftest.py): no lookups counted.
     assert delta(before, after, "proxy_cache_lookups_total") == 0
+
+
+CHAT_USAGE = {"prompt_tokens": 1200, "completion_tokens": 7, "total_tokens": 1207,
+              "prompt_tokens_details": {"cached_tokens": 1152}}
+
+
+@pytest.mark.parametrize("path,reply,api,counts", [
+    # vLLM's usage with --enable-prompt-tokens-details, relayed byte for byte and read on the way.
+    ("/v1/chat/completions", json_reply(completion(content="hi") | {"usage": CHAT_USAGE}), "chat", (1200, 1152)),
+    ("/v1/chat/completions", Reply(headers=[("Content-Type", "text/event-stream")], chunks=[
+        b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n',
+        b'data: {"choices":[],"usage":{"prompt_tokens":900,"completion_tokens":2,"prompt_tokens_d',
+        b'etails":{"cached_tokens":896}}}\n\ndata: [DONE]\n\n']), "chat", (900, 896)),
+    # Anthropic's input_tokens are the ones the cache did not serve.
+    ("/v1/messages", json_reply({"type": "message", "role": "assistant", "content": [{"type": "text", "text": "hi"}],
+                                 "usage": {"input_tokens": 48, "cache_read_input_tokens": 512, "output_tokens": 3}}),
+     "messages", (560, 512)),
+    ("/v1/completions", json_reply({"choices": [{"text": "x"}], "usage": {"prompt_tokens": 5, "completion_tokens": 1}}),
+     "relay", (5, 0)),
+])
+def test_cached_prompt_tokens_are_counted_and_logged(proxy, backend, path, reply, api, counts):
+    backend.script(reply)
+    before = scrape(proxy)
+    # tool_choice none: nothing for the proxy to add, so every one of these is relayed.
+    body = b'{"model": "foundation", "prompt": "x", "messages": [], "tool_choice": "none", "stream": true}'
+    status, _, raw = raw_request(proxy.url, "POST", path, body, {"Content-Type": "application/json"})
+    assert status == 200 and raw == (reply.body or b"".join(reply.chunks))  # read, never changed
+    after = scrape(proxy)
+    assert delta(before, after, "proxy_prompt_tokens_total", api=api) == counts[0]
+    assert delta(before, after, "proxy_cached_prompt_tokens_total", api=api) == counts[1]
+    assert f"{path} 200" in proxy.log_once(f"prompt={counts[0]} cached={counts[1]}")
+
+
+def test_no_usage_logs_dashes_and_counts_nothing(proxy, backend):
+    before = scrape(proxy)
+    text = '{"choices":[{"message":{"content":"\\"prompt_tokens\\": 5"}}]}'  # model text that looks like usage
+    backend.script(json_reply(json.loads(text)))
+    body = b'{"model": "foundation", "messages": [], "tool_choice": "none"}'
+    assert raw_request(proxy.url, "POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})[0] == 200
+    assert delta(before, scrape(proxy), "proxy_prompt_tokens_total") == 0
+    assert "prompt=- cached=-" in proxy.log_once("prompt=- cached=-")
 
 
 def test_the_exposition_parses_and_names_every_metric_with_help(proxy, backend):

@@ -388,6 +388,37 @@ def test_replayed_web_search_call_is_rewritten(proxy, backend, searxng, stream):
     assert searxng.queries == []
 
 
+@pytest.mark.parametrize("kept", [True, False])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_replayed_call_reads_what_the_model_read(start_proxy, backend, searxng, stream, kept):
+    """Codex resends each web_search_call with its action only: the proxy kept what the model read under the
+    call's id, so turn 2 reads the very call and result of turn 1 (vLLM's prefix cache matches past them); with
+    the store off, or the entry gone, it reads the stand-in line."""
+    proxy = start_proxy(**({} if kept else {"RESPONSES_RESULTS_TTL": "0"}))
+    t1, t2 = search_then_answer(query="  vllm   0.32 release")
+    backend.responder = w.model(t1, t2)
+    body = codex_body(stream=stream)
+    if stream:
+        final = [e for e in client(proxy).responses.create(**body)][-1].response
+    else:
+        body.pop("stream")
+        final = client(proxy).responses.create(**body)
+    live = vllm_requests(backend)[1]["input"]
+    read = [i for i in live if i.get("type") in ("function_call", "function_call_output")]
+    backend.reset()
+    backend.responder = w.model([w.message("second")])
+    history = body["input"] + [o.model_dump(exclude_none=True) for o in final.output] + [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "and now?"}]}]
+    client(proxy).responses.create(**{**codex_body(input=history), "stream": False})
+    got = [i for i in vllm_requests(backend)[0]["input"] if i.get("type") in ("function_call", "function_call_output")]
+    if kept:
+        assert (got[0]["name"], got[0]["arguments"]) == (read[0]["name"], read[0]["arguments"])
+        assert got[1]["output"] == read[1]["output"] and "example.org/vllm-0.32-release" in got[1]["output"]
+    else:
+        assert got[1]["output"].startswith('Searched for "vllm 0.32 release" in an earlier turn')
+    assert len(searxng.queries) == 1  # replaying searches nothing
+
+
 def test_replay_without_the_hosted_tool_relays_the_answer(proxy, backend):
     reply = w.json_reply(w.body({"tools": []}, [w.message("ok")]))
     backend.script(reply)

@@ -254,6 +254,10 @@ def test_add_usage_sums_turns():
     assert total == {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52,
                      "completion_tokens_details": {"reasoning_tokens": 3}, "prompt_tokens_details": None}
     assert chat_rules.add_usage(total, None) is total
+    # The prefix cache's share adds up over the turns too (--enable-prompt-tokens-details).
+    c = {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51, "prompt_tokens_details": {"cached_tokens": 32}}
+    d = {**c, "prompt_tokens_details": {"cached_tokens": 48}}
+    assert chat_rules.add_usage(chat_rules.add_usage(None, c), d)["prompt_tokens_details"] == {"cached_tokens": 80}
 
 
 def test_tool_results_answer_every_call_in_order():

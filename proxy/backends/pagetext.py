@@ -71,16 +71,20 @@ def _lookup(name: str | None) -> str | None:
 
 
 META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9._:-]+)""", re.I)
+# XHTML names its encoding in the XML declaration only, often without a <meta charset> (older government and
+# university sites in ISO-8859-1): read after <meta>, which a text/html page's browser obeys first.
+XML_ENCODING = re.compile(rb"""^\s*<\?xml[^>]+encoding\s*=\s*["']([A-Za-z0-9._:-]+)""")
 
 
 def decode_text(body: bytes, header_charset: str | None, html: bool) -> str:
-    """Bytes -> str: a byte-order mark, then the header's charset, then <meta charset> (HTML), then UTF-8 with replacement."""
+    """Bytes -> str: a byte-order mark, then the header's charset, then <meta charset> or the XML declaration's encoding
+    (HTML), then UTF-8 with replacement."""
     for bom, name in ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be")):
         if body.startswith(bom):
             return body[len(bom):].decode(name, "replace")
     charset = _lookup(header_charset)
     if charset is None and html:
-        m = META_CHARSET.search(body[:4096])
+        m = META_CHARSET.search(body[:4096]) or XML_ENCODING.match(body[:1024])
         charset = _lookup(m.group(1).decode("ascii")) if m else None
     try:
         return body.decode(charset or "utf-8", "replace")

@@ -1,11 +1,15 @@
-"""A page's main content, picked by readability's scoring on one lxml parse, and written as Markdown
+"""A page's main content, picked by readability's scoring on one lxml parse (trafilatura asked as a second opinion when
+that pick keeps little of the page, the page's visible text as the floor), and written as Markdown
 (proxy/backends/markdown.py): extract_page, pure, run inside the extraction pool's children (proxy/backends/extract.py)
-and tested in-process by tests/test_extract.py and tests/test_fetch.py; scripts/bench_articles.py measures it.
+and tested in-process by tests/test_extract.py and tests/test_fetch.py; scripts/bench_articles.py measures it on
+held-out public sets (docs/performance.md).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import re
+from collections import Counter
 
 from proxy.backends.markdown import BLOCKS, HEADINGS, MarkdownWriter, normal, tidy
 
@@ -26,8 +30,30 @@ def _one_line(text: str | None) -> str | None:
 # scoring is skipped for a cheap rule: keep <main> or <article> if there is one, without navigation.
 FAST_PATH_CHARS = 512 * 1024
 # What holds no text a reader sees, in every path (a comment is not an element: text_content() refuses it).
-NO_TEXT = ("//script|//style|//noscript|//template|//comment()|//processing-instruction()|//svg|//math|//iframe"
-           "|//object|//embed|//canvas|//button|//input|//select|//textarea|//dialog")
+NO_TEXT = ("//script|//style|//template|//comment()|//processing-instruction()|//svg|//math|//iframe"
+           "|//object|//embed|//canvas|//input|//select|//textarea|//dialog")
+# Usually no text a reader sees either, but judged by what they hold: Discourse serves a thread's posts inside
+# <noscript> to readers without JavaScript, and a menu <button> holding unclosed <div>s takes the rest of the page into
+# itself when libxml2 parses it. With enough text they are unwrapped, their words kept; else dropped.
+MAYBE_TEXT = "//noscript|//button"
+UNWRAP_CHARS = 200
+# `<?xml version="1.0" encoding="..."?>` (XHTML): lxml refuses a str that declares an encoding; the str is decoded.
+XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*>")
+# Enough words, few of them links: content, whatever its class or id says ("elementor-widget-container",
+# "field--label-hidden", "MtnComment", "zen-one-sidebar-second": the class-name rules judged by content).
+PROSE_CHARS = 500
+PROSE_LINKS = 0.25
+# Below this share of the page's visible text, our pick is doubted and trafilatura asked (_with_floor); tuned on
+# WCXB's dev split: 0.3 took trafilatura's pick on about one page in six.
+SECOND_OPINION_SHARE = 0.3
+# Readers' comments are prose too, but not the article (every benchmark's bodies leave them out, and scoring would
+# pick a long thread over a short article): they are not kept for their prose.
+COMMENTS = re.compile(r"comment|disqus|respond|replies", re.I)
+CARDS = 4
+WORD = re.compile(r"\w")
+NO_TEXT_NOTE = "(The page has no readable text: {why}.)"
+NO_WORDS = ("its HTML holds no text a reader sees (a page built by JavaScript, which is not run here, or one whose "
+            "text the page itself hides)")
 # Photo captions and credits: the benchmark's human-made bodies leave them out, and galleries repeat them.
 CAPTIONS = "//figcaption|//*[contains(@class,'caption') or contains(@class,'credit')][string-length() < 300]"
 NOT_CONTENT = "//nav|//header|//footer|//aside|//menu|//form[not(.//p)]"
@@ -69,29 +95,39 @@ def extract_page(html: str, url: str, max_chars: int | None = None, links: str =
                  ) -> tuple[str | None, str, bool]:
     """(title, Markdown, cut): the main content of a page, about `max_chars` of it written (Markdown is written up to
     the budget and no further: the fetcher cuts the text to its token budget anyway). `links`: "refs" writes a link as
-    [text][n] with the URLs listed once at the end, "inline" as [text](url), "text" as its words only."""
+    [text][n] with the URLs listed once at the end, "inline" as [text](url), "text" as its words only.
+    Never empty while the page has text a reader sees (the floor in _with_floor); a page without any comes back as
+    one sentence saying why (NO_TEXT_NOTE), so the model is not left to guess."""
     if not html.strip():
-        return None, "", False
+        return None, NO_TEXT_NOTE.format(why="the server sent an empty page"), False
     import lxml.etree
-    import lxml.html
     try:
         root = _parse(html)
     except (ValueError, lxml.etree.ParserError):
-        return None, "", False
+        return None, NO_TEXT_NOTE.format(why="its HTML could not be parsed"), False
     title = _one_line(root.findtext(".//title"))
+    limit = max_chars + max_chars // 4 if max_chars is not None else None
     try:
         for el in root.xpath(NO_TEXT + "|" + HIDDEN):
             _drop(el)
+        _unwrap_or_drop(root.xpath(MAYBE_TEXT))
         body = root.find("body")
         body = body if body is not None else root
-        if len(body.text_content()) > FAST_PATH_CHARS:
+        page_chars = len(normal(body.text_content()))
+        if page_chars > FAST_PATH_CHARS:
             for el in body.xpath(NOT_CONTENT):
                 _drop(el)
             content = (body.xpath("//main|//article") or [body])[0]
         else:
-            content = main_content(body)
-        writer = MarkdownWriter(url, max_chars + max_chars // 4 if max_chars is not None else None, links, title)
+            content = _with_floor(main_content(body), page_chars, html, url)
+        writer = MarkdownWriter(url, limit, links, title)
         text = writer.write(content)
+        if not WORD.search(text):
+            # The last floor: every word of the page a reader sees, when picking its content left none.
+            writer = MarkdownWriter(url, limit, links, title)
+            text = writer.write(_visible_body(html))
+        if not WORD.search(text):
+            return title, NO_TEXT_NOTE.format(why=NO_WORDS), False
         return title, text, writer.cut
     except MemoryError:
         raise
@@ -100,19 +136,59 @@ def extract_page(html: str, url: str, max_chars: int | None = None, links: str =
             raise MemoryError from None
         log.debug("extraction failed on %s: %s; reading all the page's text", url, e)
     try:
-        root = _parse(html)
-        for el in root.xpath(NO_TEXT):  # the page's words, not its script source
-            el.drop_tree()
-        return title, tidy(root.text_content()), False
+        text = tidy(_visible_body(html).text_content())
+        return title, text if WORD.search(text) else NO_TEXT_NOTE.format(why=NO_WORDS), False
     except (ValueError, lxml.etree.ParserError):
-        return title, "", False
+        return title, NO_TEXT_NOTE.format(why="its HTML could not be parsed"), False
+
+
+def _visible_body(html: str):
+    """The page's body with only what holds no visible text taken out: the floor under every extraction."""
+    root = _parse(html)
+    for el in root.xpath(NO_TEXT + "|" + HIDDEN):  # the page's words, not its script source nor what it hides
+        _drop(el)
+    _unwrap_or_drop(root.xpath(MAYBE_TEXT))
+    body = root.find("body")
+    return body if body is not None else root
+
+
+def _with_floor(content, page_chars: int, html: str, url: str):
+    """The content, or a second engine's pick when ours kept little of a page that has much more text: trafilatura's
+    rules find the content of shop, listing and service pages where readability's scoring settles on one box of a
+    grid (measured on WCXB's dev split: docs/performance.md). The longer of the two is kept."""
+    kept = len(normal(content.text_content()))
+    if kept >= SECOND_OPINION_SHARE * page_chars:
+        return content
+    other = second_opinion(html, url)
+    if other is not None and len(normal(other.text_content())) > kept:
+        return other
+    return content
+
+
+def second_opinion(html: str, url: str):
+    """trafilatura's main content of the page as an lxml element (its HTML output: paragraphs, headings, lists,
+    tables, links), or None when it finds none."""
+    import lxml.etree
+    import trafilatura
+    try:
+        out = trafilatura.extract(html, url=url or None, output_format="html", include_links=True,
+                                  include_formatting=True, include_tables=True, include_comments=True, fast=True,
+                                  with_metadata=False)
+    except (ValueError, lxml.etree.LxmlError) as e:  # its own parse of a page ours read
+        log.debug("trafilatura failed on %s: %s", url, e)
+        return None
+    if not out:
+        return None
+    root = _parse(out)
+    body = root.find("body")
+    return body if body is not None else root
 
 
 def _parse(html: str):
     import lxml.etree
     import lxml.html
     try:
-        return lxml.html.fromstring(html)
+        return lxml.html.fromstring(XML_DECLARATION.sub("", html, count=1))
     except lxml.etree.XMLSyntaxError as e:
         if _out_of_memory(e):
             raise MemoryError from None
@@ -132,14 +208,71 @@ def _drop(el) -> None:
         el.drop_tree()  # keeps the tail: the text after a dropped element is still the page's
 
 
+@functools.lru_cache(maxsize=16384)
+def _has(pattern: re.Pattern, names: str) -> bool:
+    """pattern.search(names), remembered: a page repeats the same class names on hundreds of elements, and these
+    searches were a third of the extraction's time."""
+    return pattern.search(names) is not None
+
+
+def _unwrap_or_drop(elements) -> None:
+    for el in reversed(elements):  # inner ones first
+        if el.getparent() is None:
+            continue
+        if len(el.text_content().strip()) >= UNWRAP_CHARS:
+            el.drop_tag()
+        else:
+            el.drop_tree()
+
+
+def _prose(el, text: str, linked: dict) -> bool:
+    """Whether an element reads as content, whatever its class says: enough text, few of its words links."""
+    n = len(text.strip())
+    return n >= PROSE_CHARS and linked.get(el, 0) < PROSE_LINKS * len(text)
+
+
+def _card(el, length: int, linked: int, groups: dict) -> bool:
+    """One card of a grid (a listing's, a shop's collection): a box with words of its own beside its links, among at
+    least CARDS siblings of the same tag and class. Each card is mostly links, which readability's clean would drop:
+    on a listing page the grid is the content."""
+    cls = el.get("class")
+    parent = el.getparent()
+    if not cls or parent is None or length - linked < 15:
+        return False
+    if parent not in groups:  # counted once a parent: a grid of a thousand cards is not walked a thousand times
+        groups[parent] = Counter((sib.tag, sib.get("class")) for sib in parent)
+    return groups[parent][(el.tag, cls)] >= CARDS
+
+
+def _linked_chars(root) -> dict:
+    """Characters of link text under each element, from one pass over the links: a link density for every box
+    without walking each box's links again (_drop_counted keeps it true as boxes go)."""
+    linked: dict = {}
+    for a in root.iter("a"):
+        n = len(a.text_content())
+        if n:
+            linked[a] = linked.get(a, 0) + n
+            for anc in a.iterancestors():
+                linked[anc] = linked.get(anc, 0) + n
+    return linked
+
+
+def _drop_counted(el, linked: dict) -> None:
+    n = linked.get(el, 0)
+    if n:
+        for anc in el.iterancestors():
+            linked[anc] = linked.get(anc, 0) - n
+    _drop(el)
+
+
 def _weight(el) -> int:
     """readability's class weight: class and id words that say article (+25) or not (-25)."""
     w = 0
     for name in (el.get("class"), el.get("id")):
         if name:
-            if NEGATIVE.search(name):
+            if _has(NEGATIVE, name):
                 w -= 25
-            if POSITIVE.search(name):
+            if _has(POSITIVE, name):
                 w += 25
     return w
 
@@ -150,23 +283,28 @@ def main_content(body):
     # elements and roles that are navigation; but never one holding most of the page's text, which is a wrapper
     # whose class happens to say "header-style" or "sidebar-enabled" (readability retries without the rule instead).
     most = 0.4 * len(body.text_content())
+    linked = _linked_chars(body)
     # Not inside code: a highlighter's <span class="hljs-comment"> is the code's own text.
     for el in body.xpath("//*[(@class or @id or @role) and not(ancestor::pre or ancestor::code)]"):
         if el.tag in ("body", "html", "a", "article", "main", "blockquote") or el.getparent() is None:
             continue  # a blockquote is quoted text even when its class says twitter (an embedded tweet)
         names = f"{el.get('class') or ''} {el.get('id') or ''}"
-        if el.get("role") in NOT_CONTENT_ROLES or BOILERPLATE.search(names):
+        if el.get("role") in NOT_CONTENT_ROLES or _has(BOILERPLATE, names):
             pass
-        elif not UNLIKELY.search(names) or MAYBE.search(names) or el.tag == "section" or (
+        elif not _has(UNLIKELY, names) or _has(MAYBE, names) or el.tag == "section" or (
                 len(el) and el[0].tag in HEADINGS):
             continue  # a document's section named for its subject (Sphinx's id="menus", id="comments") is content
-        if len(el.text_content()) < most:
-            _drop(el)
+        text = el.text_content()
+        if len(text) < most and (_has(COMMENTS, names) or not _prose(el, text, linked)):
+            _drop_counted(el, linked)
     for el in body.xpath(NOT_CONTENT + "|" + CAPTIONS):
-        if len(el.text_content()) < most:
-            _drop(el)
+        text = el.text_content()
+        # An unclosed <nav> or <header> runs on over the article (libxml2 closes it only at the body's end): with
+        # prose in it, it is the article's container, not navigation.
+        if len(text) < most and not (el.tag in ("nav", "header") and _prose(el, text, linked)):
+            _drop_counted(el, linked)
     hinted = [el for el in body.xpath("//*[@itemprop='articleBody' or @class or @id]")
-              if el.get("itemprop") == "articleBody" or ARTICLE_HINT.search(f"{el.get('class') or ''} {el.get('id') or ''}")]
+              if el.get("itemprop") == "articleBody" or _has(ARTICLE_HINT, f"{el.get('class') or ''} {el.get('id') or ''}")]
     scores: dict = {}
     for p in body.iter("p", "pre", "td", "blockquote", "div", "section", "article", "font", "span"):
         if p.tag in ("span", "font") and (p.getparent() is None or p.getparent().tag in ("p", "span", "font", "a")):
@@ -283,24 +421,28 @@ def _link_density(el) -> float:
 def _clean(content, scores: dict):
     """readability's conditional clean: lists, tables and boxes inside the content that look like navigation,
     forms or image strips go, unless they carry prose (ten commas or more)."""
+    linked = _linked_chars(content)
+    groups: dict = {}
     for el in reversed(list(content.iter("table", "ul", "ol", "div", "section", "figure", "dl"))):
         if el is content or el.getparent() is None:
             continue
+        text = el.text_content()
+        length = len(text.strip())
+        density = linked.get(el, 0) / len(text) if text else 0.0
+        if length >= PROSE_CHARS and density < PROSE_LINKS:
+            continue  # prose, whatever its class says, in a script that uses few commas or in boxes without <p>
         weight = _weight(el)
         if weight + scores.get(el, 0) < 0:
-            _drop(el)
+            _drop_counted(el, linked)
             continue
-        text = el.text_content()
         if text.count(",") >= 10:
             continue
-        length = len(text.strip())
-        density = _link_density(el)
-        if length >= 500 and density < 0.25:
-            continue  # prose, in a script that uses few commas or in boxes without <p>
         if el.tag in ("table", "dl") and len(text.strip()) >= 25:
             continue  # data: a table's cells and a definition list are rarely prose with commas
         if el.find(".//pre") is not None or el.find(".//code") is not None:
             continue  # code is what a coding agent reads a page for
+        if _card(el, length, linked.get(el, 0), groups):
+            continue
         if el.tag in ("ul", "ol") and density <= 0.5:
             items = sum(1 for child in el if child.tag == "li")
             if length * (1 - density) >= 30 * max(items, 1):
@@ -313,7 +455,7 @@ def _clean(content, scores: dict):
                 or (weight < 25 and density > 0.2) or (weight >= 25 and density > 0.5)):
             if density < 0.5 and el.xpath(KEEP_XPATH):
                 continue  # a box around a heading or a table (GitHub's markdown-heading) is structure, not clutter
-            _drop(el)
+            _drop_counted(el, linked)
     return content
 
 

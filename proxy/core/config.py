@@ -155,6 +155,13 @@ class Config:
     # Bounds of the search cache, per gunicorn worker: answers kept, and their bytes (16 MiB).
     search_cache_entries: int = setting("SEARCH_CACHE_ENTRIES", 1000, whole)
     search_cache_bytes: int = setting("SEARCH_CACHE_BYTES", 16 * 1024 * 1024, whole)
+    # What the model read for each of the proxy's calls on /v1/responses (and a failed call's sentence on
+    # /v1/messages), kept by the call's id for the turns that replay it: a Responses client keeps only the
+    # web_search_call's action, an Anthropic error block only its code, so without this a later turn reads a
+    # stand-in line and vLLM's prefix cache misses from there. Seconds kept (an agent session's span), and the
+    # bytes kept per gunicorn worker (64 MiB), least recently used out first; 0 in either turns it off.
+    responses_results_ttl: float = setting("RESPONSES_RESULTS_TTL", 86400.0, number)
+    responses_results_bytes: int = setting("RESPONSES_RESULTS_BYTES", 64 * 1024 * 1024, whole)
     # The proxy's own metrics at /proxy/metrics; off, nothing is recorded.
     proxy_metrics: bool = setting("PROXY_METRICS", True, flag)
     # Where gunicorn's workers keep their metric values so one scrape sums them all (prometheus_client's

@@ -57,6 +57,7 @@ class RequestEnded:
     complete: bool               # the body was sent to its end (else the server stopped sending: the client left)
     searches: int = 0            # searches its rounds sent out
     client_left: bool = False    # its client watch saw the client go
+    usage: tuple[int, int] | None = None  # (prompt tokens, of them served by vLLM's prefix cache) the answer reported
 
 
 E = TypeVar("E")

@@ -13,9 +13,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from proxy.backends.cache import TTLCache
 from proxy.backends.fetcher import Fetcher
 from proxy.backends.search import SearchBackend
-from proxy.backends.state import MemoryState, State, StateDown  # noqa: F401 (MemoryState, StateDown: for the APIs)
+from proxy.backends.state import MemoryState, State, StateDown  # noqa: F401 (MemoryState: for the APIs)
 from proxy.core import codec
 from proxy.core.config import Config
 from proxy.engine.admission import Queue
@@ -27,6 +28,48 @@ from proxy.transport.vllm import Backend, UpstreamError
 log = logging.getLogger("proxy")
 
 MODELS_TTL = 60.0  # seconds a /v1/models answer is trusted for ANTHROPIC_ANY_MODEL
+KEPT_ENTRIES = 100_000  # a bound on the count beside the bytes: each entry's key and bookkeeping cost memory too
+
+
+class KeptResults:
+    """What the model read for each of the proxy's tool calls, by the id the client knows the call by, for an API
+    whose client keeps no copy (Responses' web_search_call carries only its action; an Anthropic error block only
+    its code): a later request that replays the call gives the model the same bytes again. Bounded, with a time to
+    live: on the shared state store when STATE_URL names one (so a replay served by another worker or replica
+    still finds it), else in this worker's memory. A store that is down loses a replay's exactness, never the
+    request: the replay reads its stand-in."""
+
+    USE = "kept"  # the state store's namespace for these records
+
+    def __init__(self, ttl: float, max_bytes: int, clock: Callable[[], float] = time.monotonic,
+                 state: State | None = None):
+        self._cache: TTLCache[dict[str, str]] = TTLCache(ttl, KEPT_ENTRIES, max_bytes, _kept_size, clock=clock)
+        self._state = state
+        self._ttl = ttl if max_bytes > 0 else 0.0
+
+    def get(self, key: str) -> dict[str, str] | None:
+        """The record kept under `key`, or None (never kept, expired, pushed out, or the store is down)."""
+        if self._state is not None and self._ttl > 0:
+            try:
+                found = self._state.get(self.USE, key)
+            except StateDown:
+                return None
+            return found.value if found is not None and isinstance(found.value, dict) else None
+        hit = self._cache.get(key)
+        return None if hit is None else hit.value
+
+    def put(self, key: str, value: dict[str, str]) -> None:
+        if self._state is not None and self._ttl > 0:
+            try:
+                self._state.put(self.USE, key, value, self._ttl)  # False past the store's value size: not kept
+            except StateDown:
+                log.warning("state store down: a result for replays not kept")
+            return
+        self._cache.put(key, value)
+
+
+def _kept_size(value: dict[str, str]) -> int:
+    return sum(len(k) + len(v.encode("utf-8", "replace")) for k, v in value.items())
 
 
 class ServedModels:
@@ -64,6 +107,9 @@ class Services:
     fetcher: Fetcher        # its page cache is shared by all the worker's requests, alpha search's too
     events: Events = field(default_factory=Events)
     models: ServedModels = field(default_factory=ServedModels)
+    # What the model read of the proxy's calls on /v1/responses, for the turns that replay them (off by default here;
+    # wiring sizes it from the Config).
+    kept: KeptResults = field(default_factory=lambda: KeptResults(0, 0))
     # The shared state store (STATE_URL; proxy/backends/state.py), or None: each use keeps its state in this process.
     state: State | None = None
     # What each client read and how many links it followed, over an hour: URL provenance's memory across requests.

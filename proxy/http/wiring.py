@@ -30,7 +30,7 @@ from proxy.backends.teamstore import TeamStore
 from proxy.core.config import Config, masked_url
 from proxy.engine.admission import Queue
 from proxy.engine.events import Events, RequestEnded, RoundDone, UrlRefused
-from proxy.engine.services import Services
+from proxy.engine.services import KeptResults, Services
 from proxy.http.flow import access_log
 from proxy.http.team import Team
 from proxy.observe import metrics
@@ -72,7 +72,7 @@ def build_services(cfg: Config) -> Services:
     queue = (Queue(team_store, cfg.max_num_seqs, cfg.queue_policy, on_wait=metrics.queue_waited if on else None)
              if team_store else None)
     return Services(cfg, backend, search, fetcher, observe(cfg), state=state, search_health=failover.health,
-                    queue=queue)
+                    queue=queue, kept=KeptResults(cfg.responses_results_ttl, cfg.responses_results_bytes, state=state))
 
 
 def observe(cfg: Config) -> Events:

@@ -52,6 +52,11 @@ REQUEST_SECONDS = Histogram("proxy_request_duration_seconds", "From a request's 
 FIRST_BYTE_SECONDS = Histogram("proxy_time_to_first_byte_seconds",
                                "From a request's arrival to the first body byte handed to the server, by API.",
                                ["api"], buckets=REQUEST_BUCKETS, registry=REGISTRY)
+PROMPT_TOKENS = Counter("proxy_prompt_tokens", "Prompt tokens of the model's answers (every vLLM turn of a search "
+                        "loop), by API, as their usage reported them.", ["api"], registry=REGISTRY)
+CACHED_TOKENS = Counter("proxy_cached_prompt_tokens", "Of those, the prompt tokens vLLM's prefix cache served "
+                        "(usage's cached_tokens, Anthropic's cache_read_input_tokens), by API.", ["api"],
+                        registry=REGISTRY)
 TOOL_CALLS = Counter("proxy_tool_calls", "Server-side tool calls the proxy ran, by API, tool and outcome.",
                      ["api", "tool", "outcome"], registry=REGISTRY)
 SEARXNG_SECONDS = Histogram("proxy_searxng_request_duration_seconds",
@@ -221,6 +226,9 @@ def request_ended(environ, done: RequestEnded) -> None:
     REQUEST_SECONDS.labels(api).observe(done.ended - done.started)
     if done.first_byte is not None:
         FIRST_BYTE_SECONDS.labels(api).observe(done.first_byte - done.started)
+    if done.usage is not None:
+        PROMPT_TOKENS.labels(api).inc(done.usage[0])
+        CACHED_TOKENS.labels(api).inc(done.usage[1])
     # gunicorn closes a body it stopped sending early: a client that hung up mid-answer.
     if done.client_left or not done.complete:
         DISCONNECTS.labels(api).inc()

@@ -30,8 +30,10 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 COMPOSE_FILE = REPO / "docker-compose.yaml"
 SETUP = HERE / "setup.sh"
-# The tiny model's context; small so the CPU KV cache (1 GiB) and any prompt test stay cheap.
-CPU_MAX_MODEL_LEN = 2048
+# The tiny model's context; small so the CPU KV cache (1 GiB) and any prompt test stay cheap, and room for the
+# session benchmark's three-turn agent sessions (test_session_bench.py), whose tool definitions and results the
+# tiny tokenizer spends many tokens on.
+CPU_MAX_MODEL_LEN = 4096
 HEALTH_TIMEOUT_S = 240
 
 # How each compose flag is treated on a CPU with the tiny model: "drop" removes the flag and its
@@ -40,7 +42,7 @@ CPU_FLAG_CHANGES: dict[str, str] = {
     # GPU memory share: the CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE instead.
     "--gpu-memory-utilization": "drop",
     # The tiny model has 8k positions (the compose value only works on the real checkpoint with
-    # VLLM_ALLOW_LONG_MAX_MODEL_LEN); 2048 also keeps prefill and the oversized-max_tokens case cheap.
+    # VLLM_ALLOW_LONG_MAX_MODEL_LEN); 4096 also keeps prefill cheap.
     "--max-model-len": str(CPU_MAX_MODEL_LEN),
     # The tiny model is saved in float32. vLLM's CPU float16 path depends on the host's vector
     # extensions (it ran on this AVX-512 host; not every x86 CI host has them); float32 runs on

@@ -9,7 +9,7 @@ import json
 import re
 
 import pytest
-from realvllm import MODEL, QUERY, WEB_SEARCH, chat, forced_call_request
+from realvllm import CPU_MAX_MODEL_LEN, MODEL, QUERY, WEB_SEARCH, chat, forced_call_request
 
 from proxy.apis.chat.rules import assistant_turn, tool_results
 from proxy.backends.search import SearchOutcome
@@ -23,7 +23,7 @@ def test_models_lists_the_served_name_with_the_cpu_context(real_vllm, http_clien
     (model,) = reply.json()["data"]
     assert model["id"] == MODEL
     assert model["root"] == str(real_vllm.model_dir)
-    assert model["max_model_len"] == 2048
+    assert model["max_model_len"] == CPU_MAX_MODEL_LEN
 
 
 def test_health_is_200_with_an_empty_body(real_vllm, http_client):

@@ -6,7 +6,15 @@ the GPU box. The answers come from the installed vLLM itself (realvllm.INTROSPEC
 parser registries and `vllm.envs`.
 """
 import pytest
-from realvllm import TYPO_ENV, TYPO_FLAGS, compose_vllm_command, compose_vllm_variables, cpu_serve_args, split_flags
+from realvllm import (
+    CPU_MAX_MODEL_LEN,
+    TYPO_ENV,
+    TYPO_FLAGS,
+    compose_vllm_command,
+    compose_vllm_variables,
+    cpu_serve_args,
+    split_flags,
+)
 
 pytestmark = pytest.mark.real_vllm
 
@@ -80,7 +88,7 @@ def test_cpu_translation_changes_only_what_a_cpu_cannot_do(tmp_path):
                "--max-model-len=253952", "--enable-prefix-caching", "--dtype", "float16",
                "--speculative-config", '{"method": "mtp"}', "--reasoning-parser", "qwen3"]
     argv = cpu_serve_args(command, tmp_path, 8123)
-    assert argv == [str(tmp_path), "--served-model-name", "foundation", "--max-model-len", "2048",
+    assert argv == [str(tmp_path), "--served-model-name", "foundation", "--max-model-len", str(CPU_MAX_MODEL_LEN),
                     "--enable-prefix-caching", "--dtype", "float32", "--reasoning-parser", "qwen3",
                     "--host", "127.0.0.1", "--port", "8123", "--enforce-eager", "--enable-log-requests"]
 

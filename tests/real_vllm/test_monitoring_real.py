@@ -8,10 +8,12 @@ instead of service names), the key file's path, and a 1 s scrape interval so the
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import re
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 from datetime import datetime
@@ -133,6 +135,26 @@ def leave_mid_answer(proxy_url: str) -> None:
                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
+def add_key(path: Path, name: str, *limits: str) -> str:
+    """A person's key, made the way users make one (scripts/keys.py prints it alone on a line)."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "keys.py"), "add", name, *limits, "--file", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def people_traffic(http: Http, proxy_url: str, alice: str, capped: str) -> None:
+    """Tokens and time queued for alice (two answers at once on one seat: one waits), and a 429 for capped (a
+    second request inside its one-a-minute limit): what the People row's panels read."""
+    body = chat(chat_template_kwargs={"enable_thinking": False})
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(lambda _: http.post(proxy_url + CHAT, body, headers={"Authorization": f"Bearer {alice}"}),
+                                range(2)))
+    assert [r.status for r in replies] == [200, 200], [r.body[:300] for r in replies]
+    statuses = [http.post(proxy_url + CHAT, body, headers={"Authorization": f"Bearer {capped}"}).status for _ in range(2)]
+    assert 429 in statuses, statuses
+
+
 def proxy_sample(http: Http, proxy_url: str, name: str) -> float:
     text = http.get(proxy_url + "/proxy/metrics", headers=AUTH).body.decode()
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
@@ -150,8 +172,12 @@ def monitored(real_vllm, _proxies, _searxng_server, tmp_path_factory):
     http = Http(timeout=120)
     prom = None
     try:
+        # Two people beside the admin key, and a fair queue of one seat (as the stack runs it), for the People row:
+        # alice's two requests at once make one of them wait its turn; capped's second in a minute is refused.
+        keys_file = work / "keys.json"
+        alice, capped = add_key(keys_file, "alice"), add_key(keys_file, "capped", "--rpm", "1")
         proxy = _proxies(BACKEND_URL=tap.url, PROXY_API_KEY=KEY, SEARCH_CACHE_TTL="600",
-                         WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8")
+                         WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8", PROXY_KEYS_FILE=keys_file, MAX_NUM_SEQS="1")
         key_file = work / "proxy-api-key"
         key_file.write_text(KEY)
         targets = {"vllm": urllib.parse.urlsplit(real_vllm.url).netloc,
@@ -183,6 +209,7 @@ def monitored(real_vllm, _proxies, _searxng_server, tmp_path_factory):
             reply = http.post(proxy.url + CHAT, chat(stream=True, chat_template_kwargs={"enable_thinking": False}),
                               headers=AUTH)
             assert reply.status == 200 and reply.body.rstrip().endswith(b"data: [DONE]")
+            people_traffic(http, proxy.url, alice, capped)
             leave_mid_answer(proxy.url)
             deadline = time.monotonic() + 60
             while proxy_sample(http, proxy.url, "proxy_client_disconnects_total") < round_:

@@ -164,7 +164,7 @@ def standalone_followup() -> dict:
                           / "codex-0.171.0-alpha-search.json").read_text())
     sent = [r["body"] for r in capture if r["target"] == RESPONSES][-1]
     (web,) = [t for t in sent["tools"] if t.get("type") == "namespace" and t.get("name") == "web"]
-    # Only the search_query and open parameters: the whole schema alone fills the tiny model's 2048 tokens.
+    # Only the search_query and open parameters: the whole schema alone fills much of the tiny model's context.
     web = {**web, "tools": [{**t, "description": "Tool for accessing the internet.",
                              "parameters": {**t["parameters"], "properties": {
                                  k: v for k, v in t["parameters"]["properties"].items() if k in ("search_query", "open")}}}

@@ -24,9 +24,10 @@ MAX_SEARCH_ITER = 3
 
 
 def scrub(value):
-    """The JSON with per-request values (ids, creation times) blanked out."""
+    """The JSON with per-request values (ids, creation times, and how much of the prompt the prefix cache served,
+    which depends on what ran before: --enable-prompt-tokens-details) blanked out."""
     if isinstance(value, dict):
-        return {k: "*" if k in ("id", "created") else scrub(v) for k, v in value.items()}
+        return {k: "*" if k in ("id", "created", "prompt_tokens_details") else scrub(v) for k, v in value.items()}
     if isinstance(value, list):
         return [scrub(v) for v in value]
     return value

@@ -102,7 +102,7 @@ def tool_request(call: dict):
 
 
 def add_usage(total: dict | None, turn: dict | None) -> dict | None:
-    """Sum two usage objects: token counts add, reasoning tokens add, the rest is the latest."""
+    """Sum two usage objects: token counts add, reasoning and cached tokens add, the rest is the latest."""
     if not turn:
         return total
     if not total:
@@ -110,11 +110,12 @@ def add_usage(total: dict | None, turn: dict | None) -> dict | None:
     out = dict(turn)
     for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
         out[key] = (total.get(key) or 0) + (turn.get(key) or 0)
-    a = (total.get("completion_tokens_details") or {}).get("reasoning_tokens")
-    b = (turn.get("completion_tokens_details") or {}).get("reasoning_tokens")
-    if a is not None or b is not None:
-        out["completion_tokens_details"] = {**(turn.get("completion_tokens_details") or {}),
-                                            "reasoning_tokens": (a or 0) + (b or 0)}
+    # Reasoning tokens add, and so do the prompt tokens the prefix cache served (--enable-prompt-tokens-details).
+    for details, key in (("completion_tokens_details", "reasoning_tokens"), ("prompt_tokens_details", "cached_tokens")):
+        a = (total.get(details) or {}).get(key)
+        b = (turn.get(details) or {}).get(key)
+        if a is not None or b is not None:
+            out[details] = {**(turn.get(details) or {}), key: (a or 0) + (b or 0)}
     return out
 
 

@@ -12,9 +12,10 @@ import uuid
 
 from proxy.core import codec
 from proxy.core.codec import as_dict, as_list
+from proxy.tools.base import Outcome
 from proxy.tools.sources import Sources
 from proxy.tools.web_fetch import FetchOutcome, removed_note
-from proxy.tools.web_search import Hit, SearchOutcome
+from proxy.tools.web_search import Hit, SearchOutcome, format_for_model
 
 # What the model reads again when a replayed error block is all that is left of a search.
 ERROR_TEXT = {
@@ -42,13 +43,21 @@ CUT_NOTE = "\n\n(cut short: only the beginning of the page is shown)"
 
 def encode_content(hit: Hit, outcome: SearchOutcome | None = None) -> str:
     """`encrypted_content`: NOT encrypted, base64 of compact JSON holding the snippet (and, on a
-    search's first result, its answers and infoboxes), so a replayed result gives the model
-    back exactly what it read the first time."""
+    search's first result, everything else the model read: the query as searched, its answers and
+    infoboxes, the notes on how the results came, the cache's age, the repeat warning), so a
+    replayed result gives the model back exactly the text it read the first time, and vLLM's
+    prefix cache still matches it."""
     data: dict[str, object] = {"snippet": hit.snippet}
-    if outcome is not None and outcome.answers:
-        data["answers"] = outcome.answers
-    if outcome is not None and outcome.infoboxes:
-        data["infoboxes"] = outcome.infoboxes
+    if outcome is not None:
+        data["query"] = outcome.query
+        for key in ("answers", "infoboxes", "notes"):
+            if getattr(outcome, key):
+                data[key] = getattr(outcome, key)
+        if outcome.cached_age is not None:
+            # Whole seconds, as cached_note shows them: the replay prints the same number.
+            data["cached_age"] = round(outcome.cached_age)
+        if outcome.repeated:
+            data["repeated"] = True
     return base64.b64encode(codec.dumps(data)).decode()
 
 
@@ -73,25 +82,63 @@ def result_block(tool_use_id: str, outcome: SearchOutcome) -> dict:
 
 
 def outcome_from_block(query: str, content) -> SearchOutcome:
-    """A replayed web_search_tool_result read back into the outcome it was made from. Pure."""
+    """A replayed web_search_tool_result read back into the outcome it was made from (`query`: the
+    server_tool_use's, unless the first result kept the one searched). Pure."""
     if isinstance(content, dict):
         code = content.get("error_code") or "unavailable"
         return SearchOutcome(query, "failed", message=ERROR_TEXT.get(code, f"Search failed: {code}."), error_code=code)
-    hits, answers, infoboxes = [], [], []
+    hits: list[Hit] = []
+    first: dict = {}
     for i, r in enumerate(content if isinstance(content, list) else []):
         if not isinstance(r, dict) or not r.get("url"):
             continue
         extra = decode_content(r.get("encrypted_content"))
         if i == 0:  # what encode_content stored, or whatever a client put in its place
-            answers, infoboxes = ([str(a) for a in as_list(extra.get(k))] for k in ("answers", "infoboxes"))
+            first = extra
         hits.append(Hit(title=str(r.get("title") or r["url"]), url=str(r["url"]),
                         snippet=str(extra.get("snippet") or ""), date=r.get("page_age")))
+    answers, infoboxes, notes = ([str(a) for a in as_list(first.get(k))] for k in ("answers", "infoboxes", "notes"))
     if hits or answers or infoboxes:
-        return SearchOutcome(query, "ok", hits=hits, answers=answers, infoboxes=infoboxes)
+        age = first.get("cached_age")
+        return SearchOutcome(str(first.get("query") or query), "ok", hits=hits, answers=answers, infoboxes=infoboxes,
+                             notes=notes, repeated=first.get("repeated") is True,
+                             cached_age=float(age) if isinstance(age, (int, float)) and not isinstance(age, bool) else None)
     return SearchOutcome(query, "empty", message=f'No results for "{query}". Try different keywords.')
 
 
+def search_text(outcome: SearchOutcome, query: str) -> str:
+    """What the model reads for a search (`query`: the call's, as its server_tool_use block keeps it). Results read
+    as their web_search_tool_result block replays them, so a later request that replays the block reads the same
+    bytes and vLLM's prefix cache still matches from there on. A failed or empty search reads its own sentence: its
+    block has no room for it, so the handler keeps it (kept_text) for the replays. Pure."""
+    if outcome.status != "ok":
+        return format_for_model(outcome)
+    return format_for_model(outcome_from_block(query, result_block("", outcome)["content"]))
+
+
+def kept_text(outcome: Outcome) -> bool:
+    """Whether a result's text cannot be rebuilt from its block (a failure's own sentence, an empty search's), so
+    the handler keeps it by the block's id for the replays (history.rewrite_history's `kept`). Pure."""
+    return outcome.status != "ok"
+
+
+def input_query(block: dict) -> str:
+    """The query of a tool_use or server_tool_use block as the replay reads it."""
+    return str(as_dict(block.get("input")).get("query", ""))
+
+
 # ---- fetched pages --------------------------------------------------------------------------
+
+def document_text(outcome: FetchOutcome) -> str:
+    """A page's text as its document holds it: the page, then what the model must know of how it came (what of
+    it a person would not see was taken out, that it was cut short), after the text so char locations into the
+    page still hold. Kept in the document so a replayed page reads as the live one did. Pure."""
+    page = outcome.page
+    if page is None:
+        return ""
+    note = removed_note(page)
+    return page.text + (f"\n\n{note}" if note else "") + (CUT_NOTE if outcome.truncated else "")
+
 
 def fetch_content(outcome: FetchOutcome, citations: dict | None = None) -> dict:
     """The `content` of a web_fetch_tool_result: the page as a plain-text document, or the error
@@ -99,7 +146,8 @@ def fetch_content(outcome: FetchOutcome, citations: dict | None = None) -> dict:
     page = outcome.page
     if page is None:
         return {"type": "web_fetch_tool_result_error", "error_code": outcome.error_code or "unavailable"}
-    doc: dict = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": page.text},
+    doc: dict = {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                                "data": document_text(outcome)},
                  "title": page.title}
     if citations is not None:
         # Echoed as asked; the proxy writes no citation blocks into the model's text.
@@ -114,7 +162,8 @@ def fetch_result_block(tool_use_id: str, outcome: FetchOutcome, citations: dict 
 def fetch_text(content, message: str | None = None) -> str:
     """What the model reads for a web_fetch result, made from the block's content alone, so a
     replayed page gives the model back exactly the text it read (and vLLM's prefix cache still
-    matches). An error reads as `message` (the live sentence) or its code's sentence. Pure."""
+    matches). An error reads as `message` (the live sentence, which the handler keeps for the
+    replays: the error block has room only for its code) or its code's sentence. Pure."""
     content = as_dict(content)
     if content.get("type") != "web_fetch_result":
         code = str(content.get("error_code") or "unavailable")
@@ -138,12 +187,8 @@ def replayed_text(content, sources: Sources | None) -> str:
 
 
 def fetch_model_text(outcome: FetchOutcome) -> str:
-    """What the model reads for a web_fetch call: the text the block replays, so a replayed page reads the same."""
-    text = fetch_text(fetch_content(outcome), outcome.message or None)
-    if outcome.page is not None and removed_note(outcome.page):
-        head, _, rest = text.partition("\n\n")  # on the head, as in the other APIs: the page text follows
-        text = f"{head}\n{removed_note(outcome.page)}\n\n{rest}"
-    return text + CUT_NOTE if outcome.truncated else text
+    """What the model reads for a web_fetch call: the text its block replays to, so a replayed page reads the same."""
+    return fetch_text(fetch_content(outcome), outcome.message or None)
 
 
 # ---- the server_tool_use blocks, the counts in usage, the model's tool_result turn ------------

@@ -14,9 +14,9 @@ from __future__ import annotations
 from flask import Response
 
 from proxy.apis import citations
-from proxy.apis.messages.blocks import add_usage, server_use_block, turn_calls
+from proxy.apis.messages.blocks import add_usage, client_id, kept_text, server_use_block, turn_calls
 from proxy.apis.messages.given import given
-from proxy.apis.messages.presentation import SERVER_TOOLS, result_block, tool_results, with_counts
+from proxy.apis.messages.presentation import SERVER_TOOLS, model_text, result_block, tool_results, with_counts
 from proxy.apis.messages.request import (
     MessagesPlan,
     needs_rewrite,
@@ -30,6 +30,7 @@ from proxy.apis.messages.request import (
 )
 from proxy.apis.messages.stream import PING, SSE_HEADERS, ClientMessage, error_event
 from proxy.core import codec
+from proxy.core.codec import as_dict
 from proxy.core.errors import anthropic_error, as_anthropic_error
 from proxy.engine import loop
 from proxy.engine.exchange import Exchange, UpstreamError, gateway_status, response_headers
@@ -52,7 +53,7 @@ def handle(ex: Exchange) -> Response:
     problem = validate(body)
     if problem:
         return anthropic_error(400, problem)
-    vbody, plan = rewrite(body, ex.cfg.citations)
+    vbody, plan = rewrite(body, ex.cfg.citations, ex.services.kept.get)
     parts, pages = given(body)
     ex.ledger = ex.new_ledger(parts)
     for url, text in pages:  # links of pages read in earlier requests: links, within this request's budget
@@ -118,6 +119,7 @@ class _Messages:
         self.path = ex.target  # the client's own path and query (Claude Code's `?beta=true`)
         self.body, self.plan, self.first_turn = body, plan, first
         self.messages = list(body["messages"])
+        self.kept = ex.services.kept
         self.limit = ex.cfg.searxng_results
         self.used: dict[str, int] = {}    # calls asked for, per vLLM-side name, against its max_uses
         self.counts: dict[str, int] = {}  # results that count in usage.server_tool_use, by its key
@@ -188,6 +190,10 @@ class _Messages:
                                          tool_results(turn_calls(turn.blocks), calls, outcomes, self.sources,
                                                       self.cites_pages)]
         self.request = next_request(self.body, self.messages, self.plan)
+        # A failure's sentence is more than its result block can hold: kept by the block's id for the replays.
+        for call, outcome in zip(calls, outcomes, strict=True):
+            if kept_text(outcome):
+                self.kept.put(client_id(call.get("id")), {"output": model_text(outcome, as_dict(call.get("input")))})
 
     def error_reply(self, status, message, type_=None) -> Response:
         return anthropic_error(status, message)  # Anthropic's error types follow the status

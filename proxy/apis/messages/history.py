@@ -4,15 +4,27 @@ tests/run.sh tests/test_messages.py tests/test_messages_fetch.py.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from proxy.apis.messages.presentation import row_for_result, server_blocks
 from proxy.core import validate as V
 from proxy.core.codec import as_dict
 from proxy.tools.sources import Sources
 
+# What the model read live for a result its block cannot rebuild (a failure's own sentence), by tool_use_id:
+# services.KeptResults.get, whose record holds it as "output".
+Kept = Callable[[str], "dict[str, str] | None"]
 
-def rewrite_history(messages: list[dict], names: dict[str, str], cite: bool = True) -> list[dict]:
+
+
+def no_kept(_: str) -> None:
+    return None
+
+
+def rewrite_history(messages: list[dict], names: dict[str, str], cite: bool = True, kept: Kept = no_kept) -> list[dict]:
     """Replayed server blocks as blocks vLLM accepts (`names`: each server tool's name on the vLLM side, by the
-    proxy tool's; a server_tool_use of a tool not among them replays as the first). Pure.
+    proxy tool's; a server_tool_use of a tool not among them replays as the first; `kept`: the live text of results
+    their blocks cannot rebuild, by tool_use_id). Pure but for the lookup.
 
     Anthropic keeps a search's (or fetch's) `server_tool_use` and its result in the assistant message;
     vLLM needs a `tool_use` in the assistant turn and its `tool_result` in the next user
@@ -26,7 +38,7 @@ def rewrite_history(messages: list[dict], names: dict[str, str], cite: bool = Tr
             out.append(_opened_with(carry, msg))
             carry = []
         elif _replays_server_blocks(msg):
-            turns, carry = _split_answer(msg, names, cite)
+            turns, carry = _split_answer(msg, names, cite, kept)
             out += turns
         else:
             out.append(msg)
@@ -48,7 +60,7 @@ def _opened_with(results: list[dict], msg: dict) -> dict:
     return {**msg, "content": results + rest}
 
 
-def _split_answer(msg: dict, names: dict[str, str], cite: bool) -> tuple[list[dict], list[dict]]:
+def _split_answer(msg: dict, names: dict[str, str], cite: bool, kept: Kept) -> tuple[list[dict], list[dict]]:
     """One assistant message with server blocks as the turns it becomes, and the tool_results
     still owed to the user turn after it."""
     content = msg["content"]
@@ -64,7 +76,7 @@ def _split_answer(msg: dict, names: dict[str, str], cite: bool) -> tuple[list[di
         kind = V.kind(b)
         row = row_for_result(kind)
         if row is not None:
-            results.append(_replayed_result(b, row, inputs, sources))
+            results.append(_replayed_result(b, row, inputs, sources, kept))
             continue
         if kind == "server_tool_use":
             # A search after a run whose results are all in was written after reading them: a new turn.
@@ -84,9 +96,13 @@ def _split_answer(msg: dict, names: dict[str, str], cite: bool) -> tuple[list[di
     return out, _complete(seg, results, ids) if results or _pending(seg, results, ids) else []
 
 
-def _replayed_result(block: dict, row, inputs: dict, sources: Sources | None) -> dict:
-    """A server tool's result block as the tool_result the model first read (its row's replay)."""
+def _replayed_result(block: dict, row, inputs: dict, sources: Sources | None, kept: Kept) -> dict:
+    """A server tool's result block as the tool_result the model first read: rebuilt by its row's replay, or, for a
+    failure the block keeps only the code of, the live sentence while this worker keeps it."""
     tid = block.get("tool_use_id")
+    record = kept(tid) if isinstance(tid, str) else None
+    if isinstance(record, dict) and isinstance(record.get("output"), str):
+        return {"type": "tool_result", "tool_use_id": tid, "content": record["output"]}
     return {"type": "tool_result", "tool_use_id": tid, "content": row.replayed(block.get("content"), inputs.get(tid, {}), sources)}
 
 

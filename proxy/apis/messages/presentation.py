@@ -52,7 +52,8 @@ SERVER_TOOLS: dict[str, ServerTool] = {t.tool: t for t in (
         scope=(" Only results from these domains are shown: {domains}.",
                " Results from these domains are never shown: {domains}."),
         result_block=lambda use_id, outcome, cite: blocks.result_block(use_id, outcome),
-        model_text=lambda outcome, call_input: format_for_model(outcome),
+        # What the search's block replays to (a line the block has no room for is not written live either).
+        model_text=lambda outcome, call_input: blocks.search_text(outcome, str(call_input.get("query", ""))),
         replayed=_search_replayed, counted=blocks.counts_as_search,
         subrequest=("Perform a web search for the query: ", "query")),
     # Every web_fetch_* version is served as web_fetch_20250910: the later ones (the SDK knows _20260209,

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from proxy.apis import citations
-from proxy.apis.messages.history import rewrite_history
+from proxy.apis.messages.history import Kept, no_kept, rewrite_history
 from proxy.apis.messages.presentation import SERVER_TOOLS, ServerTool, row_for_result, row_for_type, server_blocks
 from proxy.core import validate as V
 from proxy.core.codec import as_dict
@@ -216,9 +216,10 @@ def vllm_tool(tp: ToolPlan) -> dict:
     return {"name": tp.name, "description": desc, "input_schema": tool.schema}
 
 
-def rewrite(body: dict, cite: bool = True) -> tuple[dict, MessagesPlan]:
+def rewrite(body: dict, cite: bool = True, kept: Kept = no_kept) -> tuple[dict, MessagesPlan]:
     """The request as vLLM accepts it: the server tools as ordinary tools, server blocks in
-    history as tool_use/tool_result; every other field unchanged. Pure."""
+    history as tool_use/tool_result (`kept`: the live text of results their blocks cannot rebuild, by
+    tool_use_id); every other field unchanged. Pure but for the lookup."""
     tools = body.get("tools")
     names = {tool: internal_name(tools, tool) for tool in SERVER_TOOLS}
     offered = {names[t]: tool_plan(t, names[t], spec) for t, spec in server_specs(body).items()}
@@ -233,7 +234,7 @@ def rewrite(body: dict, cite: bool = True) -> tuple[dict, MessagesPlan]:
         if forced is not None and forced.name != forced.tool and not _client_has(tools, forced.tool):
             out["tool_choice"] = {**tc, "name": forced.name}
     if has_server_blocks(body):
-        out["messages"] = rewrite_history(body["messages"], names, cite)
+        out["messages"] = rewrite_history(body["messages"], names, cite, kept)
     out["messages"] = citations.without_citations(out["messages"])  # an earlier answer's cited text blocks
     return out, plan
 

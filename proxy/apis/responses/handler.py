@@ -22,6 +22,7 @@ from proxy.apis.responses.output import (
     client_view,
     failed_response,
     final_response,
+    kept_records,
     pending_item,
     row_of,
     visible_output,
@@ -48,7 +49,7 @@ def handle(ex: Exchange) -> Response:
     if problem:
         return error_response(400, problem[0], param=problem[1])
     plan = make_plan(body, ex.cfg.searxng_results, ex.cfg.inject_web_fetch)
-    request = first_request(body, plan)
+    request = first_request(body, plan, ex.services.kept.get)
     if not plan.hosted:
         # History only: the model has no search tool this time, so vLLM's answer is final.
         return ex.relay(codec.dumps(request))
@@ -81,6 +82,7 @@ class _Responses:
         self.sources = loop.sources_for(ex)
         self.plan = plan
         self.usage: dict | None = None
+        self.kept = ex.services.kept
 
     def own_calls(self, turn) -> list:
         return internal_calls(turn.output, self.plan)
@@ -96,6 +98,9 @@ class _Responses:
         """The next request: the turn's items and their outputs appended; the outcomes by call_id."""
         by_call = dict(zip([c.get("call_id") for c in calls], outcomes, strict=True))
         self.request = next_request(self.request, turn.output, self.plan, by_call, self.sources)
+        # The client keeps only each call's action: what the model read is kept here for the turns that replay it.
+        for key, record in kept_records(calls, self.request["input"]).items():
+            self.kept.put(key, record)
         return by_call
 
     def error_reply(self, status, message, type_=None) -> Response:

@@ -40,6 +40,19 @@ def web_search_item(call: dict, outcome, plan: ResponsesPlan) -> dict:
             "action": action}
 
 
+def kept_records(calls: list, request_input: list) -> dict[str, dict[str, str]]:
+    """What the model read for each of a round's calls (its function, arguments and output, as the next request
+    holds them), by the web_search_call id the client will replay it under (request.replay). Pure."""
+    outputs = {i.get("call_id"): i.get("output") for i in request_input
+               if isinstance(i, dict) and i.get("type") == "function_call_output"}
+    out = {}
+    for call in calls:
+        output, arguments = outputs.get(call.get("call_id")), call.get("arguments")
+        if call.get("id") and isinstance(output, str) and isinstance(arguments, str):
+            out[ws_id(call)] = {"name": str(call.get("name")), "arguments": arguments, "output": output}
+    return out
+
+
 def pending_item(call: dict, plan: ResponsesPlan) -> dict:
     """A call's item as a stream announces it, before it has run. Pure."""
     row = row_of(call, plan)

@@ -3,6 +3,7 @@
 request), tested without a network by tests/test_responses.py and tests/test_responses_fetch.py."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from proxy.apis import citations
@@ -274,26 +275,41 @@ def replayed_call(item: dict, plan: ResponsesPlan) -> tuple[str, dict, str]:
     return by_tool.get(row.tool, plan.name), arguments, output
 
 
-def replay(items: list, plan: ResponsesPlan) -> list:
-    """web_search_call items (which vLLM rejects) as the function_call and output pair vLLM takes."""
+Kept = Callable[[str], "dict[str, str] | None"]  # what the model read of a call, by its web_search_call id
+
+
+def kept_call(item: dict, kept: Kept) -> tuple[str, str, str] | None:
+    """(function, arguments text, output) exactly as the model read them when the call ran, if this worker still
+    keeps them (services.KeptResults). Pure but for the lookup."""
+    record = kept(item["id"]) if isinstance(item.get("id"), str) else None
+    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("name", "arguments", "output")):
+        return None
+    return record["name"], record["arguments"], record["output"]
+
+
+def replay(items: list, plan: ResponsesPlan, kept: Kept = lambda _: None) -> list:
+    """web_search_call items (which vLLM rejects) as the function_call and output pair vLLM takes: the very call
+    and result the model read when it ran, while `kept` has them; else what the client kept of it."""
     out = []
     for i, item in enumerate(items):
         if not is_replayed_search(item):
             out.append(item)
             continue
-        function, arguments, output = replayed_call(item, plan)
         call_id = item.get("id") or f"ws_replay_{i}"
-        out.append({"type": "function_call", "call_id": call_id, "name": function,
-                    "arguments": codec.arguments_text(arguments)})
-        out.append({"type": "function_call_output", "call_id": call_id, "output": output})
+        record = kept_call(item, kept)
+        if record is None:
+            function, arguments, output = replayed_call(item, plan)
+            record = function, codec.arguments_text(arguments), output
+        out.append({"type": "function_call", "call_id": call_id, "name": record[0], "arguments": record[1]})
+        out.append({"type": "function_call_output", "call_id": call_id, "output": record[2]})
     return out
 
 
-def first_request(body: dict, plan: ResponsesPlan) -> dict:
+def first_request(body: dict, plan: ResponsesPlan, kept: Kept = lambda _: None) -> dict:
     """The body vLLM gets on the first turn; every field not named here as the client sent it."""
     out = dict(body)
     if isinstance(body.get("input"), list):
-        out["input"] = replay(citations.without_annotations(body["input"]), plan)
+        out["input"] = replay(citations.without_annotations(body["input"]), plan, kept)
     if isinstance(body.get("include"), list):
         out["include"] = rewrite_include(body["include"])
     if plan.hosted:
