@@ -269,10 +269,12 @@ def test_tokens_per_day_are_counted_from_real_usage_streamed_and_not(team):
 
 def test_concurrent_requests_are_limited_and_freed_when_they_end(team, paced):
     key = add_key(team.keys_file, "solo", "--concurrent", "1")
-    proxy = team(paced("--gap", "0.05"))
+    events = team.keys_file.parent / "events.jsonl"
+    # 5 s of answer: the second request's 1 s of waiting for a slot ends well inside it, however loaded the machine.
+    proxy = team(paced("--gap", "0.05", "--events", str(events)))
     with ThreadPoolExecutor(2) as pool:
-        slow = pool.submit(post, proxy, "/v1/chat/completions", chat(key, tokens=30))
-        time.sleep(0.5)
+        slow = pool.submit(post, proxy, "/v1/chat/completions", chat(key, tokens=100))
+        until(lambda: events.exists() and '"start' in events.read_text())  # the first is generating, not just sent
         status, _, raw = post(proxy, "/v1/chat/completions", chat(key))
         assert status == 429 and "1 requests at once" in json.loads(raw)["error"]["message"]
         assert slow.result()[0] == 200

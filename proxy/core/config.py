@@ -257,38 +257,35 @@ def parse_networks(text) -> tuple:
 def url_problem(url: str) -> str | None:
     """Why `url` is no base URL the proxy can call (a scheme it does not speak, no host, a port that is not one,
     a list of several), or None. Pure."""
-    if not isinstance(url, str) or any(c in url for c in " ,\t\n"):
+    if not isinstance(url, str):
         return "one URL"
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 (raises ValueError on a port that is not a number from 0 to 65535)
-    except ValueError:
-        return "a valid port"
-    if parts.scheme not in ("http", "https"):
-        return "http or https"
-    if not parts.hostname:
-        return "a host"
-    return None
+    return _server_url_problem(url, ("http", "https"))[0]
 
 
 def state_url_problem(url: str) -> str | None:
     """Why STATE_URL names no Valkey/Redis server the proxy can use (empty is fine: no shared state), or None. Pure."""
     if not url:
         return None
+    problem, parts = _server_url_problem(url, ("redis", "rediss"))
+    if problem is None and parts is not None and parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        return "a database number"
+    return problem
+
+
+def _server_url_problem(url: str, schemes: tuple[str, ...]) -> tuple[str | None, urllib.parse.SplitResult | None]:
+    """What a server's URL lacks (one URL, a valid port, one of `schemes`, a host), or None; with its parts. Pure."""
     if any(c in url for c in " ,\t\n"):
-        return "one URL"
+        return "one URL", None
     try:
         parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018 (raises ValueError on a port that is not a number from 0 to 65535)
     except ValueError:
-        return "a valid port"
-    if parts.scheme not in ("redis", "rediss"):
-        return "redis or rediss"
+        return "a valid port", None
+    if parts.scheme not in schemes:
+        return " or ".join(schemes), parts
     if not parts.hostname:
-        return "a host"
-    if parts.path.strip("/") and not parts.path.strip("/").isdigit():
-        return "a database number"
-    return None
+        return "a host", parts
+    return None, parts
 
 
 def masked_url(url: str) -> str:

@@ -14,7 +14,7 @@ card serves someone else, and its next turn comes back as a resumed ticket, whic
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
 from proxy.backends.teamstore import TeamStore
@@ -82,10 +82,21 @@ class Seat:
     def wait(self, gone: Callable[[], bool]) -> bool:
         """Block (cooperatively) until admitted: True; or until gone() says the client left: False, its place
         given up at once."""
+        for _ in self.waiting(gone, float("inf"), b""):
+            pass  # no keep-alive is ever due: a plain request waits silently
+        return self.running
+
+    def waiting(self, gone: Callable[[], bool], interval: float, keepalive: bytes) -> Generator[bytes, None, bool]:
+        """wait() for a stream whose head is out: yields `keepalive` every `interval` seconds while it waits, so no
+        client times out on a silent connection; returns True once admitted, False when the client left."""
+        last = time.monotonic()
         while not self.ready():
             if gone():
                 self.release()
                 return False
+            if time.monotonic() - last >= interval:
+                last = time.monotonic()
+                yield keepalive
             runtime.sleep(POLL)
         return True
 

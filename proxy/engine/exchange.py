@@ -8,7 +8,6 @@ import logging
 import select
 import socket
 import threading
-import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -18,7 +17,7 @@ from proxy.core import codec
 from proxy.core.config import Config
 from proxy.core.errors import anthropic_error_bytes, as_anthropic_error, error_for_path, sse_error
 from proxy.core.routes import route_of
-from proxy.engine.admission import POLL, Seat, queues
+from proxy.engine.admission import Seat, queues
 from proxy.engine.events import BackendRetried, ClientLeft, Events, UrlRefused
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
@@ -419,16 +418,9 @@ def _queued_stream(ex: Exchange, body: bytes, method: str, seat: Seat, watch: Cl
     The head is the price: the status is 200 before vLLM has answered, as in the search loop's streams."""
     anthropic = route_of(ex.target.split("?", 1)[0]).errors == "anthropic"
     keepalive = ANTHROPIC_PING if anthropic else codec.comment("queued for the model")
-    last = time.monotonic()
     try:
-        while not seat.ready():
-            if watch.gone:
-                seat.release()
-                return
-            if time.monotonic() - last >= ex.cfg.keepalive_interval:
-                last = time.monotonic()
-                yield keepalive
-            runtime.sleep(POLL)
+        if not (yield from seat.waiting(lambda: watch.gone, ex.cfg.keepalive_interval, keepalive)):
+            return
         try:
             call = ex.call(method, ex.target, body, ex.headers)
         except UpstreamError as e:

@@ -15,7 +15,6 @@ finishing steps as generators, and the loop passes it on untouched.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Generator, Iterable
 from typing import Any, Protocol, cast
 
@@ -23,10 +22,8 @@ from flask import Response
 
 from proxy.core import codec
 from proxy.core.codec import comment
-from proxy.engine.admission import POLL
 from proxy.engine.events import CapHit, RoundDone
 from proxy.engine.exchange import Call, ClientWatch, Exchange, response_headers
-from proxy.runtime import concurrency as runtime
 from proxy.runtime.concurrency import run_with_keepalive
 from proxy.tools.base import Request
 from proxy.tools.session import ToolSession
@@ -267,15 +264,7 @@ def _wait_for_seat(ex: Exchange, d: StreamDialect, watch: ClientWatch):
     seat = ex.queue_seat("POST", d.path)
     if seat is None:
         return
-    last = time.monotonic()
-    while not seat.ready():
-        if watch.gone:
-            seat.release()
-            return
-        if time.monotonic() - last >= ex.cfg.keepalive_interval:
-            last = time.monotonic()
-            yield d.keepalive([])
-        runtime.sleep(POLL)
+    yield from seat.waiting(lambda: watch.gone, ex.cfg.keepalive_interval, d.keepalive([]))
 
 
 def _run_round(ex: Exchange, d: AnyDialect, calls: list, watch: ClientWatch):
