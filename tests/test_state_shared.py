@@ -24,7 +24,7 @@ from standins.searxng import result
 pytestmark = [pytest.mark.redis, pytest.mark.xdist_group("state_shared")]
 
 SHARED = {"SEARCH_CACHE_TTL": "600", "WEB_FETCH_CACHE_TTL": "300", "WEB_FETCH_ALLOWED_NETWORKS": "127.0.0.0/8",
-          "STATE_TIMEOUT": "0.25"}
+          "STATE_TIMEOUT": "0.25", "WEB_FETCH_LINKS_PER_HOUR": "3"}
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +102,32 @@ def test_a_page_is_downloaded_once_across_both(pair, searxng, site):
         got, answer = post(proxy, {**thread(open=[{"ref_id": site.url + path}]), "input": f"Read {site.url + path}"})
         assert got == 200 and "PELICAN-7731" in answer["output"], answer
     assert [r.path for r in site.requests] == [path]
+
+
+def test_the_hourly_link_budget_holds_across_both(pair, site):
+    """URL provenance's per-client budget (WEB_FETCH_LINKS_PER_HOUR=3 here) is one budget in the shared store, not
+    one per proxy: one client reads four given pages, two through each proxy, and follows one link of each; three
+    links are read in all, the fourth refused with the budget's sentence (per proxy it would have been four)."""
+    a, b = pair
+    tag = uuid.uuid4().hex[:8]
+    client = {"Authorization": f"Bearer sk-{tag}"}  # a client of its own: its budget is untouched
+    outputs = []
+    for i, proxy in enumerate((a, b, a, b)):
+        root = f"/links-{tag}-{i}/"
+        site.route(root, "<html><head><title>Index</title></head><body><article><h1>Index</h1><p>The notes are "
+                         f'on <a href="{root}notes">the notes page</a>, with what changed and why.</p></article>'
+                         "</body></html>")
+        site.route(root + "notes", DOC)
+        body = {**thread(open=[{"ref_id": site.url + root}]), "input": f"Read {site.url + root}"}
+        got, answer = post(proxy, body, client)
+        assert got == 200 and "The notes are on" in answer["output"], answer
+        got, answer = post(proxy, {**body, "commands": {"open": [{"ref_id": site.url + root + "notes"}]}}, client)
+        assert got == 200, answer
+        outputs.append(answer["output"])
+    assert ["PELICAN-7731" in out for out in outputs] == [True, True, True, False], outputs
+    assert "WEB_FETCH_LINKS_PER_HOUR" in outputs[3]
+    assert sorted(r.path for r in site.requests if r.path.endswith("notes")) == [
+        f"/links-{tag}-{i}/notes" for i in range(3)]
 
 
 def state_up(proxy) -> float:
