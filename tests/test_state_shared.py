@@ -9,8 +9,11 @@ Run: tests/run.sh tests/test_state_shared.py -q
 """
 from __future__ import annotations
 
+import json
 import re
 import time
+import urllib.error
+import urllib.request
 import uuid
 
 import pytest
@@ -20,6 +23,7 @@ from test_metrics import scrape, value
 from standins.proxy_process import ProxyProcess
 from standins.redis_server import RedisServer
 from standins.searxng import result
+from standins.vllm_wire import completion, json_reply
 
 pytestmark = [pytest.mark.redis, pytest.mark.xdist_group("state_shared")]
 
@@ -203,3 +207,42 @@ def test_without_state_url_there_is_no_store_to_report(proxy):
     """No series at all (an unlabelled gauge's 0 would read as a store that is down)."""
     assert post(proxy, thread(search_query=[{"q": "no store"}]))[0] == 200
     assert not [name for name, _ in scrape(proxy) if name.startswith("proxy_state")]
+
+
+def chat_completion(proxy, text: str) -> tuple[int, dict]:
+    req = urllib.request.Request(proxy.url + "/v1/chat/completions", method="POST", data=json.dumps({
+        "model": "foundation", "messages": [{"role": "user", "content": text}]}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": "Bearer sk-local"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_the_fair_queue_serves_while_its_store_is_down(logs, tmp_path, backend, _backend_server, _searxng_server):
+    """The scale overlay's replicas run the fair queue (MAX_NUM_SEQS) in the same Valkey: with it gone a generation
+    request is still answered, straight to vLLM (as MAX_NUM_SEQS=0 would), one log line says so, the state metrics
+    count it, and the queue is used again once the store is back."""
+    backend.responder = lambda received: json_reply(completion("ok"))
+    with RedisServer(tmp_path / "redis") as server:
+        proxy = start(logs, "queue", server, _backend_server, _searxng_server, MAX_NUM_SEQS="1",
+                      PROXY_METRICS="true")
+        try:
+            assert chat_completion(proxy, "before")[0] == 200
+            server.stop()
+            for i in range(3):
+                started = time.monotonic()
+                got, body = chat_completion(proxy, f"during {i}")
+                assert got == 200, body
+                assert time.monotonic() - started < 5
+            assert value(scrape(proxy), "proxy_state_errors_total", use="queue") > 0
+            assert len(re.findall(r"fair queue.*store", proxy.log_once("fair queue"))) == 1, proxy.log()
+            server.start()
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline and "fair queue back" not in proxy.log():
+                assert chat_completion(proxy, "after")[0] == 200
+                time.sleep(0.5)
+            assert "fair queue back" in proxy.log()
+        finally:
+            proxy.stop()

@@ -74,7 +74,8 @@ def build_services(cfg: Config) -> Services:
     if on:
         metrics.observe(events)
     team = build_store(cfg) if cfg.max_num_seqs else None
-    queue = Queue(team, cfg.max_num_seqs, cfg.queue_policy, on_wait=metrics.queue_waited if on else None) if team else None
+    queue = Queue(team, cfg.max_num_seqs, cfg.queue_policy, on_wait=metrics.queue_waited if on else None,
+                  on_error=metrics.state_error if on else None) if team else None
     # URL provenance's hourly link budget: one per client across every worker and replica with STATE_URL.
     reads: Reads = SharedReads(state) if state is not None else ClientReads()
     return Services(cfg, backend, search, fetcher, events, state=state, reads=reads, search_health=failover.health,
