@@ -1,6 +1,7 @@
 """The one place a worker is put together from its settings: the vLLM client, the search backend (the failover over
 SEARXNG_URL's instances and the optional Brave key, under the meters, under the search cache), the page fetcher with its observer,
-the shared state store when STATE_URL names one (under both caches, Codex's ref ids and the cool-downs), the event hub with its subscribers (the
+the shared state store when STATE_URL names one (under both caches, Codex's ref ids, the cool-downs and the
+clients' link reads), the event hub with its subscribers (the
 metrics, the access log's search count). create_app calls build_services(cfg) once per worker; not run on its own.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ from proxy.engine.admission import Queue
 from proxy.engine.events import TOOLS_RAN, Events
 from proxy.engine.services import KeptResults, Services
 from proxy.observe import metrics
+from proxy.tools.client_reads import ClientReads, Reads, SharedReads
 from proxy.tools.session import searches_in
 from proxy.transport.vllm import Backend
 
@@ -72,9 +74,12 @@ def build_services(cfg: Config) -> Services:
     if on:
         metrics.observe(events)
     team = build_store(cfg) if cfg.max_num_seqs else None
-    queue = Queue(team, cfg.max_num_seqs, cfg.queue_policy, on_wait=metrics.queue_waited if on else None) if team else None
-    return Services(cfg, backend, search, fetcher, events, state=state, search_health=failover.health, queue=queue,
-                    kept=KeptResults(cfg.responses_results_ttl, cfg.responses_results_bytes, state=state))
+    queue = Queue(team, cfg.max_num_seqs, cfg.queue_policy, on_wait=metrics.queue_waited if on else None,
+                  on_error=metrics.state_error if on else None) if team else None
+    # URL provenance's hourly link budget: one per client across every worker and replica with STATE_URL.
+    reads: Reads = SharedReads(state) if state is not None else ClientReads()
+    return Services(cfg, backend, search, fetcher, events, state=state, reads=reads, search_health=failover.health,
+                    queue=queue, kept=KeptResults(cfg.responses_results_ttl, cfg.responses_results_bytes, state=state))
 
 
 def build_store(cfg: Config) -> TeamStore | RedisTeamStore | None:
