@@ -729,3 +729,24 @@ def test_the_replicas_share_one_session_key(scale, tmp_path, given):
     assert 'CMD ["gunicorn", "--config", "gunicorn.conf.py", "proxy-passthrough:app"]' in (REPO / "Dockerfile").read_text()
     # The key shares docker-compose.yaml's proxy-state volume (one per stack, mounted in every replica).
     assert {v["target"]: v["source"] for v in proxy["volumes"]}["/var/lib/proxy"] == "proxy-state"
+
+
+@pytest.mark.parametrize("env_lines, seats", [
+    ([], "2"),                                                       # two workers, one sequence each: the default
+    (["MAX_NUM_SEQS=2"], "4"),                                       # every worker runs the same flags
+    (["VLLM_WORKERS=http://vllm:8000,http://b:18080,http://c:18080"], "3"),  # comma-separated, other hosts too
+    (["VLLM_WORKERS=http://vllm:8000"], "1"),                        # one card: the stack's own queue
+    (["POOL_NUM_SEQS=5", "MAX_NUM_SEQS=2"], "5"),                     # workers of different sizes: said outright
+    (["MAX_NUM_SEQS=0"], "0"),                                       # the queue off, as without the overlay
+])
+def test_the_replicas_admit_the_whole_pool_of_seats(tmp_path, env_lines, seats):
+    """Behind the router the fair queue admits every worker's sequences, not one worker's (which would leave a card
+    idle): the proxy's entrypoint, run as the container runs it on the rendered config, exports the pool's total."""
+    proxy = scale_config([*env_lines, "SESSION_ID_SECRET=s"], tmp_path)["services"]["proxy"]
+    show = tmp_path / "show"
+    fake_program(show, ['printf "%s" "$MAX_NUM_SEQS"'])
+    env = {**{k: str(v) for k, v in proxy["environment"].items() if v is not None}, "PATH": os.environ["PATH"]}
+    ran = run_entrypoint(proxy["entrypoint"], [str(show)], env, tmp_path)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, seats, "")
+    router = scale_config(env_lines, tmp_path)["services"]["router"]
+    assert proxy["environment"]["VLLM_WORKERS"] == router["environment"]["VLLM_WORKERS"]

@@ -12,7 +12,9 @@ import logging
 import os
 import re
 import signal
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 import pytest
@@ -23,6 +25,17 @@ from proxy.backends.fetcher import Fetched, Page, fetched_from_json, fetched_jso
 from proxy.backends.search import Hit, SearchOutcome, outcome_from_json, outcome_json, outcome_size, search_key
 from proxy.backends.search_health import HEALTH_USE, Instances
 from proxy.backends.state import MAX_VALUE_BYTES, MemoryState, RedisState, StateDown, Stored, key_of
+from proxy.tools.client_reads import (
+    CHARGES_USE,
+    DOWN,
+    READS_USE,
+    ROOT,
+    STEPS,
+    WINDOWED,
+    ClientReads,
+    SharedReads,
+)
+from proxy.tools.provenance import LINK_BUDGET, READ, Given, Ledger, Rules
 from standins.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -340,3 +353,134 @@ def test_ref_ids_of_a_shape_the_proxy_never_writes_are_not_known(store, redis_se
         TURN: "4", "turn0search0": "javascript:alert(1)", "bogus": "https://x.example/", "turn1view0": "https://ok/",
         "turn0search1": "https://" + "a" * 9000})
     assert RefStore(store).begin("t") == (4, {"turn1view0": "https://ok/"})
+
+
+# ---- URL provenance's per-client memory (proxy/tools/client_reads.py) on the store ---------------------------------
+
+@pytest.fixture(params=["process", "memory", "redis"])
+def reads(request, redis_server, errors):
+    """The three ways a client's link reads are kept: ClientReads in the worker (no STATE_URL), SharedReads on a
+    MemoryState and on a real redis-server. Each with a wall clock the test moves."""
+    clock = [1_000_000.0]
+    if request.param == "process":
+        yield ClientReads(clock=lambda: clock[0]), clock, True
+        return
+    if request.param == "memory":
+        yield SharedReads(MemoryState(max_keys=10_000, clock=lambda: clock[0]), wall=lambda: clock[0]), clock, True
+        return
+    redis_server.client().flushdb()
+    store = RedisState(redis_server.url, 0.5, on_error=lambda use, op: errors.append((use, op)))
+    yield SharedReads(store, wall=lambda: clock[0]), clock, False  # redis's TTLs run on its own clock
+    store.close()
+
+
+def test_client_reads_answer_alike_on_every_store(reads):
+    reads, clock, ttls_follow_clock = reads
+    assert reads.recall("c", "https://a.test/") is None
+    reads.remember("c", "https://a.test/x", 2, "https://a.test/")
+    reads.remember("c", "https://a.test/x", 3, "https://b.test/")  # a deeper reading does not replace it
+    assert reads.recall("c", "https://a.test/x") == (2, "https://a.test/")
+    reads.remember("c", "https://a.test/x", 1, "https://c.test/")  # a shallower one does
+    assert reads.recall("c", "https://a.test/x") == (1, "https://c.test/")
+    assert reads.recall("other", "https://a.test/x") is None
+    # Two per root, three in all: the window's budget is checked first, and a refused fetch counts nothing.
+    got = [reads.charge("c", root, 2, 3) for root in ("r1", "r1", "r1", "r2", "r2", "r3")]
+    assert got == [None, None, ROOT, None, WINDOWED, WINDOWED]
+    assert reads.charged("c") == 3 and reads.charged("other") == 0
+    assert reads.charge("other", "r1", 2, 3) is None
+    clock[0] += 3600 + 600  # an hour later (SharedReads forgets in ten-minute steps: 60 to 70 minutes)
+    assert reads.recall("c", "https://a.test/x") is None or not ttls_follow_clock  # redis: its TTL, checked below
+    assert reads.charged("c") == 0 and reads.charge("c", "r1", 2, 3) is None
+
+
+def test_a_shared_budget_holds_over_any_hour_not_only_clock_hours(store):
+    """Charges made late in one hour still count early in the next: the budget is never twice in an hour."""
+    clock = [3600.0 * 100 + 3000]  # fifty minutes past
+    reads = SharedReads(store, wall=lambda: clock[0])
+    assert [reads.charge("c", f"r{i}", 9, 3) for i in range(3)] == [None, None, None]
+    clock[0] += 900  # five minutes past the next hour
+    assert reads.charge("c", "r9", 9, 3) == WINDOWED
+    clock[0] += 3600  # 65 minutes after they were made: forgotten
+    assert reads.charge("c", "r9", 9, 3) is None
+
+
+def test_two_replicas_cannot_both_spend_the_last_read(redis_server):
+    """Eight threads on two store handles (two replicas) ask for twenty link reads at once: exactly the budget
+    reads, the store's count deciding who."""
+    redis_server.client().flushdb()
+    handles = [RedisState(redis_server.url, 2.0) for _ in range(2)]
+    replicas = [SharedReads(h) for h in handles]
+    gate = threading.Barrier(8)
+
+    def ask(i: int) -> list[str | None]:
+        gate.wait()
+        return [replicas[i % 2].charge("c", f"r{(i + j) % 3}", 4, 5) for j in range(20 // 8 + 1)]
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = [a for got in pool.map(ask, range(8)) for a in got]
+    assert answers.count(None) == 5, answers
+    assert replicas[0].charged("c") >= 5  # refused fetches may add to a spent bucket, never to a live budget
+    for h in handles:
+        h.close()
+
+
+def test_client_reads_in_redis_are_bounded_and_expire(store, redis_server):
+    clock = [1_000_000.0]
+    reads = SharedReads(store, wall=lambda: clock[0])
+    for step in range(20):  # three hours and more of a client that tries 30 roots every ten minutes
+        for i in range(30):
+            reads.charge("c", f"https://r{step}-{i}.test/", 2, 24)
+        reads.remember("c", f"https://r{step}.test/x", 1, "https://r.test/")
+        clock[0] += 600
+    client = redis_server.client()
+    charges = client.hgetall(key_of(CHARGES_USE, "c"))
+    # Only the window's buckets, and in them only the roots charged while the budget was not spent.
+    assert 0 < len(charges) <= (STEPS + 1) * 2 + 24 + 1, charges
+    for k in client.keys("coding-stack:*"):
+        assert 0 < client.pttl(k) <= (3600 + 600) * 1000
+
+
+@pytest.mark.parametrize("bad", [{"a:notabucket": "9"}, {"x:1": "1"}])
+def test_charge_fields_the_proxy_never_writes_are_dropped(store, redis_server, bad):
+    redis_server.client().hset(key_of(CHARGES_USE, "c"), mapping=bad)
+    reads = SharedReads(store)
+    assert reads.charge("c", "r", 2, 3) is None
+    assert not set(bad) & {k.decode() for k in redis_server.client().hkeys(key_of(CHARGES_USE, "c"))}
+
+
+def test_a_count_that_is_not_a_number_is_taken_as_spent(store, redis_server):
+    reads = SharedReads(store, wall=lambda: 1_000_000.0)
+    bucket = int(1_000_000.0 // (3600 / STEPS))
+    redis_server.client().hset(key_of(CHARGES_USE, "c"), mapping={f"a:{bucket}": "lots"})
+    assert reads.charge("c", "r", 2, 3) == WINDOWED
+
+
+@pytest.mark.parametrize("value", [[1], ["1", "r"], [-1, "r"], [True, "r"], {"d": 1}, "x"])
+def test_a_remembered_read_of_the_wrong_shape_is_not_known(store, value):
+    store.put(READS_USE, "c\nhttps://a.test/", value, 60)
+    assert SharedReads(store).recall("c", "https://a.test/") is None
+
+
+def test_with_the_store_down_link_reads_are_refused_and_given_urls_still_read(tmp_path):
+    """Fail closed for the exfiltration bound, open for everything else: a link fetch gets a tool result that says
+    why, a user's URL and a search result are read, and the calls that got no answer are counted by use."""
+    errors: list[tuple[str, str]] = []
+    with RedisServer(tmp_path) as server:
+        store = RedisState(server.url, 0.25, on_error=lambda use, op: errors.append((use, op)))
+        reads = SharedReads(store)
+        assert reads.charge("c", "r", 2, 24) is None
+        server.stop()
+        ledger = Ledger(Rules(), [Given("user", "https://docs.test/start")], reads, "c")
+        ledger.allow(["https://found.test/a"], "search", query="gpu docs")
+        assert ledger.admit("https://docs.test/start") is None
+        assert ledger.admit("https://found.test/a") is None
+        ledger.learn_page("https://docs.test/start", "https://docs.test/start", "[i](/install)")
+        refused = ledger.admit("https://docs.test/install")
+        assert refused is not None and refused.reason == LINK_BUDGET
+        assert "STATE_URL" in refused.message and "not answering" in refused.message
+        assert reads.charge("c", "r", 2, 24) == DOWN
+        # A page an earlier request read, its depth unknown now: taken at the depth limit, a link fetch, refused.
+        later = Ledger(Rules(), [Given(READ, "https://docs.test/install")], reads, "c")
+        assert later.admit("https://docs.test/install") is not None
+        store.close()
+    assert ("link_charges", "fields") in errors and {u for u, _ in errors} <= {"reads", "link_charges"}

@@ -9,8 +9,11 @@ Run: tests/run.sh tests/test_state_shared.py -q
 """
 from __future__ import annotations
 
+import json
 import re
 import time
+import urllib.error
+import urllib.request
 import uuid
 
 import pytest
@@ -20,11 +23,12 @@ from test_metrics import scrape, value
 from standins.proxy_process import ProxyProcess
 from standins.redis_server import RedisServer
 from standins.searxng import result
+from standins.vllm_wire import completion, json_reply
 
 pytestmark = [pytest.mark.redis, pytest.mark.xdist_group("state_shared")]
 
 SHARED = {"SEARCH_CACHE_TTL": "600", "WEB_FETCH_CACHE_TTL": "300", "WEB_FETCH_ALLOWED_NETWORKS": "127.0.0.0/8",
-          "STATE_TIMEOUT": "0.25"}
+          "STATE_TIMEOUT": "0.25", "WEB_FETCH_LINKS_PER_HOUR": "3"}
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +108,32 @@ def test_a_page_is_downloaded_once_across_both(pair, searxng, site):
     assert [r.path for r in site.requests] == [path]
 
 
+def test_the_hourly_link_budget_holds_across_both(pair, site):
+    """URL provenance's per-client budget (WEB_FETCH_LINKS_PER_HOUR=3 here) is one budget in the shared store, not
+    one per proxy: one client reads four given pages, two through each proxy, and follows one link of each; three
+    links are read in all, the fourth refused with the budget's sentence (per proxy it would have been four)."""
+    a, b = pair
+    tag = uuid.uuid4().hex[:8]
+    client = {"Authorization": f"Bearer sk-{tag}"}  # a client of its own: its budget is untouched
+    outputs = []
+    for i, proxy in enumerate((a, b, a, b)):
+        root = f"/links-{tag}-{i}/"
+        site.route(root, "<html><head><title>Index</title></head><body><article><h1>Index</h1><p>The notes are "
+                         f'on <a href="{root}notes">the notes page</a>, with what changed and why.</p></article>'
+                         "</body></html>")
+        site.route(root + "notes", DOC)
+        body = {**thread(open=[{"ref_id": site.url + root}]), "input": f"Read {site.url + root}"}
+        got, answer = post(proxy, body, client)
+        assert got == 200 and "The notes are on" in answer["output"], answer
+        got, answer = post(proxy, {**body, "commands": {"open": [{"ref_id": site.url + root + "notes"}]}}, client)
+        assert got == 200, answer
+        outputs.append(answer["output"])
+    assert ["PELICAN-7731" in out for out in outputs] == [True, True, True, False], outputs
+    assert "WEB_FETCH_LINKS_PER_HOUR" in outputs[3]
+    assert sorted(r.path for r in site.requests if r.path.endswith("notes")) == [
+        f"/links-{tag}-{i}/notes" for i in range(3)]
+
+
 def state_up(proxy) -> float:
     return value(scrape(proxy), "proxy_state_up")
 
@@ -177,3 +207,42 @@ def test_without_state_url_there_is_no_store_to_report(proxy):
     """No series at all (an unlabelled gauge's 0 would read as a store that is down)."""
     assert post(proxy, thread(search_query=[{"q": "no store"}]))[0] == 200
     assert not [name for name, _ in scrape(proxy) if name.startswith("proxy_state")]
+
+
+def chat_completion(proxy, text: str) -> tuple[int, dict]:
+    req = urllib.request.Request(proxy.url + "/v1/chat/completions", method="POST", data=json.dumps({
+        "model": "foundation", "messages": [{"role": "user", "content": text}]}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": "Bearer sk-local"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_the_fair_queue_serves_while_its_store_is_down(logs, tmp_path, backend, _backend_server, _searxng_server):
+    """The scale overlay's replicas run the fair queue (MAX_NUM_SEQS) in the same Valkey: with it gone a generation
+    request is still answered, straight to vLLM (as MAX_NUM_SEQS=0 would), one log line says so, the state metrics
+    count it, and the queue is used again once the store is back."""
+    backend.responder = lambda received: json_reply(completion("ok"))
+    with RedisServer(tmp_path / "redis") as server:
+        proxy = start(logs, "queue", server, _backend_server, _searxng_server, MAX_NUM_SEQS="1",
+                      PROXY_METRICS="true")
+        try:
+            assert chat_completion(proxy, "before")[0] == 200
+            server.stop()
+            for i in range(3):
+                started = time.monotonic()
+                got, body = chat_completion(proxy, f"during {i}")
+                assert got == 200, body
+                assert time.monotonic() - started < 5
+            assert value(scrape(proxy), "proxy_state_errors_total", use="queue") > 0
+            assert len(re.findall(r"fair queue.*store", proxy.log_once("fair queue"))) == 1, proxy.log()
+            server.start()
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline and "fair queue back" not in proxy.log():
+                assert chat_completion(proxy, "after")[0] == 200
+                time.sleep(0.5)
+            assert "fair queue back" in proxy.log()
+        finally:
+            proxy.stop()

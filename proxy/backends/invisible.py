@@ -224,18 +224,32 @@ def declarations(style: str) -> dict[str, list]:
     return out
 
 
-def style_hides(style: str) -> bool:
-    """True when an inline style hides its element's text from a person viewing the page. Pure."""
+# The properties a fade-in animation starts from (Webflow's interactions, AOS, `page-wrapper` themes write the start
+# state inline and a script reveals it): an element hidden by these alone may be a reveal, judged in drop_hidden.
+_ANIMATED = frozenset(("opacity", "transform", "translate", "scale"))
+
+
+def hiding(style: str) -> str:
+    """How an inline style hides its element's text from a person viewing the page: "" (it does not), "fade" (only
+    by opacity or a transform, the start state of a reveal animation) or "hard" (any other way). Pure."""
     found = declarations(style)
-    if any(rule(found[name]) for name, rule in _RULES.items() if name in found):
-        return True
-    if any(_ident(found.get(n, [])) == "text" for n in _PAINTED_TEXT):
-        return False
-    if any(_transparent(found[n]) for n in _COLOUR if n in found):
-        return True
+    fired = {name for name, rule in _RULES.items() if name in found and rule(found[name])}
+    if fired - _ANIMATED:
+        return "hard"
+    if not any(_ident(found.get(n, [])) == "text" for n in _PAINTED_TEXT) and \
+            any(_transparent(found[n]) for n in _COLOUR if n in found):
+        return "hard"
     zero = any((v := _values(found.get(n, []))) and (x := _number(v[0])) is not None and x[0] == 0
                for n in ("width", "height", "max-width", "max-height"))
-    return zero and _ident(found.get("overflow", [])) in ("hidden", "clip")
+    if zero and _ident(found.get("overflow", [])) in ("hidden", "clip"):
+        return "hard"
+    return "fade" if fired else ""
+
+
+def style_hides(style: str) -> bool:
+    """True when an inline style hides its element's text from a person viewing the page (a fade-in's start state
+    included: drop_hidden decides whether that one is a reveal). Pure."""
+    return bool(hiding(style))
 
 
 # aria-hidden hides decorative icons from screen readers all the time; it is dropped only on elements that hold
@@ -244,29 +258,65 @@ _TEXT_BLOCKS = frozenset("p div span section article aside blockquote pre code l
                          "h5 h6 a em strong small label font".split())
 
 
+def _how_hidden(el) -> str:
+    """"hard", "fade" (hidden only by an animation's start state, see hiding()) or "" for an element."""
+    if el.get("hidden") is not None:
+        return "hard"
+    style = el.get("style")
+    how = hiding(style) if style else ""
+    if how == "hard" or (el.get("aria-hidden", "").strip().lower() == "true" and str(el.tag).lower() in _TEXT_BLOCKS):
+        return "hard"
+    return how
+
+
 def hidden(el) -> bool:
     """True for an element a browser hides: the `hidden` attribute, an inline style that hides it, or
     aria-hidden="true" on a text block."""
-    if el.get("hidden") is not None:
-        return True
-    style = el.get("style")
-    if style and style_hides(style):
-        return True
-    return el.get("aria-hidden", "").strip().lower() == "true" and str(el.tag).lower() in _TEXT_BLOCKS
+    return bool(_how_hidden(el))
+
+
+# A fade-in holding at least this share of the page's text is the page being revealed, not text kept from a person.
+REVEAL_SHARE = 2 / 3
+_NO_TEXT = frozenset(("head", "script", "style", "template"))
+
+
+def _chars(text: str | None) -> int:
+    return len("".join(text.split())) if text else 0
 
 
 def drop_hidden(root) -> int:
     """Remove the hidden elements under an lxml tree `root` (not looking inside one already found); how many. The
-    text after a dropped element (its tail) stays: it is visible."""
-    found, stack = [], list(root)
+    text after a dropped element (its tail) stays: it is visible.
+
+    Elements hidden only by a fade-in's start state (opacity 0, a transform) are a reveal when together they hold at
+    least REVEAL_SHARE of the page's text outside hard-hidden elements: a page does not hide most of itself from its
+    readers, a script shows it. Then they stay (what they hide the hard way still goes); otherwise they go too. A
+    hidden instruction dressed the same way (`data-w-id`, `data-aos`, opacity 0) inside a normal page is a small share
+    and goes; to pass, the faded text must outweigh the visible page twice, which only the page's author can do, and
+    an author hides text with a stylesheet anyway (not caught, README "Invisible text")."""
+    hard, fades, chars = [], [], {False: 0, True: 0}  # chars: outside / inside a fade
+    stack: list = [(el, False) for el in reversed(root)]
     while stack:
-        el = stack.pop()
+        el, in_fade = stack.pop()
         if not isinstance(el.tag, str):  # comments and processing instructions
             continue
-        if hidden(el):
-            found.append(el)
-        else:
-            stack.extend(el)
+        how = _how_hidden(el)
+        if how == "hard":
+            hard.append(el)
+            continue
+        if how == "fade":
+            fades.append(el)
+            in_fade = True
+        if str(el.tag).lower() in _NO_TEXT:
+            continue
+        chars[in_fade] += _chars(el.text)
+        for child in el:
+            chars[in_fade] += _chars(child.tail)
+        stack.extend((child, in_fade) for child in reversed(el))
+    if fades and chars[True] >= REVEAL_SHARE * (chars[True] + chars[False]):
+        fades = []  # a reveal
+    faded = set(fades)
+    found = [el for el in hard + fades if not any(a in faded for a in el.iterancestors())]
     for el in found:
         el.drop_tree()  # keeps the tail, unlike remove()
     return len(found)

@@ -10,14 +10,24 @@ must answer at once (Claude Code asks count_tokens while another of its requests
 A seat is held for one call, not for the whole request: while a request runs its searches and page reads the
 card serves someone else, and its next turn comes back as a resumed ticket, which goes ahead of every first turn
 (it keeps its place in the line instead of going to the back).
+
+When the queue's store does not answer (Valkey or Redis with STATE_URL, which the scale overlay's replicas share;
+or the SQLite file failing), calls go straight to vLLM, as with MAX_NUM_SEQS=0: vLLM's own first-come queue
+decides until the store is back. Fairness is a courtesy, not a bound, so it fails open (unlike URL provenance's
+link budget, proxy/tools/client_reads.py). One log line when it stops answering and one when it is back; each call
+that got no answer is counted as proxy_state_errors{use="queue"}; the store is asked again after RETRY seconds.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+import sqlite3
+import threading
 import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
-from proxy.backends.teamstore import TeamStore
+from proxy.backends.teamstore import StoreError, TeamStore
 from proxy.core import routes
 from proxy.runtime import concurrency as runtime
 
@@ -33,6 +43,11 @@ USAGE_UNSEEN = "proxy.usage_unseen"
 ANONYMOUS = "-"                     # every request of a proxy without keys: one key, so first come first served
 GENERATION = frozenset({routes.CHAT, routes.MESSAGES, routes.RESPONSES, "/v1/completions"})
 POLL = 0.05                         # seconds between a waiter's looks at the queue
+RETRY = 5.0                         # seconds a store that did not answer is left alone before it is asked again
+QUEUE_USE = "queue"                 # the state metrics' label for the queue's store calls
+DOWN = (StoreError, sqlite3.Error)  # what a store that does not answer raises (teamstore_redis, teamstore)
+
+log = logging.getLogger("proxy")
 
 
 def queues(method: str, target: str) -> bool:
@@ -43,20 +58,55 @@ def queues(method: str, target: str) -> bool:
 class Queue:
     """One worker's view of the shared queue."""
 
-    def __init__(self, store: TeamStore | RedisTeamStore, seats: int, policy: str = "round_robin", on_wait: Callable[[dict, float], None] | None = None):
+    def __init__(self, store: TeamStore | RedisTeamStore, seats: int, policy: str = "round_robin",
+                 on_wait: Callable[[dict, float], None] | None = None,
+                 on_error: Callable[[str, str], None] | None = None, clock: Callable[[], float] = time.monotonic):
         self.store = store
         self.seats = seats
         self.policy = policy      # QUEUE_POLICY: round_robin or tokens
         self.on_wait = on_wait    # (environ, seconds) after each wait: the metrics
+        self.on_error = on_error  # (use, op) for each store call that got no answer: the state metrics
+        self._clock = clock
+        self._down_since: float | None = None
+        self._down_until = 0.0
+        self._lock = threading.Lock()
 
     def take(self, environ: dict, resumed: bool) -> Seat:
-        return Seat(self, environ, self.store.enqueue(environ.get(KEY_NAME) or ANONYMOUS, resumed))
+        """A ticket in the queue; without one (the store is down) the seat is ready at once."""
+        seat = Seat(self, environ, None)
+        if self._down_since is None or self._clock() >= self._down_until:
+            try:
+                seat.ticket = self.store.enqueue(environ.get(KEY_NAME) or ANONYMOUS, resumed)
+                self.worked()
+            except DOWN as e:
+                self.failed("enqueue", e)
+        return seat
+
+    def failed(self, op: str, error: BaseException) -> None:
+        if self.on_error is not None:
+            self.on_error(QUEUE_USE, op)
+        with self._lock:
+            now, first = self._clock(), self._down_since is None
+            if first:
+                self._down_since = now
+            self._down_until = now + RETRY
+        if first:
+            log.warning("fair queue: its store %s is not answering (%s): calls go straight to vLLM, first come "
+                        "first served, until it is back", getattr(self.store, "path", ""), " ".join(str(error).split())[:160])
+
+    def worked(self) -> None:
+        if self._down_since is None:
+            return
+        with self._lock:
+            since, self._down_since = self._down_since, None
+        if since is not None:
+            log.warning("fair queue back: its store answers again after %.1f s", self._clock() - since)
 
 
 class Seat:
     """One ticket: waiting, then running, then released (by the call's end, or by a client that left)."""
 
-    def __init__(self, queue: Queue, environ: dict, ticket: str):
+    def __init__(self, queue: Queue, environ: dict, ticket: str | None):
         self.queue, self.environ, self.ticket = queue, environ, ticket
         self.since = time.monotonic()
         self.running = False
@@ -65,12 +115,29 @@ class Seat:
     def ready(self) -> bool:
         """Admitted yet? Never blocks; a ticket another worker dropped as stale counts as admitted no more."""
         if not self.running and not self.released:
-            state = self.queue.store.admitted(self.ticket, self.queue.seats, self.queue.policy)
-            if state is None:  # our lease lapsed (the worker stalled past LEASE): queue again, at the front
-                self.ticket = self.queue.store.enqueue(self.environ.get(KEY_NAME) or ANONYMOUS, True)
-            elif state:
+            if self.ticket is None:  # taken while the store was down: straight to vLLM
+                self._admitted()
+                return True
+            try:
+                state = self.queue.store.admitted(self.ticket, self.queue.seats, self.queue.policy)
+                if state is None:  # our lease lapsed (the worker stalled past LEASE): queue again, at the front
+                    self.ticket = self.queue.store.enqueue(self.environ.get(KEY_NAME) or ANONYMOUS, True)
+                elif state:
+                    self._admitted()
+                self.queue.worked()
+            except DOWN as e:
+                self.queue.failed("admitted", e)
+                self._abandon()
                 self._admitted()
         return self.running
+
+    def _abandon(self) -> None:
+        """Give up the ticket without the store: release drops it from this worker's leases before it asks the
+        store, so when the store cannot be told the ticket lapses there within the lease instead of holding a seat."""
+        ticket, self.ticket = self.ticket, None
+        if ticket is not None:
+            with contextlib.suppress(*DOWN):  # counted by failed() already; the lease frees it
+                self.queue.store.release(ticket)
 
     def _admitted(self) -> None:
         self.running = True
@@ -103,4 +170,9 @@ class Seat:
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.queue.store.release(self.ticket)
+            if self.ticket is None:
+                return
+            try:
+                self.queue.store.release(self.ticket)
+            except DOWN as e:  # dropped from this worker's leases first: it lapses in the store
+                self.queue.failed("release", e)

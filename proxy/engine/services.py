@@ -22,7 +22,7 @@ from proxy.core.config import Config
 from proxy.engine.admission import Queue
 from proxy.engine.events import Events
 from proxy.tools.base import Backends
-from proxy.tools.client_reads import ClientReads
+from proxy.tools.client_reads import ClientReads, Reads
 from proxy.transport.vllm import Backend, UpstreamError
 
 log = logging.getLogger("proxy")
@@ -112,8 +112,9 @@ class Services:
     kept: KeptResults = field(default_factory=lambda: KeptResults(0, 0))
     # The shared state store (STATE_URL; proxy/backends/state.py), or None: each use keeps its state in this process.
     state: State | None = None
-    # What each client read and how many links it followed, over an hour: URL provenance's memory across requests.
-    reads: ClientReads = field(default_factory=ClientReads)
+    # What each client read and how many links it followed, over an hour: URL provenance's memory across requests
+    # (in this worker, or in the shared store with STATE_URL: SharedReads).
+    reads: Reads = field(default_factory=ClientReads)
     # GET /proxy/search/health's JSON: the search failover's state in this worker (proxy/backends/failover.py).
     search_health: Callable[[], dict] = dict
     # The fair queue in front of the card (MAX_NUM_SEQS); None: every call goes straight to vLLM.

@@ -129,8 +129,9 @@ class Team:
         try:
             verdict = self.store.admit(person.name, person.limits if person.name != ADMIN else Limits())
         except (sqlite3.Error, StoreError) as e:
-            log.error("PROXY_STATE_DB %s: %s", self.store.path, e)
-            return error_for_path(path, 503, "The proxy cannot reach its usage store (PROXY_STATE_DB); see its log.")
+            log.error("usage store %s: %s", self.store.path, e)
+            return error_for_path(path, 503, "The proxy cannot reach its usage store (PROXY_STATE_DB, or STATE_URL when "
+                                             "set); see its log.")
         if isinstance(verdict, Refusal):
             metrics.key_limited(person.name, verdict.limit)
             return refused(path, person.name, verdict, now)
@@ -171,7 +172,7 @@ class Team:
         try:
             self.store.ended(admitted.id, name, figures)
         except (sqlite3.Error, StoreError) as e:  # the lease frees its concurrency slot; the figures are lost, and said so
-            log.error("PROXY_STATE_DB %s: usage of a request of %r not recorded: %s", self.store.path, name, e)
+            log.error("usage store %s: usage of a request of %r not recorded: %s", self.store.path, name, e)
 
     def usage(self) -> Response:
         """GET /proxy/usage: per key name, per UTC day, every figure (admin key only)."""

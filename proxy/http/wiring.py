@@ -1,7 +1,8 @@
 """The one place a worker is put together from its settings: the vLLM client, the search backend (the failover over
 SEARXNG_URL's instances and the optional Brave key, under the meters, under the search cache), the page fetcher with its observer,
-the shared state store when STATE_URL names one (under both caches, Codex's ref ids and the cool-downs), the event hub with every
-subscriber (the access log, the metrics). create_app calls build_services(cfg) once per worker; not run on its own.
+the shared state store when STATE_URL names one (under both caches, Codex's ref ids, the cool-downs and the
+clients' link reads), the event hub with every subscriber (the access log, the metrics). create_app calls
+build_services(cfg) once per worker; not run on its own.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from proxy.engine.services import KeptResults, Services
 from proxy.http.flow import access_log
 from proxy.http.team import Team
 from proxy.observe import metrics
+from proxy.tools.client_reads import ClientReads, Reads, SharedReads
 from proxy.transport.vllm import Backend
 
 if TYPE_CHECKING:  # only for the annotation: redis-py loads only with STATE_URL
@@ -69,10 +71,13 @@ def build_services(cfg: Config) -> Services:
         cache.shared = SharedTier(state, "search", outcome_json, outcome_from_json, errors)
         fetcher.cache.shared = SharedTier(state, "page", fetched_json, fetched_from_json, errors)
     team_store = build_store(cfg) if cfg.max_num_seqs else None
-    queue = (Queue(team_store, cfg.max_num_seqs, cfg.queue_policy, on_wait=metrics.queue_waited if on else None)
-             if team_store else None)
-    return Services(cfg, backend, search, fetcher, observe(cfg), state=state, search_health=failover.health,
-                    queue=queue, kept=KeptResults(cfg.responses_results_ttl, cfg.responses_results_bytes, state=state))
+    queue = (Queue(team_store, cfg.max_num_seqs, cfg.queue_policy, on_wait=metrics.queue_waited if on else None,
+                   on_error=metrics.state_error if on else None) if team_store else None)
+    # URL provenance's hourly link budget: one per client across every worker and replica with STATE_URL.
+    reads: Reads = SharedReads(state) if state is not None else ClientReads()
+    return Services(cfg, backend, search, fetcher, observe(cfg), state=state, reads=reads,
+                    search_health=failover.health, queue=queue,
+                    kept=KeptResults(cfg.responses_results_ttl, cfg.responses_results_bytes, state=state))
 
 
 def observe(cfg: Config) -> Events:

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from proxy.backends.netguard import parse_url
-from proxy.tools.client_reads import ROOT, ClientReads
+from proxy.tools.client_reads import DOWN, ROOT, ClientReads, Reads
 
 # Who put a URL in the conversation. "user" is a person's own words and always gives; "system" and "tool" are what
 # a client generated, and give what the model did not write; "search" is what the proxy's tools found or read. MODEL
@@ -261,10 +261,10 @@ class Ledger:
     charges from one request to the next; without one, the ledger has its own. Thread-safe: the calls of one round
     run side by side."""
 
-    def __init__(self, rules: Rules | None = None, given: Iterable[Given] = (), reads: ClientReads | None = None,
+    def __init__(self, rules: Rules | None = None, given: Iterable[Given] = (), reads: Reads | None = None,
                  client: str = ""):
         self.rules = rules or Rules()
-        self.reads = reads if reads is not None else ClientReads()
+        self.reads: Reads = reads if reads is not None else ClientReads()
         self.client = client
         self._entries: dict[str, Entry] = {}
         self._written: set[str] = set()        # keys the model wrote, case-folded
@@ -412,6 +412,10 @@ class Ledger:
 
 
 def _budget_message(k: str, over: str, rules: Rules) -> str:
+    if over == DOWN:
+        return (f"not fetched: {k} is a link of a page read, and links followed are counted in the proxy's shared "
+                "store (STATE_URL), which is not answering, so no link is followed until it is back. URLs the user, "
+                "a tool or a search gave are still read; ask the user for this one if you need it now.")
     if over == ROOT:
         return (f"not fetched: {k} is a link of pages read from a given URL whose links were already followed "
                 f"{rules.link_budget} times within the hour (a repeat counts), the most allowed "
