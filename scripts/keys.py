@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Manage the people's keys of a shared stack (README "Sharing the stack"): the keys file PROXY_KEYS_FILE names.
+"""Manage the people's keys of a shared stack (docs/operations.md, "Sharing the stack"): the keys file PROXY_KEYS_FILE names.
 
   scripts/keys.py add NAME [--rpm N] [--tokens-per-day N] [--concurrent N]   prints the new key, once
   scripts/keys.py revoke NAME                                                 the proxy refuses it at the next request
@@ -65,7 +65,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def keep_owner(fd: int, path: str) -> None:
     """The new file keeps the old one's owner when we may give it (run as root): the proxy's container reads the
-    file as uid 10001, and a 0600 file is readable by its owner alone (README "Sharing the stack")."""
+    file as uid 10001, and a 0600 file is readable by its owner alone (docs/operations.md, "Sharing the stack")."""
     try:
         st = os.stat(path)
     except FileNotFoundError:

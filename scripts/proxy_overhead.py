@@ -477,7 +477,7 @@ def record_search_loop(backend, searxng_url: str, searches: int):
     from proxy.apis.chat import rules as chat_wire  # noqa: PLC0415 (only the benchmark's client needs these)
     from proxy.backends import searxng  # noqa: PLC0415
     from proxy.tools import web_search  # noqa: PLC0415
-    body = chat_wire.with_tools(SMALL, (chat_wire.WEB_SEARCH,))
+    body = chat_wire.with_tools(SMALL, ("web_search",))
     messages = list(body["messages"])
     hdr = [("X-Bench-Mode", "search"), ("X-Bench-Searches", str(searches))]
     c, request = Client(backend.url), body

@@ -2,7 +2,7 @@
 # Usage: tests/run.sh [pytest args...]
 #        tests/run.sh --clean-cache
 #
-# The one test command (README "Tests", .ci/run): builds or reuses the pinned test
+# The one test command (docs/testing.md, "Tests", .ci/run): builds or reuses the pinned test
 # environments in $CODING_STACK_TEST_CACHE (default ~/.cache/coding-stack-tests), then runs
 # the whole suite with pytest. Extra arguments go to pytest (e.g. -k stream, -x, or
 # -m "not slow and not real_vllm and not agents and not container", the inner loop); only

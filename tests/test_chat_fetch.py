@@ -11,7 +11,7 @@ import re
 import pytest
 from clients import openai
 
-from proxy.apis.citations import CITE_NOTE
+from proxy.tools.sources import CITE_NOTE
 from standins import pdf_files
 from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames, tool_call
 

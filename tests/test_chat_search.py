@@ -13,11 +13,12 @@ import zlib
 import pytest
 from clients import openai
 
-from proxy.apis.chat.rules import WEB_FETCH_TOOL, WEB_SEARCH_TOOL
-from proxy.tools.web_search import NOT_EXECUTED
+from proxy.apis.chat.rules import chat_tool
+from proxy.tools.base import NOT_EXECUTED
 from standins.scripted_backend import Reply
 from standins.vllm_wire import completion, error_reply, json_reply, sse_reply, stream_frames, tool_call
 
+WEB_SEARCH_TOOL, WEB_FETCH_TOOL = chat_tool("web_search"), chat_tool("web_fetch")
 USER = [{"role": "user", "content": "What is new in vLLM?"}]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from clients import openai
 
-from proxy.tools.web_search import NOT_EXECUTED
+from proxy.tools.base import NOT_EXECUTED
 from standins.vllm_wire import error_reply, sse_reply, stream_frames, tool_call
 
 SAMPLES = Path(__file__).parent / "data" / "vllm-0.32-samples"

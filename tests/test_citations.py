@@ -15,6 +15,7 @@ from test_sdk_types import post, sse_data, strict, strict_event
 
 from proxy.apis import citations as C
 from proxy.backends.search import Hit, SearchOutcome
+from proxy.tools import sources as S
 from proxy.tools.web_search import format_for_model
 from standins import anthropic_wire as W
 from standins import responses_wire as w
@@ -35,22 +36,22 @@ def hits(*urls) -> SearchOutcome:
 
 
 def test_one_counter_over_a_requests_searches_and_a_url_keeps_its_number():
-    s = C.Sources()
-    first = C.numbered(s, hits("https://a", "https://b"), format_for_model(hits("https://a", "https://b")))
-    second = C.numbered(s, hits("https://c", "https://a"), format_for_model(hits("https://c", "https://a")))
-    assert "[1] T https://a" in first and "[2] T https://b" in first and first.endswith(C.CITE_NOTE.format(n=1))
+    s = S.Sources()
+    first = S.numbered(s, hits("https://a", "https://b"), format_for_model(hits("https://a", "https://b")))
+    second = S.numbered(s, hits("https://c", "https://a"), format_for_model(hits("https://c", "https://a")))
+    assert "[1] T https://a" in first and "[2] T https://b" in first and first.endswith(S.CITE_NOTE.format(n=1))
     assert "[3] T https://c" in second and "[1] T https://a" in second and "[2]" not in second
     assert [s.get(n).url for n in (1, 2, 3)] == ["https://a", "https://b", "https://c"]
 
 
 def test_results_in_another_layout_get_their_numbers_listed():
-    s = C.Sources()
-    text = C.numbered(s, hits("https://a"), "Result: https://a")
-    assert text == "Result: https://a\n\n[1] https://a\n\n" + C.CITE_NOTE.format(n=1)
+    s = S.Sources()
+    text = S.numbered(s, hits("https://a"), "Result: https://a")
+    assert text == "Result: https://a\n\n[1] https://a\n\n" + S.CITE_NOTE.format(n=1)
 
 
 def test_citations_off_leaves_the_text_as_it_was():
-    assert C.numbered(None, hits("https://a"), "as formatted") == "as formatted"
+    assert S.numbered(None, hits("https://a"), "as formatted") == "as formatted"
 
 
 @pytest.mark.parametrize("text,found", [
@@ -81,15 +82,15 @@ def test_scanner_finds_what_the_whole_text_holds_and_holds_back_only_a_partial_m
 
 
 def test_a_marker_naming_no_source_cites_nothing():
-    s = C.Sources()
-    C.numbered(s, hits("https://a"), format_for_model(hits("https://a")))
+    s = S.Sources()
+    S.numbered(s, hits("https://a"), format_for_model(hits("https://a")))
     assert C.cite_text("see [1] and [7]", s, C.url_citation) == [
         {"type": "url_citation", "url": "https://a", "title": "T https://a", "start_index": 4, "end_index": 7}]
 
 
 def test_char_location_cites_the_sentence_the_claim_came_from():
-    s = C.Sources()
-    C.Sources.number_document(s, "https://p", "P", PAGE_TEXT, "page")
+    s = S.Sources()
+    S.Sources.number_document(s, "https://p", "P", PAGE_TEXT, "page")
     [c] = C.cite_text("Python 3.9 is dropped [1].", s, C.anthropic_shape(True))
     assert c["cited_text"] == "It also drops Python 3.9." == PAGE_TEXT[c["start_char_index"]:c["end_char_index"]]
     assert C.cite_text("x [1]", s, C.anthropic_shape(False)) == []  # web_fetch without citations enabled
@@ -124,7 +125,7 @@ def test_messages_text_blocks_cite_search_results(proxy, backend, searxng, strea
     strict(anthropic.types.Message, msg.model_dump(exclude_unset=True))
     # What the model read: the results numbered, and asked to cite them.
     result = backend.received[1].json()["messages"][-1]["content"][0]["content"]
-    assert "[1] vllm 0.32 — result 1" in result and result.endswith(C.CITE_NOTE.format(n=1))
+    assert "[1] vllm 0.32 — result 1" in result and result.endswith(S.CITE_NOTE.format(n=1))
 
 
 def test_messages_stream_sends_citations_delta_inside_the_text_block(proxy, backend, searxng):

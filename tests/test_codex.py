@@ -167,7 +167,7 @@ def test_codex_standalone_search_is_served_by_the_proxy(start_proxy, backend, se
     try:
         proxy = start_proxy(KEEPALIVE_INTERVAL="0.2", WEB_FETCH_ALLOWED_NETWORKS="127.0.0.0/8")
         backend.responder = standalone_model(page_url)
-        # The user names the page: `open` reads only URLs the conversation gave (README, URL provenance).
+        # The user names the page: `open` reads only URLs the conversation gave (docs/web-tools.md, URL provenance).
         proc, items, diagnostics = run_codex(proxy, tmp_path, "--ephemeral",
                                              f"What changed in vLLM 0.32? Search the web and read {page_url}.",
                                              config=standalone_config(proxy.url))

@@ -551,7 +551,7 @@ def test_the_proxys_metrics_folder_is_a_fresh_tmpfs_its_user_owns(config):
     assert config["services"]["proxy"]["environment"]["PROXY_METRICS"] == "true"
 
 
-# -- compose.scale.yaml: several vLLM workers behind vllm-router, proxy replicas behind HAProxy (README "Scaling past
+# -- compose.scale.yaml: several vLLM workers behind vllm-router, proxy replicas behind HAProxy (docs/operations.md, "Scaling past
 # one card"). Its router and HAProxy run for real in tests/real_vllm/test_router_real.py.
 
 SCALE = ("-f", "docker-compose.yaml", "-f", "compose.scale.yaml")

@@ -341,7 +341,7 @@ def test_a_honeypot_learns_at_most_the_link_budget(world, api, nested, mode):
     if mode == "any":
         assert len(hops) == 10  # the whole key, a letter a request
         return
-    # Two symbols of 26: the bound the README states (2 x log2(26) = 9.4 bits), and they are the key's first two.
+    # Two symbols of 26: the bound docs/web-tools.md states (2 x log2(26) = 9.4 bits), and they are the key's first two.
     assert len(hops) == 2, hops
     assert [h.strip("/").split("/")[-1] for h in hops] == list(world.letters[:2])
     assert world.attacker_saw_secret() == []
@@ -873,7 +873,7 @@ def test_a_long_session_still_reads_user_urls_search_results_and_short_chains(wo
 
 def test_a_client_follows_at_most_the_hours_links_over_all_given_urls(world):
     """Thirteen honeypots the user gave, two links of each asked for: 24 link reads reach a server in the hour
-    (WEB_FETCH_LINKS_PER_HOUR), the other two are refused naming the variable: the README's hourly bound."""
+    (WEB_FETCH_LINKS_PER_HOUR), the other two are refused naming the variable: docs/web-tools.md's hourly bound."""
     proxy = world.proxy_for("given")
     tag = secrets.token_hex(4)
     roots = [world.url("attacker.test", f"/h/{tag}{i}/") for i in range(13)]

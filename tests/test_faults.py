@@ -311,7 +311,7 @@ def test_unknown_tool_goes_to_the_client_as_vllm_wrote_it(proxy, backend, searxn
 def test_unknown_tool_beside_a_search_is_stubbed_then_delivered(proxy, backend, searxng):
     """In a turn that also searches, the unknown call gets the not-executed stub like any
     client call; if the model insists, the client receives it after the search."""
-    from proxy.tools.web_search import NOT_EXECUTED
+    from proxy.tools.base import NOT_EXECUTED
     mixed = [tool_call("web_search", {"query": "q"}), tool_call("made_up", {})]
     again = tool_call("made_up", {})
     backend.script(json_reply(completion(tool_calls=mixed)), json_reply(completion(tool_calls=[again])))

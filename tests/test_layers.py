@@ -1,6 +1,7 @@
 """The proxy's layers as the tree shows them (proxy/__init__.py, docs/architecture.md): every module imports only its
-own layer and the ones below it, no API's package imports another API's, a tool imports no API, and no modules
-import each other in a circle. Read from the source with ast, function-level imports included; no network.
+own layer and the ones below it, no API's package imports another API's, no API module imports backends/ or
+transport/ (they are reached through engine/ and tools/), a tool imports no API, and no modules import each other
+in a circle. Read from the source with ast, function-level imports included; no network.
 
 Run: tests/run.sh tests/test_layers.py
 """
@@ -62,6 +63,17 @@ def test_no_api_imports_another_api():
         return parts[2] if len(parts) > 3 and parts[1] == "apis" else None
     crossing = sorted((m, i) for m in MODULES for i in GRAPH[m] if api(m) and api(i) and api(m) != api(i))
     assert not crossing, crossing
+
+
+# Layers an API may not reach past: it sees the backends and the HTTP clients only through engine/ and tools/ (the
+# tools' outcomes, Services, Exchange), so a change of backend or client never touches an API.
+NOT_FROM_APIS = ("backends", "transport")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer_of(m) == "apis"))
+def test_apis_reach_backends_and_transport_only_through_engine_and_tools(module):
+    reached = sorted(i for i in GRAPH[module] if layer_of(i) in NOT_FROM_APIS)
+    assert not reached, f"{module} imports {reached}: use the façade in proxy/engine or proxy/tools"
 
 
 def test_no_import_cycles():

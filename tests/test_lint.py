@@ -43,6 +43,6 @@ def test_the_project_reads_its_dependencies_from_requirements_in():
 
 
 def test_every_marker_is_registered():
-    """The four tiers, and `slow` (the inner loop's filter, README "Tests")."""
+    """The four tiers, and `slow` (the inner loop's filter, docs/testing.md, "Tests")."""
     markers = PYPROJECT["tool"]["pytest"]["ini_options"]["markers"]
     assert sorted(m.split(":")[0] for m in markers) == ["agents", "container", "real_vllm", "redis", "slow"]

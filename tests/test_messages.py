@@ -16,21 +16,19 @@ from pathlib import Path
 import pytest
 from clients import anthropic
 
-from proxy.apis import citations as C
 from proxy.apis.messages.blocks import (
     ERROR_TEXT,
     add_usage,
     encode_content,
     kept_text,
-    model_text,
     outcome_from_block,
     result_block,
-    tool_results,
-    with_searches,
 )
 from proxy.apis.messages.history import rewrite_history
+from proxy.apis.messages.presentation import model_text, tool_results, with_counts
 from proxy.apis.messages.request import (
     MessagesPlan,
+    ToolPlan,
     internal_name,
     needs_rewrite,
     next_request,
@@ -40,6 +38,7 @@ from proxy.apis.messages.request import (
 )
 from proxy.backends.search import Hit, SearchOutcome
 from proxy.core.errors import as_anthropic_error
+from proxy.tools.sources import Sources, numbered
 from proxy.tools.web_search import QUERY_SCHEMA, TOOL_DESCRIPTION, format_for_model
 from standins import anthropic_wire as W
 from standins.rawhttp import raw_request
@@ -146,7 +145,8 @@ def test_rewrite_replaces_only_the_server_tool():
     assert out["tools"][1]["name"] == "web_search" and out["tools"][1]["input_schema"]["required"] == ["query"]
     assert "type" not in out["tools"][1] and "docs.example" in out["tools"][1]["description"]
     assert {k: v for k, v in out.items() if k != "tools"} == {k: v for k, v in body.items() if k != "tools"}
-    assert (plan.max_uses, plan.allowed, plan.client_tools) == (8, ["docs.example"], True)
+    searching = plan.offered["web_search"]
+    assert (searching.max_uses, searching.limits.allowed_domains, plan.client_tools) == (8, ("docs.example",), True)
 
 
 @pytest.mark.parametrize("problem,body", [
@@ -200,7 +200,7 @@ BASH = {"type": "tool_use", "id": "toolu_b", "name": "Bash", "input": {}}
       ("assistant", [("text", "so"), ("tool_use", "toolu_b")]), ("user", [_tr("toolu_b", None)])]),
 ])
 def test_replayed_history_becomes_tool_use_and_tool_result(history, expected):
-    assert _shape(rewrite_history(history, "web_search")) == expected
+    assert _shape(rewrite_history(history, NAMES)) == expected
 
 
 def test_replayed_result_gives_the_model_the_same_text():
@@ -213,6 +213,7 @@ def test_replayed_result_gives_the_model_the_same_text():
     assert format_for_model(outcome_from_block("q one", block["content"])) == format_for_model(outcome)
 
 
+NAMES = {"web_search": "web_search", "web_fetch": "web_fetch"}  # each server tool's name on the vLLM side
 HITS = [Hit("A", "https://a.example/x", "snip A", "2026-01-02"), Hit("B", "https://b.example/y", "snip B")]
 
 
@@ -233,19 +234,19 @@ HITS = [Hit("A", "https://a.example/x", "snip A", "2026-01-02"), Hit("B", "https
 def test_a_replayed_search_reads_byte_for_byte_what_the_model_read(outcome, input_query, cite):
     """What turn 2 replays of a search is the very text turn 1's model read, so vLLM's prefix cache matches it."""
     use = {"type": "tool_use", "id": "toolu_1", "name": "web_search", "input": {"query": input_query}}
-    live = tool_results([use], [use], [outcome], C.Sources() if cite else None)["content"][0]["content"]
-    assert live == C.numbered(C.Sources() if cite else None, outcome, model_text(outcome, input_query))
+    live = tool_results([use], [use], [outcome], Sources() if cite else None)["content"][0]["content"]
+    assert live == numbered(Sources() if cite else None, outcome, model_text(outcome, {"query": input_query}))
     history = [{"role": "user", "content": "ask"},
                {"role": "assistant", "content": [{**use, "type": "server_tool_use", "id": "srvtoolu_1"},
                                                  result_block("srvtoolu_1", outcome), {"type": "text", "text": "so"}]},
                {"role": "user", "content": "more"}]
     kept = {"srvtoolu_1": {"output": live}} if kept_text(outcome) else {}
-    replayed = rewrite_history(history, "web_search", cite=cite, kept=kept.get)[2]["content"][0]["content"]
+    replayed = rewrite_history(history, NAMES, cite=cite, kept=kept.get)[2]["content"][0]["content"]
     assert replayed == live
     if outcome.status == "failed":
         assert live == format_for_model(outcome)  # the live sentence, with its advice
         # Once the worker no longer keeps it: the code's sentence (the answer is right; the cache misses from here).
-        gone = rewrite_history(history, "web_search", cite=cite)[2]["content"][0]["content"]
+        gone = rewrite_history(history, NAMES, cite=cite)[2]["content"][0]["content"]
         assert gone == ERROR_TEXT[outcome.error_code]
     for line in outcome.notes + ([outcome.cached_note.strip()] if outcome.ok and outcome.cached_age else []):
         assert line in live
@@ -286,7 +287,8 @@ def test_claude_code_subrequest_detection(body, expected):
     ({"type": "auto"}, False, {"type": "auto"}),
 ])
 def test_forced_choice_applies_to_the_first_turn_only(tool_choice, client_tools, expected):
-    plan = MessagesPlan(name="web_search", server=True, client_tools=client_tools)
+    plan = MessagesPlan({"web_search": "web_search", "web_fetch": "web_fetch"},
+                        {"web_search": ToolPlan("web_search", "web_search")}, client_tools=client_tools)
     assert next_request({"tool_choice": tool_choice}, [], plan)["tool_choice"] == expected
 
 
@@ -304,7 +306,7 @@ def test_vllm_errors_in_anthropic_shape(status, raw, expected):
 def test_usage_adds_up():
     total = add_usage(add_usage(None, {"input_tokens": 10, "output_tokens": 3}),
                         {"input_tokens": 30, "output_tokens": 5, "cache_read_input_tokens": 4})
-    assert with_searches(total, 2) == {"input_tokens": 40, "output_tokens": 8, "cache_read_input_tokens": 4,
+    assert with_counts(total, {"web_search_requests": 2}) == {"input_tokens": 40, "output_tokens": 8, "cache_read_input_tokens": 4,
                                          "server_tool_use": {"web_search_requests": 2, "web_fetch_requests": 0}}
 
 

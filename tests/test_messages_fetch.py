@@ -24,11 +24,11 @@ from proxy.apis.messages.blocks import (
     fetch_content,
     fetch_result_block,
     fetch_text,
-    model_text,
-    with_searches,
 )
 from proxy.apis.messages.history import rewrite_history
-from proxy.apis.messages.request import FetchPlan, needs_rewrite, next_request, rewrite, validate
+from proxy.apis.messages.presentation import model_text, with_counts
+from proxy.apis.messages.request import ToolPlan, needs_rewrite, next_request, rewrite, validate
+from proxy.tools.base import Limits
 from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchOutcome, Page
 from standins import anthropic_wire as W
 from standins.scripted_backend import Reply
@@ -66,7 +66,9 @@ def test_the_tool_vllm_sees_and_the_plan():
     assert out["tools"][0]["name"] == "web_search" and out["tools"][1] == mine
     assert out["tools"][2] == {"name": "web_fetch_server", "input_schema": URL_SCHEMA,
                                "description": FETCH_TOOL_DESCRIPTION + " Only pages on these domains can be fetched: docs.example."}
-    assert plan.fetch == FetchPlan(max_uses=2, allowed=("docs.example",), max_tokens=50, citations={"enabled": True})
+    assert plan.offered["web_fetch_server"] == ToolPlan("web_fetch", "web_fetch_server", max_uses=2,
+                                                        limits=Limits(("docs.example",), (), 50),
+                                                        citations={"enabled": True})
     assert plan.ours() == {"web_search", "web_fetch_server"} and plan.client_tools
     assert rewrite({"messages": ASK, "tools": [FETCH]})[0]["tools"] == [VLLM_FETCH_TOOL]
     later = {"type": "web_fetch_20260318", "name": "web_fetch", "use_cache": False}  # its extra options are ignored
@@ -154,7 +156,7 @@ FRES = fetch_result_block("srvtoolu_f", PAGE_OUTCOME)
 def test_replayed_fetch_blocks_become_tool_use_and_tool_result():
     history = [{"role": "assistant", "content": [FSTU, FRES, {"type": "text", "text": "so"}]},
                {"role": "user", "content": "more"}]
-    assert rewrite_history(history, "web_search", "web_fetch_server") == [
+    assert rewrite_history(history, {"web_search": "web_search", "web_fetch": "web_fetch_server"}) == [
         {"role": "assistant", "content": [{"type": "tool_use", "id": "srvtoolu_f", "name": "web_fetch_server",
                                            "input": {"url": "https://docs.example/a"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "srvtoolu_f",
@@ -168,7 +170,8 @@ def test_replayed_fetch_blocks_become_tool_use_and_tool_result():
     (1, {"web_search_requests": 2, "web_fetch_requests": 1}),
 ])
 def test_usage_counts_fetches(fetches, expected):
-    assert with_searches({"input_tokens": 1, "output_tokens": 2}, 2, fetches)["server_tool_use"] == expected
+    counts = {"web_search_requests": 2} | ({"web_fetch_requests": fetches} if fetches is not None else {})
+    assert with_counts({"input_tokens": 1, "output_tokens": 2}, counts)["server_tool_use"] == expected
 
 
 # ---- through the proxy -----------------------------------------------------------------------

@@ -347,10 +347,10 @@ def test_the_proxy_without_a_key_accepts_prometheus_empty_credentials(proxy):
     assert status == 200 and b"proxy_requests_total" in body
 
 
-# ---- the README -------------------------------------------------------------------------------------
+# ---- the docs -------------------------------------------------------------------------------------------
 
-def test_the_readme_says_how_to_start_it_and_what_each_row_and_panel_means():
-    readme = (REPO / "README.md").read_text()
+def test_the_docs_say_how_to_start_it_and_what_each_row_and_panel_means():
+    readme = (REPO / "docs" / "operations.md").read_text()
     start = readme.index("## Metrics\n")
     text = readme[start:readme.index("\n## ", start + 1)]
     assert "docker compose --profile monitoring up -d" in text

@@ -1,5 +1,8 @@
 """The README's commands must stay true: every script, port, model name, path and variable
-its quick start and verify sections use exists, and CI runs its one test command.
+its quick start and verify sections use exists, and CI runs its one test command. The reference it links
+(docs/configuration.md, docs/testing.md, ...) is held to the same: every proxy variable documented, the test
+command CI runs. And the README stays the path a new user walks: at most 500 lines, every link of it and of
+docs/ resolving, no internal issue numbers where a user reads.
 
 Run: tests/run.sh tests/test_readme.py
 """
@@ -14,13 +17,16 @@ from proxy.core.config import variables
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
 
 
-def section(title: str) -> str:
-    start = README.index(f"## {title}\n")
-    end = README.find("\n## ", start + 1)
-    return README[start:end]
+def section(title: str, page: str = "README.md") -> str:
+    """One `## title` section of the README, or of a page under docs/ the README links."""
+    text = README if page == "README.md" else (ROOT / page).read_text()
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
 
 
 def shell_blocks(text: str) -> list[str]:
@@ -112,16 +118,16 @@ def test_container_names_in_the_readme_exist():
 def test_every_proxy_variable_is_documented():
     names = set(variables())  # every variable Config.from_env reads: the one place the proxy reads any
     assert len(names) >= 40, names
-    proxy_table = section("Configuration")
+    proxy_table = section("Configuration", "docs/configuration.md")
     missing = [n for n in sorted(names) if f"`{n}`" not in proxy_table]
-    assert not missing, f"README's configuration section does not explain {missing}"
+    assert not missing, f"docs/configuration.md's Configuration does not explain {missing}"
 
 
 def test_ci_runs_the_readme_test_command():
-    later = [b.strip() for b in shell_blocks(section("Tests"))[1:]]
+    later = [b.strip() for b in shell_blocks(section("Tests", "docs/testing.md"))[1:]]
     assert all(b.startswith("tests/run.sh ") for b in later), later
     # The section's first command is the one test command; later ones are narrower runs of it.
-    command = shell_blocks(section("Tests"))[0].strip()
+    command = shell_blocks(section("Tests", "docs/testing.md"))[0].strip()
     assert command == "tests/run.sh"
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(rf"^exec {re.escape(command)}\b", ci, re.M)
@@ -159,3 +165,46 @@ def test_codex_standalone_search_switches_in_the_readme_are_the_tested_ones():
 def test_claude_code_variables_in_the_readme_are_the_tested_ones(name):
     claude = (ROOT / "tests" / "test_claude_code.py").read_text()
     assert f"`{name}" in section("Pointing clients at it") and name in claude
+
+
+# ---- the README as a user's path, and the pages it links ------------------------------------------------------
+
+def test_the_readme_is_the_short_path():
+    assert len(README.splitlines()) <= 500
+    for title in ("What it is", "Requirements", "Quick start", "Pointing clients at it", "Main settings",
+                  "Troubleshooting", "More documentation"):
+        assert f"\n## {title}\n" in README, title
+
+
+def slug(title: str) -> str:
+    """GitHub's anchor for a heading."""
+    return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return {slug(m[1]) for m in re.finditer(r"^#{1,6} (.+)$", text, re.M)}
+
+
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_link_resolves(page):
+    """Each relative link names a file that exists and, for a Markdown page, a heading it has: moving reference out
+    of the README must not leave a link behind."""
+    text = re.sub(r"```.*?```|`[^`\n]*`", "", page.read_text(), flags=re.S)
+    broken = []
+    for link in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", link):
+            continue
+        file, _, anchor = link.partition("#")
+        target = (page.parent / file).resolve() if file else page
+        if not target.exists() or (anchor and target.suffix == ".md" and anchor not in anchors(target)):
+            broken.append(link)
+    assert not broken, broken
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_issue_numbers_where_a_user_reads(page):
+    assert not re.findall(r"\bissues? \d+|\(#\d+\)", page.read_text(), flags=re.I)

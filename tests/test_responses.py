@@ -27,7 +27,8 @@ from proxy.apis.responses.request import (
     rewrite_tool_choice,
 )
 from proxy.backends.search import Hit, SearchOutcome
-from proxy.tools.web_search import NOT_EXECUTED, shaped
+from proxy.tools.base import NOT_EXECUTED
+from proxy.tools.web_search import shaped
 from standins import responses_wire as w
 from standins.rawhttp import raw_request
 from standins.searxng import result
@@ -147,7 +148,7 @@ def test_user_location_and_context_size(tool, results, language):
 ])
 def test_replayed_web_search_call_becomes_call_and_output(item, call_args, output_has):
     before = {"role": "user", "content": "hi"}
-    out = replay([before, item, {"role": "user", "content": "more"}], "web_search")
+    out = replay([before, item, {"role": "user", "content": "more"}], plan())
     assert out[0] == before and out[3] == {"role": "user", "content": "more"}
     call, result_ = out[1], out[2]
     assert call["type"] == "function_call" and call["name"] == "web_search" and json.loads(call["arguments"]) == call_args
@@ -190,7 +191,7 @@ def test_usage_sums_every_turn():
 
 def plan(**kw) -> ResponsesPlan:
     base = dict(name="web_search", hosted=True, results=5, language=None, allowed=(), sources=False,
-                client_tools=[HOSTED], client_tool_choice=None)
+                client_tools=[HOSTED], client_tool_choice=None, functions={"web_search": "web_search"})
     return ResponsesPlan(**{**base, **kw})
 
 

@@ -19,8 +19,8 @@ from proxy.apis.responses.output import call_action, pending_item, web_search_it
 from proxy.apis.responses.request import (
     ResponsesPlan,
     first_request,
+    hosted_functions,
     make_plan,
-    page_tools,
     replay,
     rewrite_tool_choice,
 )
@@ -49,7 +49,8 @@ def fresh_path() -> str:
 
 def plan(**kw) -> ResponsesPlan:
     base = dict(name="web_search", hosted=True, results=5, language=None, allowed=(), sources=False,
-                client_tools=[HOSTED], client_tool_choice=None, fetch_name="web_fetch", find_name="find_in_page")
+                client_tools=[HOSTED], client_tool_choice=None,
+                functions={"web_search": "web_search", "web_fetch": "web_fetch", "find_in_page": "find_in_page"})
     return ResponsesPlan(**{**base, **kw})
 
 
@@ -73,7 +74,8 @@ def fn(name, args, ident="fc_00ab") -> dict:
      ("web_fetch", "find_in_page")),                                          # web__fetch is not web_fetch
 ])
 def test_page_functions_are_offered_unless_the_client_has_them(tools, enabled, names):
-    assert page_tools(tools, enabled) == names
+    offered = {"web_search": "web_search"} | {n: n for n in names if n}
+    assert hosted_functions(tools, enabled) == offered
     p = make_plan({"input": "x", "tools": tools}, 5, fetch=enabled)
     sent = first_request({"input": "x", "tools": tools}, p)["tools"]
     ours = [t["name"] for t in sent if t not in tools]
@@ -83,7 +85,7 @@ def test_page_functions_are_offered_unless_the_client_has_them(tools, enabled, n
 
 def test_replay_only_requests_offer_no_page_functions():
     p = make_plan({"input": [{"type": "web_search_call", "action": {"type": "open_page", "url": "https://a/"}}]}, 5)
-    assert (p.hosted, p.fetch_name, p.find_name) == (False, None, None)
+    assert (p.hosted, p.functions) == (False, {})
 
 
 @pytest.mark.parametrize("choice,expected", [
@@ -187,7 +189,8 @@ FOUND = {"type": "web_search_call", "status": "completed",
      "web_search", {"query": ""}, "not kept"),
 ])
 def test_replayed_page_actions(item, names, function, arguments, output_has):
-    call, result = replay([item], "web_search", *names)
+    functions = {"web_search": "web_search"} | {n: n for n in names if n}
+    call, result = replay([item], plan(functions=functions))
     assert call["name"] == function and json.loads(call["arguments"]) == arguments
     assert result["call_id"] == call["call_id"] and output_has in result["output"]
 

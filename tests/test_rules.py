@@ -8,16 +8,16 @@ import json
 
 import pytest
 
-from proxy.apis.chat import rules as chat_wire
+from proxy.apis.chat import rules as chat_rules
 from proxy.backends.search import Hit, SearchOutcome, filter_domains
 from proxy.backends.searxng import outcome_from_response, search_url
 from proxy.core.codec import data_of, event_and_data, iter_frame_batches, iter_frames
 from proxy.core.config import Config
 from proxy.http.app import key_ok, outbound_headers, presented_key
 from proxy.tools import registry
-from proxy.tools.base import Backends
+from proxy.tools.base import NOT_EXECUTED, Backends
 from proxy.tools.session import ToolSession
-from proxy.tools.web_search import NOT_EXECUTED, format_for_model, parse_arguments
+from proxy.tools.web_search import format_for_model, parse_arguments
 from proxy.transport.decoding import Decoder
 from proxy.transport.http1 import end_to_end_headers
 from proxy.transport.vllm import UpstreamError, gateway_status
@@ -41,17 +41,17 @@ CLIENT_WEB_SEARCH = {"type": "function", "function": {"name": "web_search", "par
     ({"messages": USER}, False, False),
 ])
 def test_web_search_is_injected(body, enabled, expected):
-    assert (chat_wire.WEB_SEARCH in chat_wire.tools_to_inject(body, search=enabled, fetch=False)) is expected
+    assert ("web_search" in chat_rules.tools_to_inject(body, ("web_search",) if enabled else ())) is expected
 
 
 def test_with_tools_keeps_every_other_field():
     body = {"messages": USER, "tools": [CLIENT_TOOL], "temperature": 0.3, "chat_template_kwargs": {"enable_thinking": False},
             "structured_outputs": {"regex": "x"}, "stream_options": {"include_usage": True}, "vendor_x": [1]}
-    out = chat_wire.with_tools(body, (chat_wire.WEB_SEARCH,))
-    assert out["tools"] == [CLIENT_TOOL, chat_wire.WEB_SEARCH_TOOL]
+    out = chat_rules.with_tools(body, ("web_search",))
+    assert out["tools"] == [CLIENT_TOOL, chat_rules.chat_tool("web_search")]
     assert {k: v for k, v in out.items() if k != "tools"} == {k: v for k, v in body.items() if k != "tools"}
     assert body["tools"] == [CLIENT_TOOL]  # the client's request is not mutated
-    fn = chat_wire.WEB_SEARCH_TOOL["function"]
+    fn = chat_rules.chat_tool("web_search")["function"]
     assert fn["parameters"]["required"] == ["query"] and fn["parameters"]["properties"]["query"]["type"] == "string"
 
 
@@ -68,7 +68,7 @@ def test_with_tools_keeps_every_other_field():
     ({"messages": USER, "tool_choice": 3}, "tool_choice"),
 ])
 def test_validate_rejects(body, param):
-    problem = chat_wire.validate(body)
+    problem = chat_rules.validate(body)
     assert problem is not None and problem[1] == param
 
 
@@ -77,7 +77,7 @@ def test_validate_rejects(body, param):
     {"messages": USER, "stream": True, "tools": [CLIENT_TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}},
 ])
 def test_validate_accepts(body):
-    assert chat_wire.validate(body) is None
+    assert chat_rules.validate(body) is None
 
 
 @pytest.mark.parametrize("arguments, query, code", [
@@ -250,14 +250,14 @@ def test_add_usage_sums_turns():
     a = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "completion_tokens_details": {"reasoning_tokens": 2}}
     b = {"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 37, "completion_tokens_details": {"reasoning_tokens": 1},
          "prompt_tokens_details": None}
-    total = chat_wire.add_usage(chat_wire.add_usage(None, a), b)
+    total = chat_rules.add_usage(chat_rules.add_usage(None, a), b)
     assert total == {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52,
                      "completion_tokens_details": {"reasoning_tokens": 3}, "prompt_tokens_details": None}
-    assert chat_wire.add_usage(total, None) is total
+    assert chat_rules.add_usage(total, None) is total
     # The prefix cache's share adds up over the turns too (--enable-prompt-tokens-details).
     c = {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51, "prompt_tokens_details": {"cached_tokens": 32}}
     d = {**c, "prompt_tokens_details": {"cached_tokens": 48}}
-    assert chat_wire.add_usage(chat_wire.add_usage(None, c), d)["prompt_tokens_details"] == {"cached_tokens": 80}
+    assert chat_rules.add_usage(chat_rules.add_usage(None, c), d)["prompt_tokens_details"] == {"cached_tokens": 80}
 
 
 def test_tool_results_answer_every_call_in_order():
@@ -265,7 +265,7 @@ def test_tool_results_answer_every_call_in_order():
              {"id": "b", "function": {"name": "get_weather", "arguments": "{}"}},
              {"id": "c", "function": {"name": "web_search", "arguments": "{}"}}]
     outs = [SearchOutcome("x", "empty", message="none x"), SearchOutcome("y", "empty", message="none y")]
-    msgs = chat_wire.tool_results(calls, outs)
+    msgs = chat_rules.tool_results(calls, outs)
     assert [m["tool_call_id"] for m in msgs] == ["a", "b", "c"]
     assert msgs[0]["content"] == "none x" and msgs[2]["content"] == "none y"
     assert msgs[1]["content"] == NOT_EXECUTED
@@ -275,14 +275,14 @@ def test_assistant_turn_keeps_reasoning_and_drops_response_only_fields():
     msg = {"role": "assistant", "content": None, "refusal": None, "annotations": None, "audio": None,
            "function_call": None, "reasoning": "think", "tool_calls": [
                {"id": "t1", "type": "function", "function": {"name": "web_search", "arguments": '{"query": "q"}'}}]}
-    assert chat_wire.assistant_turn(msg) == {"role": "assistant", "content": None, "reasoning": "think", "tool_calls": [
+    assert chat_rules.assistant_turn(msg) == {"role": "assistant", "content": None, "reasoning": "think", "tool_calls": [
         {"id": "t1", "type": "function", "function": {"name": "web_search", "arguments": '{"query": "q"}'}}]}
 
 
 def test_next_request_forces_web_search_only_once():
     forced = {"type": "function", "function": {"name": "web_search"}}
-    assert chat_wire.next_request({"messages": [], "tool_choice": forced}, USER)["tool_choice"] == "auto"
-    assert chat_wire.next_request({"messages": [], "tool_choice": "required"}, USER)["tool_choice"] == "required"
+    assert chat_rules.next_request({"messages": [], "tool_choice": forced}, USER)["tool_choice"] == "auto"
+    assert chat_rules.next_request({"messages": [], "tool_choice": "required"}, USER)["tool_choice"] == "required"
 
 
 @pytest.mark.parametrize("headers, expected", [

@@ -1,4 +1,4 @@
-"""A stack shared by a team (README "Sharing the stack"): people's keys from PROXY_KEYS_FILE made by scripts/keys.py,
+"""A stack shared by a team (docs/operations.md, "Sharing the stack"): people's keys from PROXY_KEYS_FILE made by scripts/keys.py,
 their quotas, usage per key and day, and the fair queue, through the real proxy under gunicorn with two workers
 in front of the paced vLLM stand-in (standins/paced_backend.py), which serves one sequence at a time where a test
 says so, as vLLM does with --max-num-seqs 1.

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 from proxy.core import codec
-from proxy.tools.sources import CITE_NOTE, Source, Sources, numbered  # noqa: F401 (the APIs' and tests' names for them)
+from proxy.tools.sources import Source, Sources
 
 # [3], [3, 4], [3][4] (two markers). Three digits at most: a request never has a thousand sources, and "[2026]"
 # in a sentence is a year, not a citation.

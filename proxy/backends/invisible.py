@@ -44,7 +44,7 @@ def strip_invisible(text: str) -> tuple[str, int]:
     Kept: one ZWJ between two emoji (👩‍💻), one ZWJ or ZWNJ between two letters of a non-Latin script (Persian
     می‌خواهم, Devanagari), one VS15/VS16 after a symbol or emoji (❤️), and the England, Scotland and Wales flags.
     Everything else of the list above goes, including soft hyphens, CJK ideographic variation selectors and
-    Mongolian free variation selectors (a reader sees no difference; README, Security)."""
+    Mongolian free variation selectors (a reader sees no difference; docs/web-tools.md, Security)."""
     removed = 0
 
     def one(m: re.Match) -> str:

@@ -39,18 +39,40 @@ def pdf_to_text(data: bytes, max_chars: int | None = None, cpu_budget: float | N
     written or `cpu_budget` seconds of CPU are spent (then `cut`); raises PdfRefused for what cannot be read."""
     # pdfminer warns per odd object ("Ignoring (part of) ToUnicode map") and per page on loud PDFs.
     logging.getLogger("pdfminer").setLevel(logging.ERROR)
-    from pdfminer.converter import TextConverter
-    from pdfminer.layout import LAParams
-    from pdfminer.pdfdocument import PDFDocument, PDFEncryptionError, PDFPasswordIncorrect
-    from pdfminer.pdfinterp import PDFPageInterpreter, PDFResourceManager
-    from pdfminer.pdfpage import PDFPage
-    from pdfminer.pdfparser import PDFParser, PDFSyntaxError
     from pdfminer.pdftypes import resolve1
-    from pdfminer.psparser import PSEOF, PSException
 
     started = time.process_time()
+    doc = _document(data)
+    title = _title(doc)
+    total = _page_count(doc, resolve1)
+    limit = max_chars + max_chars // 4 if max_chars is not None else None
+    pages, read, blank, cut = _read_pages(doc, lambda so_far: bool(  # whether to stop before the next page
+        (limit is not None and sum(map(len, so_far)) >= limit)
+        or (cpu_budget is not None and time.process_time() - started > cpu_budget)))
+    total = max(total, read)
+    if read == 0:
+        raise PdfRefused("unsupported_content_type", "the PDF has no pages the proxy can read.")
+    if blank == read and not cut:
+        raise PdfRefused("unsupported_content_type", f"the PDF's {total} page{'s' if total != 1 else ''} hold no "
+                         "text, only images (a scan?); web_fetch does not read text in images.")
+    text = "\n\n".join(pages)
+    if limit is not None and len(text) > limit:
+        text, cut = text[:limit], True
+    head = f"PDF, {total} page{'s' if total != 1 else ''}"
+    if cut or read < total:
+        cut = True
+        head += f"; the text of {'page 1' if read == 1 else f'pages 1-{read}'} follows, the rest was cut short"
+    return title, head + ".\n\n" + text, cut, total
+
+
+def _document(data: bytes):
+    """The parsed PDF, or PdfRefused saying why it cannot be read (encrypted, cut off, not a PDF)."""
+    from pdfminer.pdfdocument import PDFDocument, PDFEncryptionError, PDFPasswordIncorrect
+    from pdfminer.pdfparser import PDFParser, PDFSyntaxError
+    from pdfminer.psparser import PSEOF, PSException
+
     try:
-        doc = PDFDocument(PDFParser(io.BytesIO(data)))
+        return PDFDocument(PDFParser(io.BytesIO(data)))
     except (PDFPasswordIncorrect, PDFEncryptionError) as e:
         raise PdfRefused("unsupported_content_type", "the PDF is encrypted and needs a password to be read "
                          f"({type(e).__name__}).") from None
@@ -60,21 +82,27 @@ def pdf_to_text(data: bytes, max_chars: int | None = None, cpu_budget: float | N
                          "WEB_FETCH_MAX_BYTES is read only in part, and a PDF cannot be read without its end).") from None
     except (PDFSyntaxError, PSException, ValueError, KeyError, TypeError) as e:
         raise PdfRefused("unsupported_content_type", f"the file is not a PDF the proxy can read ({e}).") from None
-    title = _title(doc)
-    total = _page_count(doc, resolve1)
+
+
+def _read_pages(doc, enough) -> tuple[list[str], int, int, bool]:
+    """(each page's text after its "[page N]" line, pages read, blank ones among them, cut): page by page until
+    `enough(pages so far)` says stop (at least one page first); a broken page costs that page, a broken page tree the rest."""
+    from pdfminer.converter import TextConverter
+    from pdfminer.layout import LAParams
+    from pdfminer.pdfinterp import PDFPageInterpreter, PDFResourceManager
+    from pdfminer.pdfpage import PDFPage
+    from pdfminer.psparser import PSException
+
     rsrc = PDFResourceManager(caching=True)
     out = io.StringIO()
     device = TextConverter(rsrc, out, laparams=LAParams())
     interpreter = PDFPageInterpreter(rsrc, device)
-    limit = max_chars + max_chars // 4 if max_chars is not None else None
     pages: list[str] = []
-    read = 0
+    read = blank = 0
     cut = False
-    blank = 0
     try:
         for number, page in enumerate(PDFPage.create_pages(doc), 1):
-            if pages and ((limit is not None and sum(map(len, pages)) >= limit) or (
-                    cpu_budget is not None and time.process_time() - started > cpu_budget)):
+            if pages and enough(pages):
                 cut = True
                 break
             out.seek(0)
@@ -96,20 +124,7 @@ def pdf_to_text(data: bytes, max_chars: int | None = None, cpu_budget: float | N
         cut = True  # the page tree broke part way (often a file cut by WEB_FETCH_MAX_BYTES): what was read stays
     finally:
         device.close()
-    total = max(total, read)
-    if read == 0:
-        raise PdfRefused("unsupported_content_type", "the PDF has no pages the proxy can read.")
-    if blank == read and not cut:
-        raise PdfRefused("unsupported_content_type", f"the PDF's {total} page{'s' if total != 1 else ''} hold no "
-                         "text, only images (a scan?); web_fetch does not read text in images.")
-    text = "\n\n".join(pages)
-    if limit is not None and len(text) > limit:
-        text, cut = text[:limit], True
-    head = f"PDF, {total} page{'s' if total != 1 else ''}"
-    if cut or read < total:
-        cut = True
-        head += f"; the text of {'page 1' if read == 1 else f'pages 1-{read}'} follows, the rest was cut short"
-    return title, head + ".\n\n" + text, cut, total
+    return pages, read, blank, cut
 
 
 def _tidy(text: str) -> str:

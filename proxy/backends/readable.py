@@ -278,7 +278,25 @@ def _weight(el) -> int:
 
 
 def main_content(body):
-    """The element (a new <div> holding the picked elements when siblings join it) that is the page's main content."""
+    """The element (a new <div> holding the picked elements when siblings join it) that is the page's main content:
+    boilerplate dropped, paragraphs scored into their boxes as readability does, the best box widened by the page's
+    own hints (boxes of equal standing, an element named as the article, the page's main element), then its
+    siblings that belong with it."""
+    _drop_boilerplate(body)
+    hinted = [el for el in body.xpath("//*[@itemprop='articleBody' or @class or @id]")
+              if el.get("itemprop") == "articleBody" or _has(ARTICLE_HINT, f"{el.get('class') or ''} {el.get('id') or ''}")]
+    scores = _paragraph_scores(body)
+    if not scores:
+        return body
+    best, best_score, densities = _best_scored(scores)
+    best = _common_box_of_near(best, best_score, scores)
+    best = _named_article(best, best_score, hinted, scores)
+    best = _page_main(best)
+    return _with_siblings(best, best_score, scores, densities)
+
+
+def _drop_boilerplate(body) -> None:
+    """What the page marks as boilerplate, out of the tree."""
     # What the page marks as boilerplate goes first: readability's unlikely candidates, by class and id, and the
     # elements and roles that are navigation; but never one holding most of the page's text, which is a wrapper
     # whose class happens to say "header-style" or "sidebar-enabled" (readability retries without the rule instead).
@@ -303,8 +321,10 @@ def main_content(body):
         # prose in it, it is the article's container, not navigation.
         if len(text) < most and not (el.tag in ("nav", "header") and _prose(el, text, linked)):
             _drop_counted(el, linked)
-    hinted = [el for el in body.xpath("//*[@itemprop='articleBody' or @class or @id]")
-              if el.get("itemprop") == "articleBody" or _has(ARTICLE_HINT, f"{el.get('class') or ''} {el.get('id') or ''}")]
+
+
+def _paragraph_scores(body) -> dict:
+    """Each box's score from the paragraphs in it (and half of its children boxes' paragraphs), readability's way."""
     scores: dict = {}
     for p in body.iter("p", "pre", "td", "blockquote", "div", "section", "article", "font", "span"):
         if p.tag in ("span", "font") and (p.getparent() is None or p.getparent().tag in ("p", "span", "font", "a")):
@@ -330,8 +350,11 @@ def main_content(body):
             if ancestor not in scores:
                 scores[ancestor] = TAG_WEIGHT.get(ancestor.tag, 0) + _weight(ancestor)
             scores[ancestor] += score * share
-    if not scores:
-        return body
+    return scores
+
+
+def _best_scored(scores: dict):
+    """(the best box, its score, each box's link density), scores turned final: discounted by link density."""
     best, best_score = None, -1e9
     densities: dict = {}
     for el, score in scores.items():
@@ -342,6 +365,10 @@ def main_content(body):
         if final > best_score:
             best, best_score = el, final
     assert best is not None
+    return best, best_score, densities
+
+
+def _common_box_of_near(best, best_score: float, scores: dict):
     # Readability.js's rule for an article split into boxes of equal standing (one per section or card): when three
     # of the top five score near the best, their nearest common box is the content.
     near = [el for el, sc in sorted(scores.items(), key=lambda kv: -kv[1])[:5] if el is not best and sc >= 0.75 * best_score]
@@ -352,6 +379,10 @@ def main_content(body):
                     best = anc
                     scores[best] = max(scores.get(best, 0), best_score)
                 break
+    return best
+
+
+def _named_article(best, best_score: float, hinted: list, scores: dict):
     # An element the page names as its article wins when it holds most of what scoring found (a paywall teaser or a
     # related-articles rail can also carry such a class, hence the share).
     best_len = len(best.text_content())
@@ -373,6 +404,10 @@ def main_content(body):
         if box is not None and box.tag not in ("html",):
             best = box
             scores[best] = max(scores.get(best, 0), best_score)
+    return best
+
+
+def _page_main(best):
     # The page's own main element, when the pick lies inside it and it is prose, not a list of links: documentation
     # generators mark it reliably (Sphinx's role="main", rustdoc's #main-content, <main>).
     for anc in best.iterancestors():
@@ -380,6 +415,11 @@ def main_content(body):
             if _link_density(anc) < 0.25 and len(best.text_content()) < 0.5 * len(anc.text_content()):
                 best = anc
             break
+    return best
+
+
+def _with_siblings(best, best_score: float, scores: dict, densities: dict):
+    """The pick, or a <div> of it and the siblings that belong with it."""
     parent = best.getparent()
     if parent is None or best.tag in ("body", "article", "main"):
         return _clean(best, scores)

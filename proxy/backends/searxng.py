@@ -20,7 +20,7 @@ log = logging.getLogger("proxy.search")
 
 USER_AGENT = "coding-stack-proxy/1.0 (web_search tool of a self-hosted LLM stack)"
 # SearXNG's bot limiter rejects requests without a browser-like Accept, Accept-Encoding and
-# Accept-Language, so send all three; the limiter is explained in the README.
+# Accept-Language, so send all three; the limiter is explained in docs/web-tools.md.
 REQUEST_HEADERS = (
     ("Accept", "application/json, */*;q=0.5"),
     ("Accept-Encoding", "gzip, deflate"),

@@ -12,7 +12,7 @@ A store that does not answer within STATE_TIMEOUT (one socket deadline, no retri
 circuit: for the next few seconds (RETRY_FIRST, doubling to RETRY_MAX) every call raises StateDown at once without
 asking it, so a dead store costs one deadline per window, not one per call. One log line when it goes down and one
 when it is back; on_error(use, op) and on_up(bool) tell the metrics. What each use does with StateDown is its own
-decision (README, "Shared state"): the caches fall back to their per-process copy, a ref id lookup says so to the
+decision (docs/operations.md, "Shared state"): the caches fall back to their per-process copy, a ref id lookup says so to the
 model, the cool-downs stay per process.
 """
 from __future__ import annotations

@@ -109,7 +109,7 @@ class Config:
     # the rest wait in the proxy's fair queue, taken round-robin across keys. 0: no queue, vLLM's own FIFO.
     max_num_seqs: int = setting("MAX_NUM_SEQS", 0, whole)
     # Which key the fair queue serves next: "round_robin" (the key served longest ago) or "tokens" (the key that used
-    # the fewest tokens today); README "Sharing the stack" has the two measured side by side.
+    # the fewest tokens today); docs/operations.md, "Sharing the stack" has the two measured side by side.
     queue_policy: str = setting("QUEUE_POLICY", "round_robin", lowered)
     # Answer unknown model names on /v1/messages (Claude Code's claude-...) with the served model.
     anthropic_any_model: bool = setting("ANTHROPIC_ANY_MODEL", False, flag)
@@ -142,7 +142,7 @@ class Config:
     web_fetch_max_per_turn: int = setting("WEB_FETCH_MAX_PER_TURN", 10, whole)
     web_fetch_max_per_request: int = setting("WEB_FETCH_MAX_PER_REQUEST", 50, whole)
     # "given": web_fetch (and Codex's open) reads only URLs the conversation gave it, never one the model built
-    # (README, Security); "any" lets the model fetch any URL. Links of pages read are followed at most
+    # (docs/web-tools.md, Security); "any" lets the model fetch any URL. Links of pages read are followed at most
     # WEB_FETCH_LINK_DEPTH pages deep, WEB_FETCH_LINK_BUDGET times from one given URL and WEB_FETCH_LINKS_PER_HOUR
     # times in all, per client (its key or address) over an hour: agents make many requests, and each would
     # otherwise start a fresh budget (issue 39).
@@ -175,7 +175,7 @@ class Config:
     brave_search_mode: str = setting("BRAVE_SEARCH_MODE", "fallback", lowered)
     # Brave's Web Search endpoint; another only for a relay in front of it (or the tests' stand-in).
     brave_search_url: str = setting("BRAVE_SEARCH_URL", "https://api.search.brave.com/res/v1/web/search")
-    # Where the proxy's state lives (README, "Shared state"): empty keeps it in each process; redis://host:port/db
+    # Where the proxy's state lives (docs/operations.md, "Shared state"): empty keeps it in each process; redis://host:port/db
     # (a Valkey or Redis server; rediss:// for TLS) shares the caches, Codex's ref ids and the SearXNG cool-downs
     # between workers and replicas, and the team's usage, quotas and fair queue live there instead of PROXY_STATE_DB.
     # Secret: the URL may carry the server's password.
@@ -328,5 +328,5 @@ def variable(field_name: str) -> str:
 
 
 def variables() -> list[str]:
-    """Every environment variable Config reads, in its order (the README documents each)."""
+    """Every environment variable Config reads, in its order (docs/configuration.md documents each)."""
     return [name for f in fields(Config) for name in f.metadata["env"]]

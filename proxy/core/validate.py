@@ -2,7 +2,7 @@
 list where a string belongs, a number where a list belongs) raises Invalid, which each API
 answers as a 400 in its own error shape, so nothing further in reads a type it does not expect.
 
-Used by the handlers (chat.py, messages.py, responses.py); pure, not run on its own. Fields the
+Used by the API handlers (proxy/apis/*/); pure, not run on its own. Fields the
 proxy only relays are not checked here: vLLM judges those and its 400 is relayed.
 """
 from __future__ import annotations

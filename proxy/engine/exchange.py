@@ -18,7 +18,7 @@ from proxy.core.config import Config
 from proxy.core.errors import anthropic_error_bytes, as_anthropic_error, error_for_path, sse_error
 from proxy.core.routes import route_of
 from proxy.engine.admission import Seat, queues
-from proxy.engine.events import BACKEND_RETRIED, CLIENT_LEFT, TOOLS_RAN, URL_REFUSED, Events
+from proxy.engine.events import BackendRetried, ClientLeft, Events, UrlRefused
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
 from proxy.tools.client_reads import client_of
@@ -121,7 +121,7 @@ class ClientWatch:
 
     def _left(self, aborted: int):
         if self._events is not None:
-            self._events.emit(CLIENT_LEFT, self._environ, aborted)
+            self._events.emit(self._environ, ClientLeft(aborted))
 
     def detach(self, call: Abortable):
         self._calls.discard(call)
@@ -240,23 +240,26 @@ class Exchange:
         self.watch = ClientWatch(self.environ, self.services.events)
         return self.watch
 
-    def emit(self, name: str, payload=None) -> None:
+    def emit(self, event) -> None:
         """Tell the worker's observers (proxy/engine/events.py) what happened to this request."""
-        self.services.events.emit(name, self.environ, payload)
+        self.services.events.emit(self.environ, event)
 
     def new_ledger(self, parts) -> Ledger:
         """The ledger of the URLs this request may read, from its conversation's parts, on its client's memory."""
         return Ledger(Rules.of(self.cfg), parts, self.services.reads, client_of(self.environ))
 
-    def session(self) -> ToolSession:
+    def session(self, max_pages: int | None = None) -> ToolSession:
+        """The request's ToolSession, its page caps WEB_FETCH_MAX_PER_TURN and _PER_REQUEST unless `max_pages`
+        gives one for both (Codex's alpha search: ALPHA_SEARCH_MAX_PAGES)."""
         cfg = self.cfg
+        per_turn, per_request = ((cfg.web_fetch_max_per_turn, cfg.web_fetch_max_per_request) if max_pages is None
+                                 else (max_pages, max_pages))
         # The watch starts after the dialect made its session (loop.run), so the session asks for it per call.
         # No ledger (a handler that gathered nothing) fetches nothing but search results: it fails closed.
-        return ToolSession(self.services.tool_backends, cfg.max_search_iter, cfg.web_fetch_max_per_turn,
-                           cfg.web_fetch_max_per_request, watch=lambda: self.watch,
-                           on_round=lambda outcomes: self.emit(TOOLS_RAN, outcomes),
+        return ToolSession(self.services.tool_backends, cfg.max_search_iter, per_turn, per_request,
+                           watch=lambda: self.watch,
                            ledger=self.ledger if self.ledger is not None else self.new_ledger([]),
-                           on_refused=lambda reason: self.emit(URL_REFUSED, reason))
+                           on_refused=lambda reason: self.emit(UrlRefused(reason)))
 
     def queue_seat(self, method: str = "POST", target: str | None = None) -> Seat | None:
         """This request's ticket for its next call to vLLM (taken now if it has none), or None when the call does
@@ -312,7 +315,7 @@ class Exchange:
 
     def _retrying(self, method: str, target: str, why: str, reason: str) -> None:
         log.warning("%s %s: %s; trying once more", method, target.split("?", 1)[0], why)
-        self.emit(BACKEND_RETRIED, reason)
+        self.emit(BackendRetried(reason))
 
     def post(self, path: str, payload: dict) -> Call:
         """POST a JSON body to vLLM for one turn of the search loop."""

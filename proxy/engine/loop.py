@@ -22,9 +22,10 @@ from flask import Response
 
 from proxy.core import codec
 from proxy.core.codec import comment
-from proxy.engine.events import CAP_HIT, ROUND_DONE
+from proxy.engine.events import CapHit, RoundDone
 from proxy.engine.exchange import Call, ClientWatch, Exchange, response_headers
 from proxy.runtime.concurrency import run_with_keepalive
+from proxy.tools.base import Request
 from proxy.tools.session import ToolSession
 from proxy.tools.sources import Sources
 from proxy.transport.vllm import UpstreamError, UpstreamResponse, gateway_status
@@ -56,7 +57,10 @@ class Dialect(Protocol):
     def own_calls(self, turn) -> list:
         """The turn's calls of the proxy's own tools; none means the turn is the answer."""
 
-    def run_tools(self, calls: list) -> list:
+    def requests(self, calls: list) -> list[Request]:
+        """Each call parsed, once per round, as the session runs it (registry.parse, with the client's limits)."""
+
+    def run_tools(self, calls: list, requests: list[Request]) -> list:
         """Run one round on self.session (blocking; the calls of one round run together)."""
 
     def error_reply(self, status: int, message: str, type_: str | None = None) -> Response:
@@ -96,7 +100,7 @@ class StreamDialect(Dialect, Protocol):
     def refused(self, status: int, raw: bytes) -> bytes:
         """A later turn that vLLM answered with an error (or without a stream), as the stream's end."""
 
-    def keepalive(self, calls: list) -> bytes:
+    def keepalive(self, requests: list[Request]) -> bytes:
         """What keeps the client's idle timeouts away while a round runs; usually searching_comment."""
 
 
@@ -234,13 +238,14 @@ def _rounds(ex: Exchange, d: AnyDialect, call, watch: ClientWatch):
                 yield from d.finish(turn)
                 return
             if session.exhausted:
-                ex.emit(CAP_HIT, "search_rounds")
+                ex.emit(CapHit("search_rounds"))
                 yield d.error(422, session.cap_message(), CAP_TYPE)
                 return
             yield from d.announce(calls)
+            searched = session.searches
             outcomes = yield from _run_round(ex, d, calls, watch)
             if outcomes is not None:
-                ex.emit(ROUND_DONE, outcomes)
+                ex.emit(RoundDone(tuple(outcomes), session.searches - searched))
             if watch.gone or outcomes is None:
                 return
             yield from d.record(turn, calls, outcomes)
@@ -264,11 +269,12 @@ def _wait_for_seat(ex: Exchange, d: StreamDialect, watch: ClientWatch):
 
 def _run_round(ex: Exchange, d: AnyDialect, calls: list, watch: ClientWatch):
     """A generator running one round of the proxy's tool calls, returning their outcomes (None when a stream's
-    client left meanwhile); a stream is kept alive while it runs."""
+    client left meanwhile); a stream is kept alive while it runs. Each call is parsed once, here."""
+    requests = d.requests(calls)
     if not d.stream:
-        return d.run_tools(calls)
-    keepalive = cast(StreamDialect, d).keepalive(calls)
-    return (yield from run_with_keepalive(lambda: d.run_tools(calls), ex.cfg.keepalive_interval, keepalive,
+        return d.run_tools(calls, requests)
+    keepalive = cast(StreamDialect, d).keepalive(requests)
+    return (yield from run_with_keepalive(lambda: d.run_tools(calls, requests), ex.cfg.keepalive_interval, keepalive,
                                           should_stop=lambda: watch.gone))
 
 

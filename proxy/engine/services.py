@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from proxy.backends.cache import TTLCache
 from proxy.backends.fetcher import Fetcher
 from proxy.backends.search import SearchBackend
-from proxy.backends.state import State, StateDown
+from proxy.backends.state import MemoryState, State, StateDown  # noqa: F401 (MemoryState: for the APIs)
 from proxy.core import codec
 from proxy.core.config import Config
 from proxy.engine.admission import Queue

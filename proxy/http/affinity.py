@@ -1,4 +1,4 @@
-"""The session key the proxy sends vLLM's router as `X-Session-ID` on every request (README "Scaling past one card").
+"""The session key the proxy sends vLLM's router as `X-Session-ID` on every request (docs/operations.md, "Scaling past one card").
 
 vllm-router's `consistent_hash` policy sends every request with the same X-Session-ID to the same vLLM worker, and
 an agent session that stays on one worker has its growing prompt in that worker's prefix cache: the next turn is

@@ -20,12 +20,12 @@ from proxy.core import codec, routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
 from proxy.engine.admission import KEY_NAME
-from proxy.engine.events import REQUEST_ENDED, TOOLS_RAN, URL_REFUSED
 from proxy.engine.exchange import Exchange
+from proxy.engine.services import Services
 from proxy.http import affinity
-from proxy.http.flow import RequestFlow, access_log
+from proxy.http.flow import RequestFlow
 from proxy.http.team import Team, key_ok, presented_key  # noqa: F401 (the key helpers' old home: tests/test_rules.py)
-from proxy.http.wiring import build_services, build_store
+from proxy.http.wiring import build_services, build_store, observe_team
 from proxy.observe import metrics
 from proxy.transport.http1 import end_to_end_headers
 
@@ -81,23 +81,7 @@ def create_app(cfg: Config) -> Flask:
     team = Team(cfg, services.queue.store if services.queue is not None else build_store(cfg))
     _install_guards(app, cfg, team)
 
-    @app.route(routes.PROXY_HEALTH)
-    def proxy_health():
-        # The proxy's own liveness, independent of vLLM's four-minute boot.
-        return Response('{"status":"ok"}', mimetype="application/json")
-
-    @app.route(routes.PROXY_SEARCH_HEALTH)
-    def search_health():
-        # Which SearXNG instances are up and which engines fail, in this worker (README "When engines are blocked").
-        return Response(codec.dumps(services.search_health()), mimetype="application/json")
-
-    @app.route(routes.PROXY_USAGE)
-    def usage():
-        # Per key name and UTC day (README "Sharing the stack"); people's keys may not read each other's figures.
-        if team.keys is not None and request.environ.get(KEY_NAME) != ADMIN:
-            return error_for_path(routes.PROXY_USAGE, 403, "GET /proxy/usage needs the admin key (PROXY_API_KEY).",
-                                  "permission_error")
-        return team.usage()
+    _install_own_routes(app, services, team)
 
     session_secret = affinity.install_secret(cfg.session_id_secret)
 
@@ -137,13 +121,32 @@ def create_app(cfg: Config) -> Flask:
         return exchange().relay()
 
     metrics.install(app, cfg)  # GET /proxy/metrics
-    services.events.subscribe(REQUEST_ENDED, access_log)
-    services.events.subscribe(REQUEST_ENDED, team.request_ended)
-    services.events.subscribe(TOOLS_RAN, team.tools_ran)
-    services.events.subscribe(URL_REFUSED, team.url_refused)
+    observe_team(services.events, team)
     # Flask's documented way to add WSGI middleware; RequestFlow outermost, so its times are the whole request's.
     app.wsgi_app = RequestFlow(WholePath(app.wsgi_app), services.events)  # type: ignore[method-assign]
     return app
+
+
+def _install_own_routes(app: Flask, services: Services, team: Team) -> None:
+    """The proxy's own answers: its liveness, the search failover's health, a team's usage."""
+
+    @app.route(routes.PROXY_HEALTH)
+    def proxy_health():
+        # The proxy's own liveness, independent of vLLM's four-minute boot.
+        return Response('{"status":"ok"}', mimetype="application/json")
+
+    @app.route(routes.PROXY_SEARCH_HEALTH)
+    def search_health():
+        # Which SearXNG instances are up and which engines fail, in this worker (docs/web-tools.md, "When engines are blocked").
+        return Response(codec.dumps(services.search_health()), mimetype="application/json")
+
+    @app.route(routes.PROXY_USAGE)
+    def usage():
+        # Per key name and UTC day (docs/operations.md, "Sharing the stack"); people's keys may not read each other's figures.
+        if team.keys is not None and request.environ.get(KEY_NAME) != ADMIN:
+            return error_for_path(routes.PROXY_USAGE, 403, "GET /proxy/usage needs the admin key (PROXY_API_KEY).",
+                                  "permission_error")
+        return team.usage()
 
 
 def _install_guards(app: Flask, cfg: Config, team: Team) -> None:

@@ -1,6 +1,6 @@
 """RequestFlow: the one WSGI wrapper around the whole app that times each request (arrival, first body byte, end)
 and counts what its body sent, then tells the worker's event hub the request ended (engine/events.py's
-REQUEST_ENDED); the access log and the metrics subscribe. Installed by create_app; not run on its own
+RequestEnded, with what the request's events added up to); the access log and the metrics subscribe. Installed by create_app; not run on its own
 (tests/test_faults.py reads its log line, tests/test_metrics.py its counts).
 """
 from __future__ import annotations
@@ -10,9 +10,8 @@ import time
 
 from proxy.core import routes
 from proxy.engine.admission import ANONYMOUS, KEY_NAME, QUEUED
-from proxy.engine.events import REQUEST_ENDED, Events, Finished
+from proxy.engine.events import Events, RequestEnded, tally
 from proxy.http.team import SCAN
-from proxy.http.wiring import SEARCHES
 from proxy.observe.usage import UsageScan
 
 log = logging.getLogger("proxy")
@@ -27,7 +26,6 @@ class RequestFlow:
 
     def __call__(self, environ, start_response):
         started = time.monotonic()
-        environ[SEARCHES] = 0
         if _answers_from_the_model(environ):
             # Every model answer is read for its prompt and cached tokens (the metrics, the access log); a keys-file
             # key's request gets a scan of its own from the team's check, which serves both.
@@ -87,14 +85,16 @@ class _Body:
             if hasattr(self._body, "close"):
                 self._body.close()
         finally:
+            seen = tally(self._environ)
             scan = self._environ.get(SCAN)
             found = scan.result() if scan is not None else None
             usage = (found["prompt_tokens"], found["cached_tokens"]) if found and found["prompt_tokens"] else None
-            self._events.emit(REQUEST_ENDED, self._environ, Finished(
-                self._status[0], self._started, self._first, time.monotonic(), self._sent, self._complete, usage))
+            self._events.emit(self._environ, RequestEnded(
+                self._status[0], self._started, self._first, time.monotonic(), self._sent, self._complete,
+                seen.searches, seen.client_left, usage))
 
 
-def access_log(environ: dict, done: Finished) -> None:
+def access_log(environ: dict, done: RequestEnded) -> None:
     """One line per request, written when its body has been sent; never prompt or completion text. A model's answer
     adds its prompt tokens and how many vLLM's prefix cache served (`prompt=- cached=-` when it reported none)."""
     prompt, cached = done.usage if done.usage is not None else ("-", "-")
@@ -103,5 +103,5 @@ def access_log(environ: dict, done: Finished) -> None:
     extra = (f" key={name}" if name and name != ANONYMOUS else "") + (
         f" queued={environ[QUEUED]:.2f}s" if QUEUED in environ else "")
     log.info("%s %s %s %.0fms searches=%d bytes=%d prompt=%s cached=%s%s", environ.get("REQUEST_METHOD"),
-             environ.get("PATH_INFO"), done.status, (done.ended - done.started) * 1000, environ.get(SEARCHES, 0),
+             environ.get("PATH_INFO"), done.status, (done.ended - done.started) * 1000, done.searches,
              done.sent, prompt, cached, extra)

@@ -22,11 +22,10 @@ from proxy.core import codec, routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
 from proxy.engine.admission import ANONYMOUS, KEY_NAME, METERED, QUEUED, USAGE_UNSEEN
-from proxy.engine.events import Finished
+from proxy.engine.events import RequestEnded, RoundDone, UrlRefused
 from proxy.observe import metrics
 from proxy.observe.usage import UsageScan
 from proxy.observe.usage import figures as figures_of
-from proxy.tools.session import searches_in
 
 if TYPE_CHECKING:  # only for annotations: redis-py loads only with STATE_URL (proxy/http/wiring.py)
     from proxy.backends.teamstore_redis import RedisTeamStore
@@ -142,22 +141,22 @@ class Team:
         environ[SCAN] = UsageScan()
         return None
 
-    # ---- what the engine tells (subscribed in create_app) -------------------------------------------
+    # ---- what the engine tells (subscribed by wiring.observe_team) ---------------------------------------
 
     @staticmethod
-    def tools_ran(environ: dict, outcomes: list) -> None:
+    def round_done(environ: dict, done: RoundDone) -> None:
         tally = environ.get(TALLY)
         if tally is not None:
-            tally["searches"] += searches_in(outcomes)
-            tally["page_reads"] += sum(1 for o in outcomes if o.tool != "web_search" and o.status == "ok")
+            tally["searches"] += done.searches
+            tally["page_reads"] += sum(1 for o in done.outcomes if o.tool != "web_search" and o.status == "ok")
 
     @staticmethod
-    def url_refused(environ: dict, _reason: str) -> None:
+    def url_refused(environ: dict, _refused: UrlRefused) -> None:
         tally = environ.get(TALLY)
         if tally is not None:
             tally["refused_fetches"] += 1
 
-    def request_ended(self, environ: dict, _done: Finished) -> None:
+    def request_ended(self, environ: dict, _done: RequestEnded) -> None:
         """The request's figures added to its key's day, and it leaves the requests in flight."""
         admitted: Admitted | None = environ.get(ADMITTED)
         if admitted is None or self.store is None:

@@ -1,8 +1,8 @@
 """The one place a worker is put together from its settings: the vLLM client, the search backend (the failover over
 SEARXNG_URL's instances and the optional Brave key, under the meters, under the search cache), the page fetcher with its observer,
 the shared state store when STATE_URL names one (under both caches, Codex's ref ids, the cool-downs and the
-clients' link reads), the event hub with its subscribers (the
-metrics, the access log's search count). create_app calls build_services(cfg) once per worker; not run on its own.
+clients' link reads), the event hub with every subscriber (the access log, the metrics). create_app calls
+build_services(cfg) once per worker; not run on its own.
 """
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import os
 import tempfile
 from typing import TYPE_CHECKING
 
+from proxy.apis.alpha_search import handler as alpha_search
+from proxy.apis.responses import presentation as responses_presentation
 from proxy.backends.brave import BraveSearch
 from proxy.backends.cache import SharedTier, TTLCache
 from proxy.backends.failover import FailoverSearch
@@ -28,17 +30,16 @@ from proxy.backends.state import open_state
 from proxy.backends.teamstore import TeamStore
 from proxy.core.config import Config, masked_url
 from proxy.engine.admission import Queue
-from proxy.engine.events import TOOLS_RAN, Events
+from proxy.engine.events import Events, RequestEnded, RoundDone, UrlRefused
 from proxy.engine.services import KeptResults, Services
+from proxy.http.flow import access_log
+from proxy.http.team import Team
 from proxy.observe import metrics
 from proxy.tools.client_reads import ClientReads, Reads, SharedReads
-from proxy.tools.session import searches_in
 from proxy.transport.vllm import Backend
 
 if TYPE_CHECKING:  # only for the annotation: redis-py loads only with STATE_URL
     from proxy.backends.teamstore_redis import RedisTeamStore
-
-SEARCHES = "proxy.searches"  # environ key: the searches a request ran, for the access log
 
 
 def build_services(cfg: Config) -> Services:
@@ -69,17 +70,37 @@ def build_services(cfg: Config) -> Services:
         errors = metrics.state_error if on else None
         cache.shared = SharedTier(state, "search", outcome_json, outcome_from_json, errors)
         fetcher.cache.shared = SharedTier(state, "page", fetched_json, fetched_from_json, errors)
-    events = Events()
-    events.subscribe(TOOLS_RAN, count_searches)
-    if on:
-        metrics.observe(events)
-    team = build_store(cfg) if cfg.max_num_seqs else None
-    queue = Queue(team, cfg.max_num_seqs, cfg.queue_policy, on_wait=metrics.queue_waited if on else None,
-                  on_error=metrics.state_error if on else None) if team else None
+    team_store = build_store(cfg) if cfg.max_num_seqs else None
+    queue = (Queue(team_store, cfg.max_num_seqs, cfg.queue_policy, on_wait=metrics.queue_waited if on else None,
+                   on_error=metrics.state_error if on else None) if team_store else None)
     # URL provenance's hourly link budget: one per client across every worker and replica with STATE_URL.
     reads: Reads = SharedReads(state) if state is not None else ClientReads()
-    return Services(cfg, backend, search, fetcher, events, state=state, reads=reads, search_health=failover.health,
-                    queue=queue, kept=KeptResults(cfg.responses_results_ttl, cfg.responses_results_bytes, state=state))
+    return Services(cfg, backend, search, fetcher, observe(cfg), state=state, reads=reads,
+                    search_health=failover.health, queue=queue,
+                    kept=KeptResults(cfg.responses_results_ttl, cfg.responses_results_bytes, state=state))
+
+
+def observe(cfg: Config) -> Events:
+    """The worker's event hub with every subscriber, registered here and nowhere else: the access log, and the
+    metrics with PROXY_METRICS."""
+    events = Events()
+    events.subscribe(RequestEnded, access_log)
+    if cfg.proxy_metrics:
+        metrics.observe(events, tool_labels())
+    return events
+
+
+def tool_labels() -> dict[str, dict[str, str]]:
+    """Per API, the metric label of each tool that API calls by another name (its presentation table's)."""
+    return {"responses": responses_presentation.metric_labels(), "alpha_search": alpha_search.METRIC_LABELS}
+
+
+def observe_team(events: Events, team: Team) -> None:
+    """A shared stack's subscribers (proxy/http/team.py): each request's searches, page reads and refused fetches,
+    and its usage added to its key's day when it ends. create_app calls it once it has built the Team."""
+    events.subscribe(RequestEnded, team.request_ended)
+    events.subscribe(RoundDone, team.round_done)
+    events.subscribe(UrlRefused, team.url_refused)
 
 
 def build_store(cfg: Config) -> TeamStore | RedisTeamStore | None:
@@ -94,7 +115,3 @@ def build_store(cfg: Config) -> TeamStore | RedisTeamStore | None:
         return RedisTeamStore(cfg.state_url)
     path = cfg.proxy_state_db or os.path.join(tempfile.mkdtemp(prefix="proxy-state-"), "state.sqlite3")
     return TeamStore(path)
-
-
-def count_searches(environ: dict, outcomes: list) -> None:
-    environ[SEARCHES] = environ.get(SEARCHES, 0) + searches_in(outcomes)

@@ -1,4 +1,4 @@
-"""The proxy's own Prometheus metrics, served at GET /proxy/metrics (README "Metrics" lists every one):
+"""The proxy's own Prometheus metrics, served at GET /proxy/metrics (docs/operations.md, "Metrics" lists every one):
 requests, latency and time to first byte per API, tool calls by tool and outcome, SearXNG and page
 fetch latency, caps hit, clients that left, the caches. create_app calls install(); not run on its own.
 
@@ -28,22 +28,11 @@ from proxy.backends.search import SearchBackend, SearchOutcome
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
 from proxy.core.routes import PROXY_METRICS, api_of
-from proxy.engine.events import (
-    BACKEND_RETRIED,
-    CAP_HIT,
-    CLIENT_LEFT,
-    REQUEST_ENDED,
-    ROUND_DONE,
-    TOOL_CALL,
-    URL_REFUSED,
-    Events,
-    Finished,
-)
+from proxy.engine.events import BackendRetried, CapHit, ClientLeft, Events, RequestEnded, RoundDone, UrlRefused
 from proxy.runtime.cancel import Cancel
 from proxy.tools.base import Outcome
 
 PATH = PROXY_METRICS
-LEFT = "proxy.client_left"   # environ key: the client watch saw the client leave
 
 # No `_created` series: multiprocess mode has none, and one process should look like several.
 disable_created_metrics()
@@ -153,69 +142,64 @@ def outcome_of(o: Outcome) -> str:
     return failure_outcome(o.error_code, o.timed_out)
 
 
-# The metric's names for the tools, as the README lists them.
-TOOL_LABELS = {"find_in_page": "find"}
-
-
-def tool_of(o: Outcome, api: str) -> str:
-    """web_search, web_fetch, open (the Responses API's open_page action) or find. Pure."""
-    if o.tool == "web_fetch" and api == "responses":
-        return "open"
-    return TOOL_LABELS.get(o.tool, o.tool)
+def tool_of(o: Outcome, api: str, labels: dict[str, dict[str, str]]) -> str:
+    """The `tool` label: the API's own name for the tool where its table gives one (`open` and `find` on
+    /v1/responses and Codex's web.run), else the tool's registry name. Pure."""
+    return labels.get(api, {}).get(o.tool, o.tool)
 
 
 # ---- what the engine tells (proxy/engine/events.py) ---------------------------------------------
 
-def observe(events: Events) -> None:
-    """Count what the worker's requests do: each event the metrics need, subscribed once per worker."""
-    events.subscribe(ROUND_DONE, round_done)
-    events.subscribe(TOOL_CALL, tool_call)
-    events.subscribe(URL_REFUSED, url_refused)
-    events.subscribe(CAP_HIT, cap_hit)
-    events.subscribe(CLIENT_LEFT, client_left)
-    events.subscribe(BACKEND_RETRIED, backend_retried)
-    events.subscribe(REQUEST_ENDED, request_ended)
+def observe(events: Events, labels: dict[str, dict[str, str]] | None = None) -> None:
+    """Count what the worker's requests do: each event the metrics need, subscribed once per worker. `labels`: per
+    API label, each tool's metric label where it is not its name (the composition root reads the API tables)."""
+    rounds = RoundMeter(labels or {})
+    events.subscribe(RoundDone, rounds.round_done)
+    events.subscribe(UrlRefused, url_refused)
+    events.subscribe(CapHit, cap_hit)
+    events.subscribe(ClientLeft, client_left)
+    events.subscribe(BackendRetried, backend_retried)
+    events.subscribe(RequestEnded, request_ended)
 
 
-def round_done(environ, outcomes) -> None:
-    """One round's outcomes, as the search loop hands them to the client (domain filters applied)."""
-    api = api_of(environ.get("PATH_INFO", ""))
-    for o in outcomes:
-        outcome = outcome_of(o)
-        TOOL_CALLS.labels(api, tool_of(o, api), outcome).inc()
-        if outcome == "capped":
-            CAP_HITS.labels(api, "max_uses").inc()
-        if o.truncated:
-            CAP_HITS.labels(api, "page_size").inc()
+class RoundMeter:
+    """Counts each round's tool calls by API, tool label and outcome, and the caps their outcomes show."""
+
+    def __init__(self, labels: dict[str, dict[str, str]]):
+        self.labels = labels
+
+    def round_done(self, environ, done: RoundDone) -> None:
+        """One round's outcomes, as the search loop hands them to the client (domain filters applied)."""
+        api = api_of(environ.get("PATH_INFO", ""))
+        for o in done.outcomes:
+            outcome = outcome_of(o)
+            TOOL_CALLS.labels(api, tool_of(o, api, self.labels), outcome).inc()
+            if outcome == "capped":
+                CAP_HITS.labels(api, "max_uses").inc()
+            if o.truncated:
+                CAP_HITS.labels(api, "page_size").inc()
 
 
-def url_refused(environ, reason: str) -> None:
+def url_refused(environ, refused: UrlRefused) -> None:
     """A page read refused by URL provenance (proxy/tools/provenance.py's reasons); the link limits are caps too."""
-    api = api_of(environ.get("PATH_INFO", ""))
+    api, reason = api_of(environ.get("PATH_INFO", "")), refused.reason
     PROVENANCE_REFUSALS.labels(api, reason).inc()
     if reason in ("link_depth", "link_budget"):
         CAP_HITS.labels(api, reason).inc()
 
 
-def tool_call(environ, call: tuple[str, Outcome]) -> None:
-    """One call counted where no loop runs it (Codex's /v1/alpha/search): its tool label and outcome."""
-    label, outcome = call
-    TOOL_CALLS.labels(api_of(environ.get("PATH_INFO", "")), label, outcome_of(outcome)).inc()
+def cap_hit(environ, hit: CapHit) -> None:
+    CAP_HITS.labels(api_of(environ.get("PATH_INFO", "")), hit.cap).inc()
 
 
-def backend_retried(environ, reason: str) -> None:
-    BACKEND_RETRIES.labels(api_of(environ.get("PATH_INFO", "")), reason).inc()
+def backend_retried(environ, retried: BackendRetried) -> None:
+    BACKEND_RETRIES.labels(api_of(environ.get("PATH_INFO", "")), retried.reason).inc()
 
 
-def cap_hit(environ, cap: str) -> None:
-    CAP_HITS.labels(api_of(environ.get("PATH_INFO", "")), cap).inc()
-
-
-def client_left(environ, aborted: int) -> None:
+def client_left(environ, left: ClientLeft) -> None:
     """The client watch saw the client go and cut `aborted` calls to vLLM (more may follow, one each)."""
-    environ[LEFT] = True
-    if aborted:
-        ABORTS.labels(api_of(environ.get("PATH_INFO", ""))).inc(aborted)
+    if left.aborted:
+        ABORTS.labels(api_of(environ.get("PATH_INFO", ""))).inc(left.aborted)
 
 
 # ---- a shared stack: per key name (never the key), and the fair queue ---------------------------------
@@ -237,7 +221,7 @@ def queue_waited(environ, seconds: float) -> None:
 
 # ---- the request middleware -----------------------------------------------------------------
 
-def request_ended(environ, done: Finished) -> None:
+def request_ended(environ, done: RequestEnded) -> None:
     """A request's count, latency and time to first byte, recorded when its body is done (or the client left)."""
     api = api_of(environ.get("PATH_INFO", ""))
     REQUESTS.labels(api, done.status).inc()
@@ -248,7 +232,7 @@ def request_ended(environ, done: Finished) -> None:
         PROMPT_TOKENS.labels(api).inc(done.usage[0])
         CACHED_TOKENS.labels(api).inc(done.usage[1])
     # gunicorn closes a body it stopped sending early: a client that hung up mid-answer.
-    if environ.get(LEFT) or not done.complete:
+    if done.client_left or not done.complete:
         DISCONNECTS.labels(api).inc()
 
 

@@ -3,7 +3,8 @@ proxy (Request, Outcome, Cited), and what a tool runs with (Backends, RunContext
 is one module beside this one (web_search.py, web_fetch.py, find_in_page.py), listed in registry.py.
 
 The APIs, the metrics and the citations read outcomes only through these fields and the registry's functions,
-never by a tool's own types, so a new tool touches no switch outside this package.
+never by a tool's own types: a new tool is its module, its registry entry, and one row in each API's presentation
+table (proxy/apis/*/presentation.py) that offers it.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from proxy.runtime.cancel import Cancel
 
 # The answer to a client's own tool call made in the same turn as one of the proxy's (the proxy runs only its
 # own), so the model asks again in a turn of its own instead of losing the call.
-NOT_EXECUTED = ("Not executed: this call was made in the same turn as web_search or web_fetch, and the proxy "
-                "only runs those. If it is still needed, call it again in a turn of its own.")
+NOT_EXECUTED = ("Not executed: this call was made in the same turn as a call of the proxy's own tools, and the "
+                "proxy only runs those. If it is still needed, call it again in a turn of its own.")
 
 
 class Request(Protocol):
@@ -62,11 +63,13 @@ class Outcome(Protocol):
 @dataclass(frozen=True)
 class Limits:
     """What a client's own tool options bound a call by: its domain filters (on results, and on pages read),
-    a page's token budget, a search's result count after filtering. Each tool reads the ones that apply to it."""
+    a page's token budget, a search's result count after filtering, how recent its results must be (SearXNG's
+    time_range: day, week, month, year). Each tool reads the ones that apply to it."""
     allowed_domains: tuple[str, ...] = ()
     blocked_domains: tuple[str, ...] = ()
     max_tokens: int | None = None
     results: int | None = None
+    time_range: str | None = None
 
 
 NO_LIMITS = Limits()

@@ -29,7 +29,7 @@ from typing import Protocol
 
 from proxy.backends.state import State, StateDown
 
-WINDOW = 3600.0      # seconds a read and a charge are remembered: the README's "per hour"
+WINDOW = 3600.0      # seconds a read and a charge are remembered: docs/web-tools.md's "per hour"
 MAX_CLIENTS = 4096   # least recently seen first out
 MAX_URLS = 4096      # per client, oldest first out
 

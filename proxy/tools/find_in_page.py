@@ -56,6 +56,11 @@ class FindResult:
     def truncated(self) -> bool:
         return self.fetched.truncated
 
+    @property
+    def page(self):
+        """The page looked in, None when it could not be read."""
+        return self.fetched.page
+
 
 @dataclass(frozen=True)
 class FindRequest:

@@ -7,7 +7,7 @@ The rule is Anthropic's for its own web_fetch ("To minimize exfiltration risks")
 gave, or one a tool result or a search result held, never one it built, since a built URL (or host name, or query)
 is a message to whoever runs that server or its DNS. Links of pages read are allowed too, but only a short chain
 of them and only a few per given URL (counted per client over an hour, since agents make many requests): a page
-that links /h/a ... /h/z would otherwise let the model spell a secret by the links it follows (README, Security, has
+that links /h/a ... /h/z would otherwise let the model spell a secret by the links it follows (docs/web-tools.md, Security, has
 the bound in bits).
 
 Provenance is by author, not by presence (issue 39): what the model wrote anywhere in the visible conversation (its
@@ -190,7 +190,7 @@ _VOWELS = frozenset("aeiouy")
 def _distinctive(word: str) -> bool:
     """A query word of 8 or more no dictionary has: digits among letters (a key, a hex string), a run of five
     consonants, or almost no vowels (random letters). Shorter ones are model names and versions as often as not
-    (qwen3, gpt4o). A heuristic: README, Security, says what it misses."""
+    (qwen3, gpt4o). A heuristic: docs/web-tools.md, Security, says what it misses."""
     if len(word) < 8 or word.isdigit():
         return False
     if not word.isalpha():

@@ -1,6 +1,7 @@
 """The server-side tools the proxy runs, one plug-in module each (proxy/tools/base.py's Tool), and the functions
 the rest of the proxy reaches them by: a call's arguments parsed by the tool's name, an outcome's text and
-citation sources by the tool that made it. Adding a tool is one module and one entry here (docs/architecture.md).
+citation sources by the tool that made it. Adding a tool is one module, one entry here, and one row in each API's
+presentation table (docs/architecture.md, "How to add a tool").
 """
 from __future__ import annotations
 

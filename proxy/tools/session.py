@@ -26,8 +26,8 @@ class ToolSession:
     keep (web_search's answers to repeated queries), and the counts the cap's message and the access log use."""
 
     def __init__(self, backends: Backends, max_rounds: int, max_pages_per_turn: int = 0,
-                 max_pages_per_request: int = 0, watch=None, on_round: Callable[[list], None] | None = None,
-                 ledger: Ledger | None = None, on_refused: Callable[[str], None] | None = None):
+                 max_pages_per_request: int = 0, watch=None, ledger: Ledger | None = None,
+                 on_refused: Callable[[str], None] | None = None):
         self.backends = backends
         # The URLs this request may read; none given means none allowed, not all.
         self.ledger = ledger if ledger is not None else Ledger()
@@ -45,7 +45,6 @@ class ToolSession:
         self._memory: dict[str, dict] = {}
         self._lock = threading.Lock()
         self._watch = watch   # () -> the client's ClientWatch or None: each call is on it while it runs
-        self._on_round = on_round
 
     @property
     def exhausted(self) -> bool:
@@ -102,8 +101,9 @@ class ToolSession:
                 else:  # a result whose URL echoes the query is the model's words, not the search's (issue 39)
                     self.ledger.allow([cited.url], "search", query=getattr(request, "query", None))
 
-    def run(self, requests: list[Request], limit: int | None = None, language: str | None = None) -> list[Outcome]:
-        """Run one round: each request by the tool that owns it, all concurrently; outcomes in the requests'
+    def run(self, requests: list[Request], limit: int | None = None, language: str | None = None,
+            at_most: int = 8) -> list[Outcome]:
+        """Run one round: each request by the tool that owns it, `at_most` at a time; outcomes in the requests'
         order. Never raises: every failure is an outcome the model reads."""
         self.rounds += 1
         refusals = self._provenance(requests, self._capped(requests))
@@ -125,11 +125,9 @@ class ToolSession:
                     return tool.failure(request, "unavailable", tool.broken)
 
         # No requests: a round of calls all refused before running still counts as a round.
-        outcomes = run_together(one, list(range(len(requests))), at_most=8)
+        outcomes = run_together(one, list(range(len(requests))), at_most=at_most)
         self._learn(requests, outcomes)
         self._count(outcomes)
-        if self._on_round:
-            self._on_round(outcomes)
         return outcomes
 
     def _count(self, outcomes: list[Outcome]) -> None:
@@ -153,11 +151,6 @@ class ToolSession:
         if self.searches and unusable == self.searches:
             msg += " — SearXNG returned no usable results"
         return msg
-
-
-def searches_in(outcomes: list[Outcome]) -> int:
-    """The searches a round ran (not answered from memory): what the access log's searches= counts."""
-    return sum(1 for o in outcomes if o.tool == WEB_SEARCH and not o.repeated)
 
 
 def _count(n: int, one: str, many: str) -> str:

@@ -104,7 +104,7 @@ def format_page_for_model(outcome: FetchOutcome) -> str:
 
     The markers carry a digest of the text, so a page cannot end its own text early by writing the end
     marker into it (it would have to contain its own digest). This tells a model where the page is; it
-    does not make a model immune to instructions inside it (README, Security)."""
+    does not make a model immune to instructions inside it (docs/web-tools.md, Security)."""
     page = outcome.page
     if page is None:
         return outcome.message

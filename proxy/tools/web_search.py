@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from proxy.backends.search import SearchOutcome, filter_domains
+# A search's outcome is the search backend's answer: the APIs take Hit and SearchOutcome from here, never backends/.
+from proxy.backends.search import Hit, SearchOutcome, filter_domains  # noqa: F401 (Hit: for the APIs)
 from proxy.core import codec
-from proxy.tools.base import NO_LIMITS, NOT_EXECUTED, Cited, Limits, RunContext  # noqa: F401 (NOT_EXECUTED: the APIs' stub, named here as before)
+from proxy.tools.base import NO_LIMITS, Cited, Limits, RunContext
 
 # The web_search tool as every API describes it to the model; each API wraps these in its
 # own tool shape (chat function, Messages tool, Responses function).
@@ -54,6 +55,7 @@ class SearchRequest:
     allowed_domains: tuple[str, ...] = ()
     blocked_domains: tuple[str, ...] = ()
     results: int | None = None       # hits kept after the filters (the Responses tool's search_context_size)
+    time_range: str | None = None    # SearXNG's time_range (Codex's recency)
     tool: ClassVar[str] = "web_search"
 
     @property
@@ -119,12 +121,12 @@ class WebSearch:
     def parse(self, arguments, limits: Limits = NO_LIMITS) -> SearchRequest:
         query, early = parse_arguments(arguments)
         return SearchRequest(query or (early.query if early else ""), early, tuple(limits.allowed_domains),
-                             tuple(limits.blocked_domains), limits.results)
+                             tuple(limits.blocked_domains), limits.results, limits.time_range)
 
     def run(self, request: SearchRequest, ctx: RunContext) -> SearchOutcome:
         if request.early is not None:
             return request.early
-        key = request.query.casefold()
+        key = (request.query.casefold(), request.time_range)
         memory = ctx.remembered(self.name)
         with ctx.lock:
             prev = memory.get(key)
@@ -132,7 +134,7 @@ class WebSearch:
             outcome = replace(prev, repeated=True)
         else:
             outcome = ctx.backends.search.search(request.query, language=ctx.language, limit=ctx.limit,
-                                                 cancel=ctx.cancel)
+                                                 time_range=request.time_range, cancel=ctx.cancel)
             with ctx.lock:
                 memory[key] = outcome
         return shaped(outcome, request)

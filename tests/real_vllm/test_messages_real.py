@@ -16,7 +16,7 @@ import pytest
 from clients import anthropic
 from realvllm import FORCED_CALL, MODEL, QUERY
 
-from proxy.apis.messages.blocks import SERVER_BLOCKS
+from proxy.apis.messages.presentation import server_blocks
 from proxy.apis.messages.request import rewrite
 from proxy.tools.web_search import QUERY_SCHEMA, TOOL_DESCRIPTION
 
@@ -136,7 +136,7 @@ def test_replayed_server_blocks(real_vllm, tapped, searxng, http_client, with_to
     # vLLM got blocks it accepts, and the model reads the same results as the first time.
     _, replayed = tap.bodies(MESSAGES)[-1]
     blocks = [b for m in replayed["messages"] if isinstance(m["content"], list) for b in m["content"]]
-    assert not {b["type"] for b in blocks} & SERVER_BLOCKS
+    assert not {b["type"] for b in blocks} & server_blocks()
     (call,) = [b for b in blocks if b["type"] == "tool_use"]
     (result,) = [b for b in blocks if b["type"] == "tool_result"]
     assert call["input"] == {"query": QUERY} and result["tool_use_id"] == call["id"]

@@ -200,7 +200,7 @@ def monitored(real_vllm, _proxies, _searxng_server, tmp_path_factory):
                 forced(real_vllm, "web_fetch", "url", f"http://127.0.0.1:{site.port}/notes{round_}",
                        said=f"http://127.0.0.1:{site.port}/notes{round_}"),
                 forced(real_vllm, "web_fetch", "url", "ftp://files.example/notes"),  # refused: not http(s)
-                # Refused by URL provenance: the model built it (README, Security).
+                # Refused by URL provenance: the model built it (docs/web-tools.md, Security).
                 forced(real_vllm, "web_fetch", "url", f"http://127.0.0.1:{site.port}/notes{round_}?k=built"),
             ]
             for i, body in enumerate(requests):

@@ -10,7 +10,7 @@ real redis-server standing in for the overlay's Valkey) in front of it.
 - the Scale-out dashboard's queries, evaluated by a real Prometheus scraping the router and the proxies, show it.
 
 The session's vLLM (conftest's real_vllm) is the first worker; this module starts the second once and stops it by
-its pid. Figures go to tests/.work/router-figures.json (README "Scaling past one card" quotes them, CPU/tiny model).
+its pid. Figures go to tests/.work/router-figures.json (docs/operations.md, "Scaling past one card" quotes them, CPU/tiny model).
 Run: tests/run.sh tests/real_vllm/test_router_real.py
 """
 from __future__ import annotations
@@ -194,7 +194,7 @@ def types_ns(**kw) -> SimpleNamespace:
 
 
 def record(**figures):
-    """Adds measured figures to tests/.work/router-figures.json (read for the README)."""
+    """Adds measured figures to tests/.work/router-figures.json (read for docs/operations.md)."""
     WORK.mkdir(parents=True, exist_ok=True)
     old = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
     FIGURES.write_text(json.dumps({**old, **figures}, indent=2, sort_keys=True))

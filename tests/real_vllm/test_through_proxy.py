@@ -1,7 +1,7 @@
 """The proxy (real gunicorn, tests/conftest.py's start_proxy) in front of the real vLLM server: relayed endpoints, completions equal to direct ones, the search loop and its cap, vLLM's errors, client disconnects; run with `tests/run.sh tests/real_vllm`.
 
 The proxy adds its web_search tool to every chat request, so each "direct" request here carries
-that same tool (proxy.apis.chat.rules.WEB_SEARCH_TOOL): both then render the same prompt, and seeded
+that same tool (proxy.apis.chat.rules.chat_tool("web_search")): both then render the same prompt, and seeded
 sampling makes the two answers equal once ids and timestamps are set aside.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import urllib.parse
 import pytest
 from realvllm import QUERY, Tap, chat, forced_call_request
 
-from proxy.apis.chat.rules import WEB_FETCH_TOOL, WEB_SEARCH_TOOL
+from proxy.apis.chat.rules import chat_tool
 
 pytestmark = pytest.mark.real_vllm
 
@@ -35,7 +35,7 @@ def scrub(value):
 
 def direct_body(body: dict) -> dict:
     """What the proxy sends vLLM for a client body without tools: the same plus web_search and web_fetch."""
-    return {**body, "tools": list(body.get("tools") or []) + [WEB_SEARCH_TOOL, WEB_FETCH_TOOL]}
+    return {**body, "tools": list(body.get("tools") or []) + [chat_tool("web_search"), chat_tool("web_fetch")]}
 
 
 @pytest.fixture

@@ -1,7 +1,10 @@
 """Codex's standalone web search, `POST /v1/alpha/search`, run: AlphaSearch.handle on the route
-proxy/http/app.py adds, running `search_query` on the search core (proxy/backends/searxng.py) and `open`/`find` on
-the fetch core (proxy/backends/fetcher.py) on the client's watch; tested end to end under gunicorn by
-tests/test_alpha_search.py (`tests/run.sh tests/test_alpha_search.py -q`).
+proxy/http/app.py adds. Each `search_query` is a web_search call, each `open` a web_fetch call and each `find` a
+find_in_page call, all run by the request's ToolSession (proxy/tools/session.py), as every API's calls are: the
+same caps, URL provenance, repeated-query memory and events. What is Codex's own stays here as a thin layer on
+top: ref ids and the thread's memory of them, web.run's recency as the search's time_range, the thread's ledger,
+and the text the model reads. Tested end to end under gunicorn by tests/test_alpha_search.py
+(`tests/run.sh tests/test_alpha_search.py -q`).
 
 A provider with `supports_standalone_web_search = true` (and the `standalone_web_search` feature)
 gives its model a `web.run` tool and sends each call here as `{id, model, input, commands, settings,
@@ -43,20 +46,15 @@ from proxy.apis.alpha_search.rules import (
     within_cap,
 )
 from proxy.apis.given import input_given
-from proxy.backends.fetcher import FetchError, Page
-from proxy.backends.search import SearchOutcome, filter_domains
-from proxy.backends.state import StateDown
 from proxy.core import codec, routes
 from proxy.core.errors import error_response
-from proxy.engine.events import TOOL_CALL, TOOLS_RAN, URL_REFUSED
-from proxy.engine.exchange import ClientWatch
-from proxy.engine.services import Services
-from proxy.runtime.cancel import Watch, watched
-from proxy.runtime.concurrency import run_together
-from proxy.tools.client_reads import client_of
-from proxy.tools.provenance import Ledger, Rules
-from proxy.tools.web_fetch import FetchOutcome
-from proxy.tools.web_search import clean_query
+from proxy.engine.events import RoundDone
+from proxy.engine.exchange import Exchange
+from proxy.engine.services import Services, StateDown
+from proxy.tools import registry
+from proxy.tools.base import Limits, Outcome, Request
+from proxy.tools.provenance import Ledger
+from proxy.tools.session import ToolSession
 
 log = logging.getLogger("proxy.alpha_search")
 
@@ -65,25 +63,44 @@ PATH = routes.ALPHA_SEARCH
 
 @dataclass
 class SearchCall:
-    """One web.run call on its way: what it asked, whose watch it runs on, and what its commands have
-    produced so far, sections in the order the model reads them."""
+    """One web.run call on its way: what it asked, the session its commands run on, and what they have produced
+    so far, sections in the order the model reads them."""
     parsed: Parsed
-    environ: dict
-    watch: Watch | None
+    ex: Exchange
+    session: ToolSession            # every command's call runs here; its ledger is the thread's
     turn: int
     known_refs: dict[str, str]      # from the thread's earlier answers
-    ledger: Ledger                  # the URLs open and find may read (proxy/tools/provenance.py)
     sections: list[str] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     succeeded: int = 0              # commands that worked; none, with upstream failures only, is a 502/504
     new_refs: dict[str, str] = field(default_factory=dict)
     refs_down: bool = False         # the state store that keeps ref ids did not answer: a ref is unavailable
 
+    searched: int = 0               # the session's searches already told
+
+    def counted(self, outcomes: list[Outcome]) -> None:
+        """The outcomes as the client gets them, for the metrics and the access log (RoundDone, as on every API)."""
+        searched, self.searched = self.searched, self.session.searches
+        self.ex.emit(RoundDone(tuple(outcomes), self.session.searches - searched))
+
+
+# web.run's page commands as the proxy's tools: open reads a page, find looks for a pattern in one.
+PAGE_TOOLS = {"open": registry.WEB_FETCH, "find": registry.FIND_IN_PAGE}
+METRIC_LABELS = {tool: command for command, tool in PAGE_TOOLS.items()}  # the metrics call them as web.run does
+
+
+def failure_of(outcome: Outcome) -> Failure:
+    """A failed call as web.run's output writes it: the sentence without the tools' "Fetch failed: " lead, since the
+    section's head already says it failed."""
+    message = outcome.message.removeprefix("Fetch failed: ")
+    if message.startswith("not fetched:"):  # URL provenance's sentence, written to follow that lead
+        message = "N" + message[1:]
+    return Failure(outcome.error_code or "unavailable", message, outcome.timed_out)
+
 
 class AlphaSearch:
     def __init__(self, services: Services):
-        self.cfg, self.search, self.fetcher, self.events = services.cfg, services.search, services.fetcher, services.events
-        self.reads = services.reads  # the client's link depths and charges across calls (proxy/tools/client_reads.py)
+        self.services, self.cfg = services, services.cfg
         self.refs = RefStore(services.state)  # with STATE_URL, shared by every worker and replica
         # One ledger per thread and user turn: Codex sends each web.run call alone, so the links a page showed in
         # one call are followed in the next, and the link budget is per turn of the user, as it is per request
@@ -91,7 +108,7 @@ class AlphaSearch:
         self.ledgers: OrderedDict[tuple[str, str], Ledger] = OrderedDict()
         self._lock = threading.Lock()
 
-    def ledger(self, parsed: Parsed, input_, known_refs: dict[str, str], environ: dict) -> Ledger:
+    def ledger(self, parsed: Parsed, input_, known_refs: dict[str, str], ex: Exchange) -> Ledger:
         """The thread's ledger for this user turn (a new one when `input` changed): the conversation's URLs and every
         URL the thread's earlier answers listed; search results of this turn's calls are added as they come."""
         parts = input_given(input_)
@@ -99,7 +116,7 @@ class AlphaSearch:
         with self._lock:
             found = self.ledgers.get((parsed.session, turn_key)) if parsed.session else None
             if found is None:
-                found = Ledger(Rules.of(self.cfg), parts, self.reads, client_of(environ))
+                found = ex.new_ledger(parts)  # on the client's link depths and charges (proxy/tools/client_reads.py)
                 found.allow(known_refs.values(), "search")  # earlier turns' results and pages, given as Anthropic's are
                 if parsed.session:
                     self.ledgers[(parsed.session, turn_key)] = found
@@ -110,59 +127,46 @@ class AlphaSearch:
         found.allow((url for ref, url in known_refs.items() if "search" in ref), "search")
         return found
 
-    def _search(self, query: Query, limit: int, allowed, watch: Watch | None) -> SearchOutcome:
-        cleaned, early = clean_query(query.q)
-        if cleaned is None:  # clean_query gives exactly one of the two
-            return early or SearchOutcome(str(query.q), "failed", error_code="invalid_tool_input")
-        with watched(watch) as cancel:
-            outcome = self.search.search(cleaned, limit=limit, time_range=time_range(query.recency), cancel=cancel)
+    def _search_request(self, query: Query, allowed: tuple[str, ...]) -> Request:
         # Domains are enforced on the results, as on /v1/responses; the query is sent unchanged.
-        domains = tuple(query.domains) + tuple(allowed)
-        return filter_domains(outcome, allowed=domains or None)
-
-    def _fetch(self, url: str, parsed: Parsed, watch: Watch | None) -> Page:
-        with watched(watch) as cancel:
-            return self.fetcher.fetch(url, allowed_domains=list(parsed.allowed) or None,
-                                      blocked_domains=list(parsed.blocked) or None, cancel=cancel)
+        limits = Limits(allowed_domains=tuple(query.domains) + tuple(allowed), time_range=time_range(query.recency))
+        return registry.parse(registry.WEB_SEARCH, {"query": query.q}, limits)
 
     def _run_searches(self, call: SearchCall):
         """All queries at once (a few at a time); their sections in the order they were asked."""
-        parsed, limit = call.parsed, call.parsed.results or self.search.results
-        outcomes = run_together(lambda query: self._search(query, limit, parsed.allowed, call.watch),
-                                list(parsed.queries), at_most=4)
-        self.events.emit(TOOLS_RAN, call.environ, outcomes)
-        for query, outcome in zip(parsed.queries, outcomes, strict=True):
-            self.events.emit(TOOL_CALL, call.environ, ("web_search", outcome))
+        parsed = call.parsed
+        requests = [self._search_request(q, parsed.allowed) for q in parsed.queries]
+        outcomes = call.session.run(requests, limit=parsed.results or self.services.search.results, at_most=4)
+        call.counted(outcomes)
+        for outcome in outcomes:
             if outcome.status == "failed":
-                call.failures.append(Failure(outcome.error_code or "unavailable", outcome.message, outcome.timed_out))
+                call.failures.append(failure_of(outcome))
             else:
                 call.succeeded += 1
-            text, got = format_search(outcome, call.turn, len(call.new_refs))
+            text, got = format_search(outcome, call.turn, len(call.new_refs))  # type: ignore[arg-type]
             call.sections.append(text)
             call.new_refs.update(got)
-            call.ledger.allow(got.values(), "search", query=str(query.q))
 
-    def _page_for(self, call: SearchCall, command: str, ref_id: str) -> Page | None:
-        """The page a ref id (or URL) names, or None once the failure is counted and written."""
+    def _page_for(self, call: SearchCall, command: str, ref_id: str, pattern: str = ""):
+        """The page a ref id (or URL) names, read by the command's tool on the session, or None once the failure
+        is counted and written."""
         # This call's search results count too: a model may open what the same call found.
         url = resolve(ref_id, {**call.known_refs, **call.new_refs})
-        refusal = call.ledger.admit(url) if url is not None else None
+        parsed = call.parsed
+        tool = PAGE_TOOLS[command]
+        request = registry.parse(tool, {"url": url or ref_id, "pattern": pattern},
+                                 Limits(allowed_domains=parsed.allowed, blocked_domains=parsed.blocked))
         if url is None:
             failure = unavailable_ref(command, ref_id) if call.refs_down else unknown_ref(command, ref_id)
-        elif refusal is not None:  # before any lookup: a URL the model built never reaches a server or the DNS
-            self.events.emit(URL_REFUSED, call.environ, refusal.reason)
-            failure = Failure("url_not_allowed", refusal.message[0].upper() + refusal.message[1:])
+            outcome = registry.tool(tool).failure(request, failure.code, failure.message)
         else:
-            try:
-                page = self._fetch(url, call.parsed, call.watch)
-                self.events.emit(TOOL_CALL, call.environ, (command, FetchOutcome(url, page=page)))
-                call.ledger.learn_page(url, page.url, page.text)
-                return page
-            except FetchError as e:
-                failure = Failure(e.code, e.message, e.timed_out)
-        self.events.emit(TOOL_CALL, call.environ, (command, FetchOutcome(url or ref_id, error_code=failure.code,
-                                                                        message=failure.message,
-                                                                        timed_out=failure.timed_out)))
+            # One page at a time, each its own round: what one page read teaches the ledger, the next may use.
+            [outcome] = call.session.run([request])
+        call.counted([outcome])
+        page = outcome.page if outcome.status == "ok" else None  # type: ignore[attr-defined]
+        if page is not None:
+            return page
+        failure = failure if url is None else failure_of(outcome)
         call.failures.append(failure)
         call.sections.append(format_failure(command, ref_id, failure))
         return None
@@ -178,9 +182,13 @@ class AlphaSearch:
                 call.new_refs[view] = page.url
                 call.sections.append(format_open(view, page, lineno, share))
         for ref_id, pattern in call.parsed.finds:
-            page = self._page_for(call, "find", ref_id)
+            page = self._page_for(call, "find", ref_id, pattern)
             if page is not None:
                 call.succeeded += 1
+                # find_in_page cites nothing, so the session learns no links from it; web.run's find reads the page
+                # the model can open next, so its links count as a page read's.
+                call.session.ledger.learn_page(resolve(ref_id, {**call.known_refs, **call.new_refs}) or page.url,
+                                               page.url, page.text)
                 call.sections.append(format_find(ref_id, page, pattern, share))
 
     def _add_notes(self, call: SearchCall, left: list[str]):
@@ -190,17 +198,17 @@ class AlphaSearch:
         if call.parsed.unsupported:
             call.sections.append(unsupported_note(call.parsed.unsupported))
 
-    def run(self, parsed: Parsed, environ: dict, watch: Watch | None = None,
-            input_=None) -> tuple[list[str], list[Failure], int, int]:
+    def run(self, parsed: Parsed, ex: Exchange, input_=None) -> tuple[list[str], list[Failure], int, int]:
         """-> (output sections, failures, commands that succeeded, searches run). Each search and page read
-        is on the client's `watch`: a client that leaves stops what is under way and what was still to run.
-        `input_` is the request's `input`, the conversation whose URLs open and find may read."""
+        is on the client's watch (ex.watch): a client that leaves stops what is under way and what was still to
+        run. `input_` is the request's `input`, the conversation whose URLs open and find may read."""
         parsed, left = within_cap(parsed, self.cfg.alpha_search_max_pages)
         try:
             (turn, known_refs), refs_down = self.refs.begin(parsed.session), False
         except StateDown:  # counted by the store; this call's own refs still work, earlier ones are unavailable
             (turn, known_refs), refs_down = (0, {}), True
-        call = SearchCall(parsed, environ, watch, turn, known_refs, self.ledger(parsed, input_, known_refs, environ),
+        ex.ledger = self.ledger(parsed, input_, known_refs, ex)
+        call = SearchCall(parsed, ex, ex.session(max_pages=self.cfg.alpha_search_max_pages), turn, known_refs,
                           refs_down=refs_down)
         if parsed.queries:
             self._run_searches(call)
@@ -212,7 +220,7 @@ class AlphaSearch:
         return call.sections, call.failures, call.succeeded, len(parsed.queries)
 
     def handle(self, raw: bytes, environ: dict) -> Response:
-        """One request's body -> the answer; the access log's search count goes into environ."""
+        """One request's body -> the answer."""
         try:
             body = codec.loads(raw or b"null")
         except (ValueError, UnicodeDecodeError):
@@ -221,9 +229,10 @@ class AlphaSearch:
             parsed = parse_request(body)
         except BadRequest as e:
             return error_response(400, e.message, param=e.param)
-        watch = ClientWatch(environ, self.events)
+        ex = Exchange(self.services, raw, [], PATH, environ)
+        watch = ex.watch_client()
         try:
-            sections, failures, succeeded, searches = self.run(parsed, environ, watch, body.get("input"))
+            sections, failures, succeeded, searches = self.run(parsed, ex, body.get("input"))
         finally:
             watch.stop()
         if watch.gone:

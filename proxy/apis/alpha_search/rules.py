@@ -9,10 +9,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from proxy.backends.fetcher import Page
-from proxy.backends.search import SearchOutcome
-from proxy.backends.state import MemoryState, State
-from proxy.tools.web_fetch import removed_note
+from proxy.engine.services import MemoryState, State
+from proxy.tools.web_fetch import Page, removed_note
+from proxy.tools.web_search import SearchOutcome
 
 CHARS_PER_TOKEN = 4            # the fetch core's estimate too
 DEFAULT_OUTPUT_TOKENS = 2500   # what Codex 0.171.0 sends as max_output_tokens

@@ -4,7 +4,8 @@ plain responses and inside live streams; everything else goes back to the client
 Used by proxy.http.app; not run on its own (tests/run.sh tests/test_chat_search.py tests/test_chat_stream.py
 tests/test_chat_fetch.py drive it end to end). This is the handler and the plain and streamed dialects
 that proxy.engine.loop drives; the rules they follow (when to inject, which calls are the proxy's, how turns
-and usage add up) are pure functions in chat_wire.
+and usage add up) are pure functions in proxy/apis/chat/rules.py; which tools chat offers is its
+presentation table (proxy/apis/chat/presentation.py).
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from flask import Response
 
 from proxy.apis import citations
 from proxy.apis.chat.given import given
+from proxy.apis.chat.presentation import offered
 from proxy.apis.chat.rules import (
-    WEB_SEARCH,
     add_usage,
     assistant_turn,
     completion_calls,
@@ -50,7 +51,7 @@ def handle(ex: Exchange) -> Response:
     problem = validate(body)
     if problem:
         return error_response(400, problem[0], param=problem[1])
-    ours = tools_to_inject(body, ex.cfg.inject_web_search, ex.cfg.inject_web_fetch)
+    ours = tools_to_inject(body, offered(ex.cfg))
     if not ours:
         return ex.relay()
     ex.ledger = ex.new_ledger(given(body))
@@ -70,7 +71,7 @@ class _Chat:
     first_turn = None
     headers: list = []
 
-    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...] = (WEB_SEARCH,)):
+    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...]):
         body = {**body, "messages": citations.without_annotations(body["messages"])}  # an earlier answer's, sent back
         self.session = ex.session()
         self.request = body
@@ -84,8 +85,11 @@ class _Chat:
         return [c for c in turn.calls if is_proxy_call(c, self.ours)]
 
 
-    def run_tools(self, calls: list) -> list:
-        return self.session.run([tool_request(c) for c in calls])
+    def requests(self, calls: list) -> list:
+        return [tool_request(c) for c in calls]
+
+    def run_tools(self, calls: list, requests: list) -> list:
+        return self.session.run(requests)
 
     def error_reply(self, status, message, type_=None) -> Response:
         return error_response(status, message, type_=type_)
@@ -209,7 +213,7 @@ class StreamedChat(_Chat):
     name = "chat stream"
     stream = True
 
-    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...] = (WEB_SEARCH,)):
+    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...]):
         super().__init__(ex, body, ours)
         self.ident = self.created = self.model = None  # the first turn's, which every later chunk takes
         self.environ = ex.environ
@@ -325,8 +329,8 @@ class StreamedChat(_Chat):
     def error(self, status, message, type_=None) -> bytes:
         return sse_error(status, message, type_)
 
-    def keepalive(self, calls: list) -> bytes:
-        return loop.searching_comment([tool_request(c).shown for c in calls])
+    def keepalive(self, requests: list) -> bytes:
+        return loop.searching_comment([r.shown for r in requests])
 
     def refused(self, status, raw) -> bytes:
         if status == 200:

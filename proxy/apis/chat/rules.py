@@ -4,12 +4,12 @@ and request of the next turn), tested without a network by tests/run.sh tests/te
 """
 from __future__ import annotations
 
-from proxy.apis import citations
+from proxy.apis.chat.presentation import CHAT_TOOLS
 from proxy.core import codec
 from proxy.core import validate as V
 from proxy.tools import registry
 from proxy.tools.base import NOT_EXECUTED
-from proxy.tools.registry import WEB_FETCH, WEB_SEARCH
+from proxy.tools.sources import Sources, numbered
 
 
 def chat_tool(name: str) -> dict:
@@ -17,11 +17,6 @@ def chat_tool(name: str) -> dict:
     tool = registry.tool(name)
     return {"type": "function", "function": {"name": tool.name, "description": tool.description,
                                              "parameters": tool.schema}}
-
-
-WEB_SEARCH_TOOL = chat_tool(WEB_SEARCH)
-WEB_FETCH_TOOL = chat_tool(WEB_FETCH)
-PROXY_TOOLS = {WEB_SEARCH: WEB_SEARCH_TOOL, WEB_FETCH: WEB_FETCH_TOOL}  # chat's tools, in the order they are added
 
 
 def validate(body) -> tuple[str, str | None] | None:
@@ -61,24 +56,22 @@ def tool_name(tool: dict) -> str | None:
     return fn.get("name") if isinstance(fn, dict) else tool.get("name")
 
 
-def tools_to_inject(body: dict, search: bool = True, fetch: bool = True) -> tuple[str, ...]:
-    """The names of the proxy's tools this request gets (web_search, web_fetch), none when adding
-    one would change what the client asked for. Pure.
+def tools_to_inject(body: dict, offered: tuple[str, ...] = tuple(CHAT_TOOLS)) -> tuple[str, ...]:
+    """The names of the proxy's tools this request gets, of those its settings offer (presentation.offered), none
+    when adding one would change what the client asked for. Pure.
 
     None when the client forbids tools (tool_choice "none") or asks for several choices (a loop
-    can only follow one); each tool unless it is switched off (INJECT_WEB_SEARCH,
-    INJECT_WEB_FETCH) or the client has a tool of that name (its calls are its own).
+    can only follow one); each offered tool unless the client has a tool of that name (its calls are its own).
     """
     if body.get("tool_choice") == "none" or (body.get("n") or 1) != 1:
         return ()
     theirs = {tool_name(t) for t in body.get("tools") or []}
-    wanted = ((WEB_SEARCH, search), (WEB_FETCH, fetch))
-    return tuple(name for name, on in wanted if on and name not in theirs)
+    return tuple(name for name in offered if name not in theirs)
 
 
 def with_tools(body: dict, names) -> dict:
     """A copy of the request with the proxy's named tools added; every other field as it was."""
-    return {**body, "tools": list(body.get("tools") or []) + [PROXY_TOOLS[n] for n in names]}
+    return {**body, "tools": list(body.get("tools") or []) + [chat_tool(n) for n in names]}
 
 
 def forced_tool(tool_choice) -> str | None:
@@ -89,8 +82,8 @@ def forced_tool(tool_choice) -> str | None:
 
 
 def forces_proxy_tool(tool_choice) -> bool:
-    """Whether a tool_choice forces web_search or web_fetch (forced once, then \"auto\")."""
-    return forced_tool(tool_choice) in PROXY_TOOLS
+    """Whether a tool_choice forces one of the proxy's tools (forced once, then \"auto\")."""
+    return forced_tool(tool_choice) in CHAT_TOOLS
 
 
 def call_name(call: dict):
@@ -98,8 +91,8 @@ def call_name(call: dict):
     return (call.get("function") or {}).get("name")
 
 
-def is_proxy_call(call: dict, ours=(WEB_SEARCH,)) -> bool:
-    """Whether the proxy runs this call: one of its injected tools (web_search by default)."""
+def is_proxy_call(call: dict, ours: tuple[str, ...]) -> bool:
+    """Whether the proxy runs this call: one of its injected tools (`ours`)."""
     return call_name(call) in ours
 
 
@@ -141,13 +134,13 @@ def assistant_turn(message: dict) -> dict:
     return out
 
 
-def tool_results(calls: list[dict], outcomes: list, ours=tuple(PROXY_TOOLS),
-                 sources: citations.Sources | None = None) -> list[dict]:
+def tool_results(calls: list[dict], outcomes: list, ours=tuple(CHAT_TOOLS),
+                 sources: Sources | None = None) -> list[dict]:
     """One tool message per call, in order: the proxy's results (of the calls named in `ours`,
     in `outcomes`' order, their sources numbered for citing), or the not-executed stub."""
     found = iter(outcomes)
     return [{"role": "tool", "tool_call_id": c.get("id"),
-             "content": citations.numbered(sources, o := next(found), registry.text(o)) if is_proxy_call(c, ours)
+             "content": numbered(sources, o := next(found), registry.text(o)) if is_proxy_call(c, ours)
              else NOT_EXECUTED}
             for c in calls]
 

@@ -1,5 +1,6 @@
 """The server-tool blocks a /v1/messages client sees and what the model reads from them, live or
-replayed (web_search and web_fetch results, `encrypted_content`, the counts in usage); pure, tested by
+replayed (web_search and web_fetch results, `encrypted_content`, what counts in usage), which the presentation
+table (presentation.py) names per tool; pure, tested by
 tests/run.sh tests/test_messages.py tests/test_messages_fetch.py.
 """
 from __future__ import annotations
@@ -8,21 +9,14 @@ import base64
 import binascii
 import re
 import uuid
-from collections.abc import Callable
-from typing import Any
 
-from proxy.apis import citations
-from proxy.backends.search import Hit, SearchOutcome
 from proxy.core import codec
 from proxy.core.codec import as_dict, as_list
-from proxy.tools.base import NOT_EXECUTED, Outcome
-from proxy.tools.registry import WEB_FETCH, WEB_SEARCH
+from proxy.tools.base import Outcome
+from proxy.tools.sources import Sources
 from proxy.tools.web_fetch import FetchOutcome, removed_note
-from proxy.tools.web_search import format_for_model
+from proxy.tools.web_search import Hit, SearchOutcome, format_for_model
 
-SERVER_NAME = WEB_SEARCH            # the names Anthropic gives the server tools' blocks: the proxy's tools' own
-FETCH_NAME = WEB_FETCH
-SERVER_BLOCKS = frozenset({"server_tool_use", "web_search_tool_result", "web_fetch_tool_result"})
 # What the model reads again when a replayed error block is all that is left of a search.
 ERROR_TEXT = {
     "too_many_requests": "Search failed: the search engine rate-limited the proxy (too_many_requests).",
@@ -183,7 +177,7 @@ def fetch_text(content, message: str | None = None) -> str:
     return head + (f"\nRetrieved {content['retrieved_at']}" if content.get("retrieved_at") else "") + "\n\n" + data
 
 
-def replayed_text(content, sources: citations.Sources | None) -> str:
+def replayed_text(content, sources: Sources | None) -> str:
     """A replayed web_fetch result's text, numbered as it was when its document had citations enabled."""
     text, doc = fetch_text(content), as_dict(as_dict(content).get("content"))
     if sources is None or as_dict(doc.get("citations")).get("enabled") is not True:
@@ -197,27 +191,6 @@ def fetch_model_text(outcome: FetchOutcome) -> str:
     return fetch_text(fetch_content(outcome), outcome.message or None)
 
 
-# Each proxy tool as Anthropic's server tool shows it: (its result block, the model's text of the outcome and its
-# call's query). A new tool the Messages API offers is one entry here, its server-tool names in request.py, and its
-# calls told apart in handler.py and history.py (docs/architecture.md's checklist).
-SERVER_TOOLS: dict[str, tuple[Callable[[str, Any, dict | None], dict], Callable[[Any, str], str]]] = {
-    WEB_SEARCH: (lambda use_id, outcome, citations: result_block(use_id, outcome), search_text),
-    WEB_FETCH: (lambda use_id, outcome, citations: fetch_result_block(use_id, outcome, citations),
-                lambda outcome, query: fetch_model_text(outcome)),
-}
-
-
-def model_text(outcome: Outcome, query: str = "") -> str:
-    """The tool_result text of one call of a round (`query`: the call's), as its tool's entry in SERVER_TOOLS makes
-    it: the text its result block replays to."""
-    return SERVER_TOOLS[outcome.tool][1](outcome, query)
-
-
-def server_result_block(tool_use_id: str, outcome: Outcome, citations: dict | None = None) -> dict:
-    """The server tool's result block for one call (web_search_tool_result, web_fetch_tool_result)."""
-    return SERVER_TOOLS[outcome.tool][0](tool_use_id, outcome, citations)
-
-
 # ---- the server_tool_use blocks, the counts in usage, the model's tool_result turn ------------
 
 def client_id(vllm_id) -> str:
@@ -225,7 +198,7 @@ def client_id(vllm_id) -> str:
     return "srvtoolu_" + (tail or uuid.uuid4().hex[:24])
 
 
-def server_use_block(call: dict, name: str = SERVER_NAME) -> dict:
+def server_use_block(call: dict, name: str) -> dict:
     return {"type": "server_tool_use", "id": client_id(call.get("id")), "name": name,
             "input": as_dict(call.get("input"))}
 
@@ -251,23 +224,6 @@ def add_usage(total: dict | None, turn: dict | None) -> dict | None:
         if key in total or key in turn:
             out[key] = (total.get(key) or 0) + (turn.get(key) or 0)
     return out
-
-
-def with_searches(usage: dict | None, requests: int, fetches: int | None = None) -> dict:
-    """Usage with server_tool_use, both counts always: anthropic 2.16's ServerToolUsage requires
-    web_search_requests and web_fetch_requests, and Anthropic always sends both."""
-    counts = {"web_search_requests": requests, "web_fetch_requests": fetches or 0}
-    return {**(usage or {"input_tokens": 0, "output_tokens": 0}), "server_tool_use": counts}
-
-
-def tool_results(calls: list[dict], searches: list[dict], outcomes: list,
-                 sources: citations.Sources | None = None, pages: bool = False) -> dict:
-    """The user turn answering every tool call of a search turn: results, pages, or not-executed (`sources`:
-    numbered for citing, pages only when web_fetch has citations enabled)."""
-    text = {id(c): citations.numbered(sources, o, model_text(o, input_query(c)), pages)
-            for c, o in zip(searches, outcomes, strict=True)}
-    return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": c.get("id"),
-                                         "content": text.get(id(c), NOT_EXECUTED)} for c in calls]}
 
 
 def turn_calls(turn: list[dict]) -> list[dict]:

@@ -14,33 +14,18 @@ from __future__ import annotations
 from flask import Response
 
 from proxy.apis import citations
-from proxy.apis.messages.blocks import (
-    FETCH_NAME,
-    SERVER_NAME,
-    add_usage,
-    client_id,
-    counts_as_fetch,
-    counts_as_search,
-    input_query,
-    kept_text,
-    model_text,
-    server_result_block,
-    server_use_block,
-    tool_results,
-    turn_calls,
-    with_searches,
-)
+from proxy.apis.messages.blocks import add_usage, client_id, kept_text, server_use_block, turn_calls
 from proxy.apis.messages.given import given
+from proxy.apis.messages.presentation import SERVER_TOOLS, model_text, result_block, tool_results, with_counts
 from proxy.apis.messages.request import (
     MessagesPlan,
-    fetch_request,
     needs_rewrite,
     next_request,
     rewrite,
-    search_request,
     served_model_for,
     shortcut_turn,
-    subrequest_query,
+    subrequest,
+    tool_request,
     validate,
 )
 from proxy.apis.messages.stream import PING, SSE_HEADERS, ClientMessage, error_event
@@ -48,10 +33,9 @@ from proxy.core import codec
 from proxy.core.codec import as_dict
 from proxy.core.errors import anthropic_error, as_anthropic_error
 from proxy.engine import loop
-from proxy.engine.exchange import Exchange, response_headers
+from proxy.engine.exchange import Exchange, UpstreamError, gateway_status, response_headers
 from proxy.tools import registry
 from proxy.tools.base import Outcome, Request
-from proxy.transport.vllm import UpstreamError, gateway_status
 
 
 def handle(ex: Exchange) -> Response:
@@ -78,8 +62,8 @@ def handle(ex: Exchange) -> Response:
         return count_tokens(ex, vbody)
     # Claude Code's search sub-request names its query; searching it directly saves the model
     # turn that would only copy it into a tool call (measured: see tests/test_claude_code.py).
-    query = subrequest_query(body)
-    first = _Blocks(shortcut_turn(query, plan)) if query is not None else None
+    sub = subrequest(body)
+    first = _Blocks(shortcut_turn(sub, plan)) if sub is not None else None
     dialect = StreamedMessages if body.get("stream") else PlainMessages
     return loop.run(ex, dialect(ex, vbody, plan, first))
 
@@ -122,9 +106,9 @@ class _Blocks:
 
 
 class _Messages:
-    """What both kinds of Messages request share: the server tools' searches and fetches
-    (max_uses, domain filters, the counts in usage.server_tool_use), their blocks, the next request
-    (the loop's Dialect contract, proxy/engine/loop.py)."""
+    """What both kinds of Messages request share: the server tools' calls (max_uses, domain filters, the counts in
+    usage.server_tool_use), their blocks, the next request (the loop's Dialect contract, proxy/engine/loop.py). How
+    each tool shows is its row in presentation.SERVER_TOOLS; nothing here tells one tool from another."""
 
     headers: list = []
 
@@ -137,10 +121,8 @@ class _Messages:
         self.messages = list(body["messages"])
         self.kept = ex.services.kept
         self.limit = ex.cfg.searxng_results
-        self.used = 0          # searches asked for, against max_uses
-        self.requests = 0      # searches that count as done (web_search_requests)
-        self.fetch_used = 0    # fetches asked for, against web_fetch's max_uses
-        self.fetches = 0       # pages fetched (web_fetch_requests)
+        self.used: dict[str, int] = {}    # calls asked for, per vLLM-side name, against its max_uses
+        self.counts: dict[str, int] = {}  # results that count in usage.server_tool_use, by its key
         self.usage: dict | None = None
         self.uses: list[dict] = []  # the server_tool_use blocks of the round under way
 
@@ -149,68 +131,46 @@ class _Messages:
         ours = self.plan.ours()
         return [b for b in turn.blocks if b.get("type") == "tool_use" and b.get("name") in ours]
 
-    def is_fetch(self, call: dict) -> bool:
-        return self.plan.fetch is not None and call.get("name") == self.plan.fetch_name
+    def requests(self, calls: list) -> list[Request]:
+        return [tool_request(c, self.plan) for c in calls]
 
-    def request_for(self, call: dict) -> Request:
-        """A call of the model's as the session runs it, with the client's limits for its server tool."""
-        if self.is_fetch(call) and self.plan.fetch is not None:
-            return fetch_request(call.get("input"), self.plan.fetch)
-        return search_request(call.get("input"), self.plan)
-
-    def run_tools(self, calls: list) -> list:
-        """One round: the searches and fetches within max_uses run together on the session (one
-        round of MAX_SEARCH_ITER, even when every call is over max_uses); outcomes in call order."""
-        out: list = [None] * len(calls)
-        items: list = []
-        at: list[int] = []
-        for i, c in enumerate(calls):
-            refused = self.over_max_uses(c)
-            if refused is not None:
-                out[i] = refused
-                continue
-            items.append(self.request_for(c))
-            at.append(i)
-        for i, o in zip(at, self.session.run(items, limit=self.limit), strict=True):
+    def run_tools(self, calls: list, requests: list[Request]) -> list:
+        """One round: the calls within max_uses run together on the session (one round of MAX_SEARCH_ITER, even
+        when every call is over max_uses); outcomes in call order."""
+        out: list = [self.over_max_uses(c, r) for c, r in zip(calls, requests, strict=True)]
+        at = [i for i, o in enumerate(out) if o is None]
+        for i, o in zip(at, self.session.run([requests[i] for i in at], limit=self.limit), strict=True):
             out[i] = o
         return out
 
-    def over_max_uses(self, call: dict) -> Outcome | None:
-        """The max_uses_exceeded outcome of a call past its tool's max_uses (counting it), or None."""
-        request = self.request_for(call)
-        tool = registry.tool(request.tool)
-        if self.is_fetch(call):
-            self.fetch_used += 1
-            limit = self.plan.fetch.max_uses if self.plan.fetch else None
-            if limit is None or self.fetch_used <= limit:
-                return None
-            return tool.failure(request, "max_uses_exceeded", (
-                f"Not fetched: this request allows at most {limit} fetches (max_uses) and they are used up. "
-                "Answer from the pages you already have."))
-        self.used += 1
-        if self.plan.max_uses is None or self.used <= self.plan.max_uses:
+    def over_max_uses(self, call: dict, request: Request) -> Outcome | None:
+        """The max_uses_exceeded outcome of a call past its server tool's max_uses (counting it), or None."""
+        tp = self.plan.offered[str(call.get("name"))]
+        self.used[tp.name] = used = self.used.get(tp.name, 0) + 1
+        if tp.max_uses is None or used <= tp.max_uses:
             return None
-        return tool.failure(request, "max_uses_exceeded", (
-            f"Not searched: this request allows at most {self.plan.max_uses} searches (max_uses) and "
-            "they are used up. Answer from the results you already have."))
+        return registry.tool(tp.tool).failure(request, "max_uses_exceeded",
+                                              SERVER_TOOLS[tp.tool].used_up.format(limit=tp.max_uses))
 
     def announce(self, calls: list):
-        self.uses = [server_use_block(c, FETCH_NAME if self.is_fetch(c) else SERVER_NAME) for c in calls]
+        self.uses = [server_use_block(c, self.plan.offered[str(c.get("name"))].tool) for c in calls]
         return ()
 
     def results(self, outcomes: list) -> list[dict]:
-        """The web_search_tool_result and web_fetch_tool_result blocks answering this round's
+        """The result blocks (web_search_tool_result, web_fetch_tool_result, ...) answering this round's
         server_tool_use blocks."""
-        citations = self.plan.fetch.citations if self.plan.fetch else None
-        results = [server_result_block(u["id"], o, citations) for u, o in zip(self.uses, outcomes, strict=True)]
-        self.requests += sum(counts_as_search(r) for r in results)
-        self.fetches += sum(counts_as_fetch(r) for r in results)
+        results = []
+        for use, outcome in zip(self.uses, outcomes, strict=True):
+            tp, row = self.plan.plan_of(outcome.tool), SERVER_TOOLS[outcome.tool]
+            block = result_block(use["id"], outcome, tp.citations if tp is not None else None)
+            if row.usage_key and row.counted(block):
+                self.counts[row.usage_key] = self.counts.get(row.usage_key, 0) + 1
+            results.append(block)
         return results
 
     @property
     def cites_pages(self) -> bool:
-        """Fetched pages are cited (char_location) only when web_fetch asks for it, as at Anthropic."""
-        return bool(self.plan.fetch and as_dict(self.plan.fetch.citations).get("enabled") is True)
+        return self.plan.cites_pages
 
     def cited(self, blocks: list[dict]) -> list[dict]:
         """The text blocks with the citations their markers name (proxy.apis.citations); others as they were."""
@@ -223,7 +183,7 @@ class _Messages:
         return out
 
     def usage_total(self) -> dict:
-        return with_searches(self.usage, self.requests, self.fetches if self.plan.fetch else None)
+        return with_counts(self.usage, self.counts)
 
     def follow(self, turn: _Blocks, calls: list, outcomes: list):
         self.messages = self.messages + [{"role": "assistant", "content": turn.blocks},
@@ -233,7 +193,7 @@ class _Messages:
         # A failure's sentence is more than its result block can hold: kept by the block's id for the replays.
         for call, outcome in zip(calls, outcomes, strict=True):
             if kept_text(outcome):
-                self.kept.put(client_id(call.get("id")), {"output": model_text(outcome, input_query(call))})
+                self.kept.put(client_id(call.get("id")), {"output": model_text(outcome, as_dict(call.get("input")))})
 
     def error_reply(self, status, message, type_=None) -> Response:
         return anthropic_error(status, message)  # Anthropic's error types follow the status
@@ -307,7 +267,7 @@ class StreamedMessages(_Messages):
         opening = [] if self.out.started else [self.out.open(self.body.get("model"))]
         return opening + self.out.blocks(self.uses)
 
-    def keepalive(self, calls) -> bytes:
+    def keepalive(self, requests) -> bytes:
         return PING
 
     def record(self, turn, calls, outcomes):

@@ -6,24 +6,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from proxy.apis import citations
-from proxy.apis.messages.blocks import FETCH_NAME, SERVER_BLOCKS, input_query, outcome_from_block, replayed_text
+from proxy.apis.messages.presentation import row_for_result, server_blocks
 from proxy.core import validate as V
-from proxy.tools.web_search import format_for_model
+from proxy.core.codec import as_dict
+from proxy.tools.sources import Sources
 
 # What the model read live for a result its block cannot rebuild (a failure's own sentence), by tool_use_id:
 # services.KeptResults.get, whose record holds it as "output".
 Kept = Callable[[str], "dict[str, str] | None"]
 
 
+
 def no_kept(_: str) -> None:
     return None
 
 
-def rewrite_history(messages: list[dict], name: str, fetch_name: str = FETCH_NAME, cite: bool = True,
-                    kept: Kept = no_kept) -> list[dict]:
-    """Replayed server blocks as blocks vLLM accepts (`name`, `fetch_name`: the tools' names on
-    the vLLM side). Pure.
+def rewrite_history(messages: list[dict], names: dict[str, str], cite: bool = True, kept: Kept = no_kept) -> list[dict]:
+    """Replayed server blocks as blocks vLLM accepts (`names`: each server tool's name on the vLLM side, by the
+    proxy tool's; a server_tool_use of a tool not among them replays as the first; `kept`: the live text of results
+    their blocks cannot rebuild, by tool_use_id). Pure but for the lookup.
 
     Anthropic keeps a search's (or fetch's) `server_tool_use` and its result in the assistant message;
     vLLM needs a `tool_use` in the assistant turn and its `tool_result` in the next user
@@ -37,7 +38,7 @@ def rewrite_history(messages: list[dict], name: str, fetch_name: str = FETCH_NAM
             out.append(_opened_with(carry, msg))
             carry = []
         elif _replays_server_blocks(msg):
-            turns, carry = _split_answer(msg, name, fetch_name, cite, kept)
+            turns, carry = _split_answer(msg, names, cite, kept)
             out += turns
         else:
             out.append(msg)
@@ -49,7 +50,7 @@ def rewrite_history(messages: list[dict], name: str, fetch_name: str = FETCH_NAM
 def _replays_server_blocks(msg: dict) -> bool:
     content = msg.get("content")
     return msg.get("role") == "assistant" and isinstance(content, list) \
-        and any(V.kind(b) in SERVER_BLOCKS for b in content)
+        and any(V.kind(b) in server_blocks() for b in content)
 
 
 def _opened_with(results: list[dict], msg: dict) -> dict:
@@ -59,27 +60,28 @@ def _opened_with(results: list[dict], msg: dict) -> dict:
     return {**msg, "content": results + rest}
 
 
-def _split_answer(msg: dict, name: str, fetch_name: str, cite: bool, kept: Kept) -> tuple[list[dict], list[dict]]:
+def _split_answer(msg: dict, names: dict[str, str], cite: bool, kept: Kept) -> tuple[list[dict], list[dict]]:
     """One assistant message with server blocks as the turns it becomes, and the tool_results
     still owed to the user turn after it."""
     content = msg["content"]
-    queries = {b.get("id"): input_query(b) for b in content if isinstance(b, dict) and b.get("type") == "server_tool_use"}
-    ids = set(queries)
+    inputs = {b.get("id"): as_dict(b.get("input")) for b in content if isinstance(b, dict) and b.get("type") == "server_tool_use"}
+    ids = set(inputs)
     # Numbered as when this answer was made (one counter per answer, pages only when they were cited), so the
     # model reads the same text again (CITATIONS=off: unnumbered, as then).
-    sources = citations.Sources() if cite else None
+    sources = Sources() if cite else None
     out: list[dict] = []
     seg: list[dict] = []
     results: list[dict] = []
     for b in content:
         kind = V.kind(b)
-        if kind in ("web_search_tool_result", "web_fetch_tool_result"):
-            results.append(_replayed_result(b, kind, queries, sources, kept))
+        row = row_for_result(kind)
+        if row is not None:
+            results.append(_replayed_result(b, row, inputs, sources, kept))
             continue
         if kind == "server_tool_use":
             # A search after a run whose results are all in was written after reading them: a new turn.
             cut = bool(results) and not _pending(seg, results, ids)
-            tool = fetch_name if b.get("name") == FETCH_NAME else name
+            tool = names.get(b.get("name")) or next(iter(names.values()))
             block = {"type": "tool_use", "id": b.get("id"), "name": tool, "input": b.get("input") or {}}
         else:
             # Text (or a client's tool call) after a search was written after reading its result: a new turn.
@@ -94,19 +96,14 @@ def _split_answer(msg: dict, name: str, fetch_name: str, cite: bool, kept: Kept)
     return out, _complete(seg, results, ids) if results or _pending(seg, results, ids) else []
 
 
-def _replayed_result(block: dict, kind: str, queries: dict, sources: citations.Sources | None, kept: Kept) -> dict:
-    """A web_search_tool_result or web_fetch_tool_result as the tool_result the model first read: rebuilt from the
-    block, or, for a failure the block keeps only the code of, the live sentence while this worker keeps it."""
+def _replayed_result(block: dict, row, inputs: dict, sources: Sources | None, kept: Kept) -> dict:
+    """A server tool's result block as the tool_result the model first read: rebuilt by its row's replay, or, for a
+    failure the block keeps only the code of, the live sentence while this worker keeps it."""
     tid = block.get("tool_use_id")
     record = kept(tid) if isinstance(tid, str) else None
     if isinstance(record, dict) and isinstance(record.get("output"), str):
         return {"type": "tool_result", "tool_use_id": tid, "content": record["output"]}
-    if kind == "web_fetch_tool_result":
-        text = replayed_text(block.get("content"), sources)
-    else:
-        outcome = outcome_from_block(queries.get(tid, ""), block.get("content"))
-        text = citations.numbered(sources, outcome, format_for_model(outcome))
-    return {"type": "tool_result", "tool_use_id": tid, "content": text}
+    return {"type": "tool_result", "tool_use_id": tid, "content": row.replayed(block.get("content"), inputs.get(tid, {}), sources)}
 
 
 def _searches_of(seg, ids) -> list[dict]:

@@ -8,60 +8,46 @@ import uuid
 from dataclasses import dataclass, field
 
 from proxy.apis import citations
-from proxy.apis.messages.blocks import FETCH_NAME, SERVER_BLOCKS, SERVER_NAME
 from proxy.apis.messages.history import Kept, no_kept, rewrite_history
+from proxy.apis.messages.presentation import SERVER_TOOLS, ServerTool, row_for_result, row_for_type, server_blocks
 from proxy.core import validate as V
+from proxy.core.codec import as_dict
 from proxy.tools import registry
-from proxy.tools.base import Limits, Request
-from proxy.tools.registry import WEB_FETCH, WEB_SEARCH
-
-SERVER_TOOL_PREFIX = "web_search_"
-# Every web_fetch_* version is served as web_fetch_20250910: the later ones (the SDK knows
-# _20260209, _20260309, _20260318) only add options and share its blocks, as web_search_* do.
-FETCH_TOOL_PREFIX = "web_fetch_"
-SUBREQUEST_PREFIX = "Perform a web search for the query: "
-
+from proxy.tools.base import NO_LIMITS, Limits, Request
 
 # ---- which requests -------------------------------------------------------------------------
 
-def _typed(tool, prefix: str) -> bool:
-    return isinstance(tool, dict) and str(tool.get("type") or "").startswith(prefix)
-
-
-def is_search_tool(tool) -> bool:
-    """Anthropic's web_search server tool, by type: Claude Desktop's client-side `WebSearch` is a normal tool."""
-    return _typed(tool, SERVER_TOOL_PREFIX)
-
-
-def is_fetch_tool(tool) -> bool:
-    """Anthropic's web_fetch server tool, by type (Claude Code's client-side WebFetch is a normal tool)."""
-    return _typed(tool, FETCH_TOOL_PREFIX)
+def server_row(tool) -> ServerTool | None:
+    """The presentation row of a client's server tool (by its `type`), or None for an ordinary tool: Claude
+    Desktop's client-side `WebSearch` and Claude Code's `WebFetch` are ordinary tools."""
+    return row_for_type(tool.get("type")) if isinstance(tool, dict) else None
 
 
 def is_server_tool(tool) -> bool:
     """One of the server tools the proxy plays."""
-    return is_search_tool(tool) or is_fetch_tool(tool)
+    return server_row(tool) is not None
 
 
-def server_tool(body: dict, kind=is_search_tool) -> dict | None:
-    """The request's web_search server tool (or, with kind=is_fetch_tool, its web_fetch one)."""
+def server_specs(body: dict) -> dict[str, dict]:
+    """The client's server tools by the proxy tool that plays them (the first of each kind), in the table's order."""
     tools = body.get("tools")
-    return next((t for t in tools if kind(t)), None) if isinstance(tools, list) else None
-
-
-def fetch_tool(body: dict) -> dict | None:
-    return server_tool(body, is_fetch_tool)
+    found: dict[str, dict] = {}
+    for t in tools if isinstance(tools, list) else ():
+        row = server_row(t)
+        if row is not None:
+            found.setdefault(row.tool, t)
+    return {tool: found[tool] for tool in SERVER_TOOLS if tool in found}
 
 
 def has_server_blocks(body: dict) -> bool:
-    msgs = body.get("messages")
+    msgs, kinds = body.get("messages"), server_blocks()
     return isinstance(msgs, list) and any(
         isinstance(m, dict) and isinstance(m.get("content"), list)
-        and any(V.kind(b) in SERVER_BLOCKS for b in m["content"]) for m in msgs)
+        and any(V.kind(b) in kinds for b in m["content"]) for m in msgs)
 
 
 def needs_rewrite(body) -> bool:
-    return isinstance(body, dict) and (server_tool(body, is_server_tool) is not None or has_server_blocks(body))
+    return isinstance(body, dict) and (bool(server_specs(body)) or has_server_blocks(body))
 
 
 def validate(body: dict) -> str | None:
@@ -71,13 +57,14 @@ def validate(body: dict) -> str | None:
     if body.get("tools") is not None and (not isinstance(body["tools"], list)
                                           or not all(isinstance(t, dict) for t in body["tools"])):
         return "tools: must be an array of tool objects"
-    fetch = fetch_tool(body)
-    problem = _spec_problem(SERVER_NAME, server_tool(body) or {}, ("max_uses",)) \
-        or _spec_problem(FETCH_NAME, fetch or {}, ("max_uses", "max_content_tokens")) \
-        or (None if fetch is None or fetch.get("citations") is None or isinstance(fetch["citations"], dict)
-            else "tools: web_fetch citations must be an object like {\"enabled\": true}")
-    if problem:
-        return problem
+    specs = server_specs(body)
+    for tool, spec in specs.items():
+        row = SERVER_TOOLS[tool]
+        problem = _spec_problem(tool, spec, row.counts)
+        if problem is None and row.cites and spec.get("citations") is not None and not isinstance(spec["citations"], dict):
+            problem = f"tools: {tool} citations must be an object like {{\"enabled\": true}}"
+        if problem:
+            return problem
     try:
         _check_types(body)
     except V.Invalid as e:
@@ -95,19 +82,19 @@ def _check_types(body: dict) -> None:
             V.fields(tool, f"tools.{i}", allowed_domains=V.strings, blocked_domains=V.strings)
     if isinstance(body.get("tool_choice"), dict):
         V.fields(body["tool_choice"], "tool_choice", type=V.string, name=V.string)
+    kinds = server_blocks()
     for i, msg in enumerate(body["messages"]):
         content = msg.get("content")
-        if not (isinstance(content, list) and any(V.kind(b) in SERVER_BLOCKS for b in content)):
+        if not (isinstance(content, list) and any(V.kind(b) in kinds for b in content)):
             continue  # history without server blocks goes to vLLM as it is: vLLM judges it
         for j, block in enumerate(content):
             at = f"messages.{i}.content.{j}"
             block = V.obj(block, at)
             V.fields(block, at, type=V.string, id=V.string, tool_use_id=V.string, name=V.string)
+            row = row_for_result(block.get("type"))
             if block.get("type") == "server_tool_use":
                 V.fields(block, at, input=V.obj)
-            elif block.get("type") == "web_search_tool_result" and not isinstance(block.get("content"), list):
-                V.fields(V.obj(block.get("content"), f"{at}.content"), f"{at}.content", error_code=V.string)
-            elif block.get("type") == "web_fetch_tool_result":
+            elif row is not None and not (row.result_list and isinstance(block.get("content"), list)):
                 V.fields(V.obj(block.get("content"), f"{at}.content"), f"{at}.content", error_code=V.string)
 
 
@@ -129,11 +116,12 @@ def _spec_problem(label: str, spec: dict, counts: tuple[str, ...]) -> str | None
     return None
 
 
-def subrequest_query(body: dict) -> str | None:
-    """The <q> of Claude Code's search sub-request (only the server tool; one user message
-    `Perform a web search for the query: <q>`), else None."""
+def subrequest(body: dict) -> tuple[str, str] | None:
+    """(tool, text) of Claude Code's sub-request for one server tool (only that tool, and one user message
+    `<the row's subrequest prefix><text>`, e.g. `Perform a web search for the query: <q>`), else None."""
     tools, msgs = body.get("tools") or [], body.get("messages") or []
-    if len(tools) != 1 or not is_search_tool(tools[0]) or len(msgs) != 1 or msgs[0].get("role") != "user":
+    row = server_row(tools[0]) if len(tools) == 1 else None
+    if row is None or row.subrequest is None or len(msgs) != 1 or msgs[0].get("role") != "user":
         return None
     tc = body.get("tool_choice")
     if isinstance(tc, dict) and tc.get("type") == "none":
@@ -144,9 +132,16 @@ def subrequest_query(body: dict) -> str | None:
         if len(texts) != 1 or len(content) != 1:
             return None
         content = texts[0]
-    if isinstance(content, str) and content.startswith(SUBREQUEST_PREFIX):
-        return content[len(SUBREQUEST_PREFIX):]
+    prefix = row.subrequest[0]
+    if isinstance(content, str) and content.startswith(prefix):
+        return row.tool, content[len(prefix):]
     return None
+
+
+def subrequest_query(body: dict) -> str | None:
+    """The text of Claude Code's sub-request (the <q> of a search's), else None."""
+    found = subrequest(body)
+    return found[1] if found is not None else None
 
 
 def served_model_for(model, served: list[str] | None) -> str | None:
@@ -159,34 +154,42 @@ def served_model_for(model, served: list[str] | None) -> str | None:
 # ---- the rewrite ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class FetchPlan:
-    """The web_fetch tool's options, as the fetch core takes them."""
+class ToolPlan:
+    """One server tool the client offered, as the proxy runs it: its tool, its name on the vLLM side, and the
+    client's options (max_uses; domain filters and a page's token budget as Limits; citations)."""
+    tool: str                        # the registry name
+    name: str                        # the function's name on the vLLM side
     max_uses: int | None = None
-    allowed: tuple[str, ...] = ()
-    blocked: tuple[str, ...] = ()
-    max_tokens: int | None = None    # max_content_tokens
+    limits: Limits = NO_LIMITS
     citations: dict | None = None    # echoed in each document; {"enabled": true}: pages are cited (char_location)
 
 
 @dataclass
 class MessagesPlan:
-    """How one rewritten request searches and fetches."""
-    name: str                        # the search tool's name on the vLLM side
-    server: bool                     # the web_search tool is in `tools` (else only history is rewritten)
-    max_uses: int | None = None
-    allowed: list = field(default_factory=list)
-    blocked: list = field(default_factory=list)
+    """How one rewritten request runs the server tools."""
+    names: dict[str, str]            # every row's tool -> its vLLM-side name (replayed history uses them too)
+    offered: dict[str, ToolPlan] = field(default_factory=dict)  # by vLLM-side name: the server tools in `tools`
     client_tools: bool = False       # ordinary tools besides the server tools
-    fetch_name: str = FETCH_NAME     # the fetch tool's name on the vLLM side
-    fetch: FetchPlan | None = None   # None: no web_fetch tool in `tools`
 
     def ours(self) -> set[str]:
         """The vLLM-side names of the calls the proxy runs itself."""
-        return ({self.name} if self.server else set()) | ({self.fetch_name} if self.fetch else set())
+        return set(self.offered)
+
+    def plan_of(self, tool) -> ToolPlan | None:
+        """The offered server tool a registry name names, or None."""
+        return next((tp for tp in self.offered.values() if tp.tool == tool), None)
+
+    @property
+    def cites_pages(self) -> bool:
+        """Pages read are cited (char_location) only when their server tool asks for it, as at Anthropic."""
+        return any(SERVER_TOOLS[tp.tool].cites and as_dict(tp.citations).get("enabled") is True
+                   for tp in self.offered.values())
 
 
-def internal_name(tools, base: str = SERVER_NAME) -> str:
-    """`web_search` (or `web_fetch`), unless the client has an ordinary tool of that name: then a free variant."""
+def internal_name(tools, base: str | None = None) -> str:
+    """A tool's own name (`base`; the table's first, web_search, when None), unless the client has an ordinary tool
+    of that name: then a free variant."""
+    base = base or next(iter(SERVER_TOOLS))
     taken = {t.get("name") for t in tools or [] if isinstance(t, dict) and not is_server_tool(t)}
     name, n = base, 1
     while name in taken:
@@ -195,58 +198,43 @@ def internal_name(tools, base: str = SERVER_NAME) -> str:
     return name
 
 
-def search_tool(name: str, plan: MessagesPlan) -> dict:
-    """web_search as an ordinary tool for vLLM: the tool's description, with the client's domain filters said."""
-    tool = registry.tool(WEB_SEARCH)
+def tool_plan(tool: str, name: str, spec: dict) -> ToolPlan:
+    """One server tool's options as the proxy runs them. Pure."""
+    limits = Limits(tuple(map(str, spec.get("allowed_domains") or ())), tuple(map(str, spec.get("blocked_domains") or ())),
+                    spec.get("max_content_tokens"))
+    return ToolPlan(tool, name, spec.get("max_uses"), limits, spec.get("citations"))
+
+
+def vllm_tool(tp: ToolPlan) -> dict:
+    """A server tool as an ordinary tool for vLLM: the tool's description, with the client's filters said, and its
+    schema."""
+    tool, row = registry.tool(tp.tool), SERVER_TOOLS[tp.tool]
     desc = tool.description
-    if plan.allowed:
-        desc += " Only results from these domains are shown: " + ", ".join(map(str, plan.allowed)) + "."
-    if plan.blocked:
-        desc += " Results from these domains are never shown: " + ", ".join(map(str, plan.blocked)) + "."
-    return {"name": name, "description": desc, "input_schema": tool.schema}
-
-
-def fetch_plan(spec: dict) -> FetchPlan:
-    return FetchPlan(max_uses=spec.get("max_uses"), allowed=tuple(map(str, spec.get("allowed_domains") or ())),
-                     blocked=tuple(map(str, spec.get("blocked_domains") or ())),
-                     max_tokens=spec.get("max_content_tokens"), citations=spec.get("citations"))
-
-
-def fetch_tool_for_vllm(name: str, fp: FetchPlan) -> dict:
-    """web_fetch as an ordinary tool for vLLM: the tool's description and schema, with the client's filters said."""
-    tool = registry.tool(WEB_FETCH)
-    desc = tool.description
-    if fp.allowed:
-        desc += " Only pages on these domains can be fetched: " + ", ".join(fp.allowed) + "."
-    if fp.blocked:
-        desc += " Pages on these domains are never fetched: " + ", ".join(fp.blocked) + "."
-    return {"name": name, "description": desc, "input_schema": tool.schema}
+    for domains, sentence in ((tp.limits.allowed_domains, row.scope[0]), (tp.limits.blocked_domains, row.scope[1])):
+        if domains:
+            desc += sentence.format(domains=", ".join(domains))
+    return {"name": tp.name, "description": desc, "input_schema": tool.schema}
 
 
 def rewrite(body: dict, cite: bool = True, kept: Kept = no_kept) -> tuple[dict, MessagesPlan]:
-    """The request as vLLM accepts it: the server tool as an ordinary tool, server blocks in
+    """The request as vLLM accepts it: the server tools as ordinary tools, server blocks in
     history as tool_use/tool_result (`kept`: the live text of results their blocks cannot rebuild, by
     tool_use_id); every other field unchanged. Pure but for the lookup."""
-    spec, fspec = server_tool(body), fetch_tool(body)
     tools = body.get("tools")
-    name = internal_name(tools)
-    plan = MessagesPlan(name=name, server=spec is not None,
-                max_uses=(spec or {}).get("max_uses"),
-                allowed=list((spec or {}).get("allowed_domains") or []),
-                blocked=list((spec or {}).get("blocked_domains") or []),
-                client_tools=any(not is_server_tool(t) for t in tools or []),
-                fetch_name=internal_name(tools, FETCH_NAME), fetch=fetch_plan(fspec) if fspec is not None else None)
+    names = {tool: internal_name(tools, tool) for tool in SERVER_TOOLS}
+    offered = {names[t]: tool_plan(t, names[t], spec) for t, spec in server_specs(body).items()}
+    plan = MessagesPlan(names, offered, client_tools=any(not is_server_tool(t) for t in tools or []))
     out = dict(body)
     if tools is not None:
-        out["tools"] = [search_tool(name, plan) if is_search_tool(t)
-                        else fetch_tool_for_vllm(plan.fetch_name, plan.fetch) if is_fetch_tool(t) and plan.fetch
-                        else t for t in tools]
+        out["tools"] = [vllm_tool(plan.offered[names[row.tool]]) if (row := server_row(t)) is not None else t
+                        for t in tools]
     tc = body.get("tool_choice")
-    if spec is not None and isinstance(tc, dict) and tc.get("type") == "tool" and tc.get("name") == SERVER_NAME \
-            and name != SERVER_NAME and not _client_has(tools, SERVER_NAME):
-        out["tool_choice"] = {**tc, "name": name}
+    if isinstance(tc, dict) and tc.get("type") == "tool":
+        forced = plan.plan_of(tc.get("name"))
+        if forced is not None and forced.name != forced.tool and not _client_has(tools, forced.tool):
+            out["tool_choice"] = {**tc, "name": forced.name}
     if has_server_blocks(body):
-        out["messages"] = rewrite_history(body["messages"], name, plan.fetch_name, cite, kept)
+        out["messages"] = rewrite_history(body["messages"], names, cite, kept)
     out["messages"] = citations.without_citations(out["messages"])  # an earlier answer's cited text blocks
     return out, plan
 
@@ -257,14 +245,11 @@ def _client_has(tools, name) -> bool:
 
 # ---- the calls the proxy runs and the turns after the first ---------------------------------
 
-def fetch_request(arguments, fp: FetchPlan) -> Request:
-    """A web_fetch call as the fetch tool runs it, with the client's options for the tool. Pure."""
-    return registry.parse(WEB_FETCH, arguments, Limits(fp.allowed, fp.blocked, fp.max_tokens))
-
-
-def search_request(arguments, plan: MessagesPlan) -> Request:
-    """A web_search call as the search tool runs it, with the client's domain filters. Pure."""
-    return registry.parse(WEB_SEARCH, arguments, Limits(tuple(plan.allowed), tuple(plan.blocked)))
+def tool_request(call: dict, plan: MessagesPlan) -> Request:
+    """A call of the model's as the session runs it: parsed by the tool its vLLM-side name stands for, with the
+    client's options for that server tool. Pure."""
+    tp = plan.offered[str(call.get("name"))]
+    return registry.parse(tp.tool, call.get("input"), tp.limits)
 
 
 def next_request(body: dict, messages: list[dict], plan: MessagesPlan) -> dict:
@@ -272,13 +257,15 @@ def next_request(body: dict, messages: list[dict], plan: MessagesPlan) -> dict:
     first round so the model writes its answer instead of searching forever."""
     out = {**body, "messages": messages}
     tc = body.get("tool_choice")
-    if isinstance(tc, dict) and ((tc.get("type") == "tool" and tc.get("name") in plan.ours() | {plan.name})
+    if isinstance(tc, dict) and ((tc.get("type") == "tool" and tc.get("name") in plan.ours() | set(plan.names.values()))
                                  or (tc.get("type") == "any" and not plan.client_tools)):
         out["tool_choice"] = {k: v for k, v in tc.items() if k == "disable_parallel_tool_use"} | {"type": "auto"}
     return out
 
 
-def shortcut_turn(query: str, plan: MessagesPlan) -> list[dict]:
-    """The tool call the model would have written for Claude Code's sub-request."""
-    return [{"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": plan.name, "input": {"query": query}}]
-
+def shortcut_turn(sub: tuple[str, str], plan: MessagesPlan) -> list[dict]:
+    """The tool call the model would have written for Claude Code's sub-request (`sub`: subrequest's answer)."""
+    tool, text = sub
+    row = SERVER_TOOLS[tool]
+    arg = row.subrequest[1] if row.subrequest else "query"
+    return [{"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": plan.names[tool], "input": {arg: text}}]

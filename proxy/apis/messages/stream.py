@@ -2,7 +2,7 @@
 events relayed live with block indexes renumbered over the whole message, its internal
 tool_use blocks held back, server-tool blocks added, one message_start and one end.
 
-Used by proxy.messages' streamed dialect; not run on its own (tests: tests/test_messages.py).
+Used by proxy/apis/messages/handler.py's streamed dialect; not run on its own (tests: tests/test_messages.py).
 """
 from __future__ import annotations
 

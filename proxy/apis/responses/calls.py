@@ -3,13 +3,10 @@ page): recognising them, the request each runs as, what the model reads back and
 tests/test_responses_fetch.py."""
 from __future__ import annotations
 
-from proxy.apis import citations
 from proxy.apis.responses.request import ResponsesPlan
-from proxy.core import codec
-from proxy.core.codec import as_dict
 from proxy.tools import registry
 from proxy.tools.base import NOT_EXECUTED, Limits, Outcome, Request
-from proxy.tools.registry import FIND_IN_PAGE, WEB_FETCH, WEB_SEARCH
+from proxy.tools.sources import Sources, numbered
 
 
 def is_call_of(item, name: str) -> bool:
@@ -28,15 +25,7 @@ def internal_calls(output, plan: ResponsesPlan) -> list[dict]:
 
 def tool_name(call: dict, plan: ResponsesPlan) -> str:
     """The proxy tool a call of the model's runs: its vLLM-side names are the plan's."""
-    return {plan.fetch_name: WEB_FETCH, plan.find_name: FIND_IN_PAGE}.get(call.get("name"), WEB_SEARCH)
-
-
-def arguments_of(call: dict) -> dict:
-    """A call's arguments as an object; {} when they are not one (the parsers say why)."""
-    try:
-        return as_dict(codec.tool_arguments(call.get("arguments")))
-    except ValueError:
-        return {}
+    return plan.functions[str(call.get("name"))]
 
 
 def tool_request(call: dict, plan: ResponsesPlan) -> Request:
@@ -47,12 +36,12 @@ def tool_request(call: dict, plan: ResponsesPlan) -> Request:
     return registry.parse(tool_name(call, plan), call.get("arguments"), limits)
 
 
-def numbered_output(outcome: Outcome, sources: citations.Sources | None) -> str:
+def numbered_output(outcome: Outcome, sources: Sources | None) -> str:
     """The text the model reads for one internal call, its sources numbered for citing."""
-    return citations.numbered(sources, outcome, registry.text(outcome))
+    return numbered(sources, outcome, registry.text(outcome))
 
 
-def call_outputs(turn_output: list, plan: ResponsesPlan, outcomes: dict, sources: citations.Sources | None = None) -> list:
+def call_outputs(turn_output: list, plan: ResponsesPlan, outcomes: dict, sources: Sources | None = None) -> list:
     """One output item per call of the turn, in order: results, or the not-executed stub."""
     out = []
     for item in turn_output or []:
@@ -82,7 +71,7 @@ def forces_a_call(choice, name: str) -> bool:
 
 
 def next_request(request: dict, turn_output: list, plan: ResponsesPlan, outcomes: dict,
-                 sources: citations.Sources | None = None) -> dict:
+                 sources: Sources | None = None) -> dict:
     """The following turn: the turn's items and their outputs appended to `input`."""
     out = {**request, "input": input_items(request["input"]) + list(turn_output) + call_outputs(turn_output, plan, outcomes, sources)}
     if forces_a_call(request.get("tool_choice"), plan.name):

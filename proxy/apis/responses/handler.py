@@ -7,7 +7,8 @@ Used by proxy.http.app; not run on its own (tests/test_responses.py drives it en
 the handler and the plain and streamed dialects that proxy.engine.loop drives; the rules they follow
 are pure functions in request.py (what vLLM gets first), calls.py (the proxy's own
 calls and the next request) and output.py (what the client sees), and the streamed
-dialect numbers its events with responses_stream.
+dialect numbers its events with stream.py; how each tool shows (its action, item and events) is the
+presentation table in presentation.py.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from proxy.apis.responses.output import (
     final_response,
     kept_records,
     pending_item,
+    row_of,
     visible_output,
     web_search_item,
 )
@@ -85,11 +87,12 @@ class _Responses:
     def own_calls(self, turn) -> list:
         return internal_calls(turn.output, self.plan)
 
-    def run_tools(self, calls: list) -> list:
+    def requests(self, calls: list) -> list:
+        return [tool_request(c, self.plan) for c in calls]
+
+    def run_tools(self, calls: list, requests: list) -> list:
         """One round: every internal call of the turn (searches and page reads), concurrently."""
-        plan = self.plan
-        return self.session.run([tool_request(c, plan) for c in calls], limit=plan.search_limit,
-                                language=plan.language)
+        return self.session.run(requests, limit=self.plan.search_limit, language=self.plan.language)
 
     def follow(self, turn, calls: list, outcomes: list) -> dict:
         """The next request: the turn's items and their outputs appended; the outcomes by call_id."""
@@ -153,8 +156,8 @@ class StreamedResponses(_Responses):
     name = "responses stream"
     stream = True
 
-    def keepalive(self, calls: list) -> bytes:
-        return loop.searching_comment([tool_request(c, self.plan).shown for c in calls])
+    def keepalive(self, requests: list) -> bytes:
+        return loop.searching_comment([r.shown for r in requests])
 
     def __init__(self, ex, request, plan):
         super().__init__(ex, request, plan)
@@ -186,27 +189,27 @@ class StreamedResponses(_Responses):
         yield self.out.emit({"type": "response.completed", "response": final, "sequence_number": 0})
 
     def announce(self, calls):
-        """Each call shown starting (a search or a page read alike, as OpenAI shows page opens):
-        its web_search_call item, in progress and searching."""
+        """Each call shown starting (a search or a page read alike, as OpenAI shows page opens): its item, in
+        progress, then its row's events (web_search_call's in_progress and searching)."""
         self.placed, shown = [], []
         for call in calls:
-            item = pending_item(call, self.plan)
+            item, row = pending_item(call, self.plan), row_of(call, self.plan)
             index = self.out.new_index(item)
             self.placed.append((call, index))
-            shown += [self.out.emit({"type": kind, **fields, "output_index": index, "sequence_number": 0})
-                      for kind, fields in (("response.output_item.added", {"item": item}),
-                                           ("response.web_search_call.in_progress", {"item_id": item["id"]}),
-                                           ("response.web_search_call.searching", {"item_id": item["id"]}))]
+            shown.append(self.out.emit({"type": "response.output_item.added", "item": item, "output_index": index,
+                                        "sequence_number": 0}))
+            shown += [self.out.emit({"type": kind, "item_id": item["id"], "output_index": index, "sequence_number": 0})
+                      for kind in row.events]
         return shown
 
     def record(self, turn: ResponsesTurn, calls, outcomes):
-        """Each search's result shown: completed (unless it failed), then its item done."""
+        """Each call's result shown: its row's completed event (unless it failed), then its item done."""
         self.follow(turn, calls, outcomes)
         shown = []
         for (call, index), outcome in zip(self.placed, outcomes, strict=True):
             item = self.out.items[index] = web_search_item(call, outcome, self.plan)
             if item["status"] == "completed":
-                shown.append(self.out.emit({"type": "response.web_search_call.completed", "item_id": item["id"],
+                shown.append(self.out.emit({"type": row_of(call, self.plan).completed, "item_id": item["id"],
                                             "output_index": index, "sequence_number": 0}))
             shown.append(self.out.emit({"type": "response.output_item.done", "item": item, "output_index": index,
                                         "sequence_number": 0}))

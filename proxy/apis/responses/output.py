@@ -6,45 +6,38 @@ from __future__ import annotations
 import copy
 import uuid
 
-from proxy.apis.responses.calls import arguments_of, is_internal_call
+from proxy.apis.responses.calls import is_internal_call, tool_name
+from proxy.apis.responses.presentation import HOSTED_ACTIONS, HostedAction
 from proxy.apis.responses.request import ResponsesPlan
 from proxy.apis.responses.stream import is_client_call
 from proxy.core.codec import as_dict
-from proxy.tools import registry
-from proxy.tools.registry import WEB_SEARCH
-from proxy.tools.web_search import parse_arguments
 
 
-def ws_id(call: dict) -> str:
-    """The web_search_call id for an internal call: the same suffix as vLLM's fc_ id."""
+def row_of(call: dict, plan: ResponsesPlan) -> HostedAction:
+    """How the call's tool shows on this API (presentation.HOSTED_ACTIONS)."""
+    return HOSTED_ACTIONS[tool_name(call, plan)]
+
+
+def ws_id(call: dict, prefix: str = "ws_") -> str:
+    """The client's item id for an internal call: the same suffix as vLLM's fc_ id."""
     ident = call.get("id") or ""
-    return "ws_" + (ident[3:] if ident.startswith("fc_") else uuid.uuid4().hex[:16])
+    return prefix + (ident[3:] if ident.startswith("fc_") else uuid.uuid4().hex[:16])
 
 
 def call_action(call: dict, plan: ResponsesPlan) -> dict:
-    """The action a call shows as, from its arguments alone (a stream shows it before it runs):
-    `search` with its query, `open_page` with its URL, `find_in_page` with URL and pattern. Pure."""
-    args = arguments_of(call)
-    url, pattern = (v.strip() if isinstance(v, str) else "" for v in (args.get("url"), args.get("pattern")))
-    if call.get("name") == plan.fetch_name:
-        return {"type": "open_page", "url": url} if url else {"type": "open_page"}
-    if call.get("name") == plan.find_name:
-        return {"type": "find_in_page", "url": url, "pattern": pattern}
-    return {"type": "search", "query": parse_arguments(call.get("arguments"))[0] or ""}
+    """The action a call shows as, from its arguments alone (a stream shows it before it runs): `search` with its
+    query, `open_page` with its URL, `find_in_page` with URL and pattern, as its row says. Pure."""
+    return row_of(call, plan).shown(call.get("arguments"))
 
 
 def web_search_item(call: dict, outcome, plan: ResponsesPlan) -> dict:
-    """The client's record of one call: failed only when SearXNG gave no usable answer, or
-    the page could not be read."""
-    if outcome.tool == WEB_SEARCH:
-        # What was searched, as the session cleaned it; and what was found, which the hosted tool calls sources.
-        action: dict[str, object] = {"type": "search", "query": outcome.query}
-        if plan.sources:
-            action["sources"] = [{"type": "url", "url": c.url} for c in registry.sources(outcome)]
-    else:
-        action = call_action(call, plan)
+    """The client's record of one call (a web_search_call for the hosted web_search tool's actions): failed only
+    when SearXNG gave no usable answer, or the page could not be read."""
+    row = HOSTED_ACTIONS[outcome.tool]
+    action = row.done(outcome, plan.sources) if row.done is not None else row.shown(call.get("arguments"))
     failed = outcome.status == "failed"
-    return {"id": ws_id(call), "type": "web_search_call", "status": "failed" if failed else "completed", "action": action}
+    return {"id": ws_id(call, row.id_prefix), "type": row.item_type, "status": "failed" if failed else "completed",
+            "action": action}
 
 
 def kept_records(calls: list, request_input: list) -> dict[str, dict[str, str]]:
@@ -61,8 +54,10 @@ def kept_records(calls: list, request_input: list) -> dict[str, dict[str, str]]:
 
 
 def pending_item(call: dict, plan: ResponsesPlan) -> dict:
-    """A call's web_search_call as a stream announces it, before it has run. Pure."""
-    return {"id": ws_id(call), "type": "web_search_call", "status": "in_progress", "action": call_action(call, plan)}
+    """A call's item as a stream announces it, before it has run. Pure."""
+    row = row_of(call, plan)
+    return {"id": ws_id(call, row.id_prefix), "type": row.item_type, "status": "in_progress",
+            "action": row.shown(call.get("arguments"))}
 
 
 def visible_output(turn_output: list, plan: ResponsesPlan, outcomes: dict) -> list:

@@ -4,22 +4,17 @@ request), tested without a network by tests/test_responses.py and tests/test_res
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.apis import citations
+from proxy.apis.responses.presentation import HOSTED_ACTIONS, HOSTED_TYPES, first_row, row_for_action
 from proxy.core import codec
 from proxy.core import validate as V
-from proxy.core.codec import as_dict, as_list
+from proxy.core.codec import as_dict
 from proxy.tools import registry
-from proxy.tools.registry import FIND_IN_PAGE, WEB_FETCH, WEB_SEARCH
 
-HOSTED_TYPES = frozenset({"web_search", "web_search_2025_08_26", "web_search_preview",
-                          "web_search_preview_2025_03_11"})
-# The name the internal function takes when the client has a `web_search` function of its own.
-FALLBACK_NAME = "web_search_hosted"
-# The hosted tool also opens pages and finds text in them (OpenAI's `open_page` and
-# `find_in_page` actions); the proxy offers both as functions beside the search, under these
-# names, unless the client has tools of those names (then reading pages is the client's).
+# The hosted tool also opens pages and finds text in them (OpenAI's `open_page` and `find_in_page` actions): each
+# action is a proxy tool offered as a function beside the search (presentation.HOSTED_ACTIONS).
 SOURCES = "web_search_call.action.sources"
 # search_context_size -> results per search. Absent: SEARXNG_RESULTS (default 5).
 CONTEXT_RESULTS = {"low": 3, "medium": 5, "high": 10}
@@ -52,8 +47,9 @@ class ResponsesPlan:
     sources: bool                   # include asks for web_search_call.action.sources
     client_tools: list | None       # as the client sent them, echoed back in the response
     client_tool_choice: object      # likewise; None when the client sent none
-    fetch_name: str | None = None   # the internal page-reading function; None: not offered
-    find_name: str | None = None    # the internal find-in-page function; None: not offered
+    # The functions the proxy runs itself, each the proxy tool it stands for, `name` first; the page tools are left
+    # out without INJECT_WEB_FETCH or when the client has a function of the tool's name.
+    functions: dict[str, str] = field(default_factory=dict)
 
     @property
     def search_limit(self) -> int:
@@ -63,7 +59,7 @@ class ResponsesPlan:
     @property
     def internal(self) -> tuple[str, ...]:
         """The names of the functions the proxy runs itself: every other call is the client's."""
-        return tuple(n for n in (self.name, self.fetch_name, self.find_name) if n)
+        return tuple(self.functions)
 
 
 def is_hosted(tool) -> bool:
@@ -161,25 +157,35 @@ def tool_names(tools) -> set[str]:
     return names
 
 
-def internal_name(tools) -> str:
-    """`web_search`, unless the client has a function of its own by that name."""
-    taken = tool_names(tools)
-    if WEB_SEARCH not in taken:
-        return WEB_SEARCH
-    name, n = FALLBACK_NAME, 2
+def function_name(tool: str, taken: set[str]) -> str | None:
+    """The function a proxy tool is offered as: its own name, unless the client has a function of that name; then its
+    row's fallback (numbered until free), or None: the client's tool does that job and the model is not shown two
+    tools for one."""
+    if tool not in taken:
+        return tool
+    fallback = HOSTED_ACTIONS[tool].fallback
+    if fallback is None:
+        return None
+    name, n = fallback, 2
     while name in taken:
-        name, n = f"{FALLBACK_NAME}_{n}", n + 1
+        name, n = f"{fallback}_{n}", n + 1
     return name
 
 
-def page_tools(tools, enabled: bool) -> tuple[str | None, str | None]:
-    """(fetch name, find name) for a request offering the hosted tool. Each is left out when
-    INJECT_WEB_FETCH is off or the client has a tool of that name: a client that reads pages
-    itself keeps its tool, and the model is not shown two tools for one job."""
-    if not enabled:
-        return None, None
-    taken = tool_names(tools)
-    return (None if WEB_FETCH in taken else WEB_FETCH), (None if FIND_IN_PAGE in taken else FIND_IN_PAGE)
+def internal_name(tools) -> str:
+    """The first action's function (`web_search`, or its fallback when the client has a function of that name)."""
+    return function_name(first_row().tool, tool_names(tools)) or first_row().tool
+
+
+def hosted_functions(tools, pages: bool) -> dict[str, str]:
+    """The functions offered for the hosted tool, each the proxy tool it runs: every action's, the ones that read
+    pages only when `pages` (INJECT_WEB_FETCH)."""
+    taken, out = tool_names(tools), {}
+    for row in HOSTED_ACTIONS.values():
+        name = function_name(row.tool, taken)
+        if name is not None and (pages or not registry.tool(row.tool).reads_pages):
+            out[name] = row.tool
+    return out
 
 
 def language_for(location) -> str | None:
@@ -199,17 +205,16 @@ def make_plan(body: dict, default_results: int, fetch: bool = True) -> Responses
     spec = hosted or {}
     filters = as_dict(spec.get("filters"))
     allowed = filters.get("allowed_domains") or ()
-    fetch_name, find_name = page_tools(tools, fetch and hosted is not None)
+    functions = hosted_functions(tools, fetch) if hosted is not None else {}
     return ResponsesPlan(name=internal_name(tools), hosted=hosted is not None,
                 results=result_count(spec.get("search_context_size"), default_results),
                 language=language_for(spec.get("user_location")),
                 allowed=tuple(str(d) for d in allowed if d),
                 sources=SOURCES in (body.get("include") or []),
-                client_tools=body.get("tools"), client_tool_choice=body.get("tool_choice"),
-                fetch_name=fetch_name, find_name=find_name)
+                client_tools=body.get("tools"), client_tool_choice=body.get("tool_choice"), functions=functions)
 
 
-def function_tool(name: str, tool: str = WEB_SEARCH) -> dict:
+def function_tool(name: str, tool: str) -> dict:
     """A proxy tool as a Responses function under `name`: the tool's own description and schema."""
     t = registry.tool(tool)
     return {"type": "function", "name": name, "description": t.description, "parameters": t.schema}
@@ -217,12 +222,7 @@ def function_tool(name: str, tool: str = WEB_SEARCH) -> dict:
 
 def internal_tools(plan: ResponsesPlan) -> list[dict]:
     """The functions vLLM sees for the hosted tool: search, and reading pages when offered."""
-    out = [function_tool(plan.name)]
-    if plan.fetch_name:
-        out.append(function_tool(plan.fetch_name, WEB_FETCH))
-    if plan.find_name:
-        out.append(function_tool(plan.find_name, FIND_IN_PAGE))
-    return out
+    return [function_tool(name, tool) for name, tool in plan.functions.items()]
 
 
 def rewrite_tools(tools: list, plan: ResponsesPlan) -> list:
@@ -257,49 +257,22 @@ def rewrite_include(include: list) -> list:
     return [i for i in include if not (isinstance(i, str) and i.startswith("web_search_call."))]
 
 
-def replayed_query(item: dict) -> str:
-    action = as_dict(item.get("action"))
-    if action.get("type") == "find_in_page":
-        return f"{action.get('pattern') or ''} {action.get('url') or ''}".strip()
-    queries = as_list(action.get("queries"))
-    return str(action.get("query") or (queries[0] if queries else "") or action.get("url") or "")
-
-
-def replayed_output(item: dict, query: str) -> str:
-    """What the model reads for an earlier search: only what the client kept of it."""
-    if item.get("status") == "failed":
-        return f'Search failed for "{query}" (in an earlier turn).'
-    action = as_dict(item.get("action"))
-    urls = [s.get("url") for s in action.get("sources") or [] if isinstance(s, dict) and s.get("url")]
-    if urls:
-        return "\n".join([f'Search results for "{query}" (an earlier turn; only the URLs were kept):']
-                         + [f"[{i}] {u}" for i, u in enumerate(urls, 1)])
-    return (f'Searched for "{query}" in an earlier turn; the results are not kept in the '
-            "conversation. Search again if you need them.")
-
-
-def replayed_call(item: dict, name: str, fetch_name: str | None = None,
-                  find_name: str | None = None) -> tuple[str, dict, str]:
+def replayed_call(item: dict, plan: ResponsesPlan) -> tuple[str, dict, str]:
     """(function, arguments, output) standing for one earlier web_search_call. Pure.
 
-    A page opened (or searched in) becomes a call of the page function when this request
-    offers one, so the model sees what it did in the words of its tools; without one it is
-    told as a search for the URL, so no call names a tool it does not have.
+    A call is replayed as a call of the function its action's tool is offered as in this request, so the model
+    sees what it did in the words of its tools; when this request has no such function (or the item lacks what
+    that tool needs) it is told as the first action's (a search for the URL), so no call names a tool the model
+    does not have.
     """
-    action = as_dict(item.get("action"))
-    kind, url, failed = action.get("type"), str(action.get("url") or ""), item.get("status") == "failed"
-    if kind == "open_page" and fetch_name and url:
-        return fetch_name, {"url": url}, (
-            f"Opening {url} failed (in an earlier turn)." if failed else
-            f"Opened {url} in an earlier turn; its text is not kept in the conversation. Open it again if you need it.")
-    if kind == "find_in_page" and find_name and url:
-        pattern = str(action.get("pattern") or "")
-        return find_name, {"url": url, "pattern": pattern}, (
-            f'Finding "{pattern}" in {url} failed (in an earlier turn).' if failed else
-            f'Looked for "{pattern}" in {url} in an earlier turn; what was found is not kept in the '
-            "conversation. Look again if you need it.")
-    query = replayed_query(item)
-    return name, {"query": query}, replayed_output(item, query)
+    action, failed = as_dict(item.get("action")), item.get("status") == "failed"
+    row = row_for_action(action.get("type"))
+    by_tool = {tool: name for name, tool in plan.functions.items()}
+    told = row.replayed(action, failed) if row is not None and row.tool in by_tool else None
+    if row is None or told is None:
+        row, told = first_row(), first_row().replayed(action, failed)
+    arguments, output = told or ({}, "")
+    return by_tool.get(row.tool, plan.name), arguments, output
 
 
 Kept = Callable[[str], "dict[str, str] | None"]  # what the model read of a call, by its web_search_call id
@@ -314,8 +287,7 @@ def kept_call(item: dict, kept: Kept) -> tuple[str, str, str] | None:
     return record["name"], record["arguments"], record["output"]
 
 
-def replay(items: list, name: str, fetch_name: str | None = None, find_name: str | None = None,
-           kept: Kept = lambda _: None) -> list:
+def replay(items: list, plan: ResponsesPlan, kept: Kept = lambda _: None) -> list:
     """web_search_call items (which vLLM rejects) as the function_call and output pair vLLM takes: the very call
     and result the model read when it ran, while `kept` has them; else what the client kept of it."""
     out = []
@@ -326,7 +298,7 @@ def replay(items: list, name: str, fetch_name: str | None = None, find_name: str
         call_id = item.get("id") or f"ws_replay_{i}"
         record = kept_call(item, kept)
         if record is None:
-            function, arguments, output = replayed_call(item, name, fetch_name, find_name)
+            function, arguments, output = replayed_call(item, plan)
             record = function, codec.arguments_text(arguments), output
         out.append({"type": "function_call", "call_id": call_id, "name": record[0], "arguments": record[1]})
         out.append({"type": "function_call_output", "call_id": call_id, "output": record[2]})
@@ -337,8 +309,7 @@ def first_request(body: dict, plan: ResponsesPlan, kept: Kept = lambda _: None) 
     """The body vLLM gets on the first turn; every field not named here as the client sent it."""
     out = dict(body)
     if isinstance(body.get("input"), list):
-        out["input"] = replay(citations.without_annotations(body["input"]), plan.name, plan.fetch_name, plan.find_name,
-                              kept)
+        out["input"] = replay(citations.without_annotations(body["input"]), plan, kept)
     if isinstance(body.get("include"), list):
         out["include"] = rewrite_include(body["include"])
     if plan.hosted:

@@ -3,7 +3,7 @@ sequence_number and output_index space, the envelope opened once, vLLM's item ev
 live and renumbered, its function and custom tool calls held until the turn shows whether
 it searched.
 
-Used by proxy.responses' streamed dialect; not run on its own (tests/test_responses.py
+Used by proxy/apis/responses/handler.py's streamed dialect; not run on its own (tests/test_responses.py
 drives it end to end).
 """
 from __future__ import annotations
