@@ -83,7 +83,34 @@ class Admitted:
     remaining_requests: int | None   # in the current minute, when the key has an rpm limit
 
 
-class TeamStore:
+class Leases:
+    """The live rows a worker's handle holds (requests in flight, queue tickets) carry leases that a background
+    thread renews every LEASE/4 while the handle is open; a dead worker's rows lapse and the next writer drops them.
+    Both stores (SQLite here, Redis in teamstore_redis.py) renew this way; each says how in `_renew_once`."""
+
+    _renewing = False
+    _closed = False
+
+    def close(self) -> None:
+        """Stop renewing leases (what this handle holds then lapses): for a handle that is not a worker's."""
+        self._closed = True
+
+    def _ensure_renewing(self) -> None:
+        if not self._renewing:
+            self._renewing = True
+            threading.Thread(target=self._renew_forever, daemon=True, name="lease-renewal").start()
+
+    def _renew_forever(self) -> None:
+        while not self._closed:
+            runtime.sleep(LEASE / 4)
+            if not self._closed:
+                self._renew_once()
+
+    def _renew_once(self) -> None:
+        raise NotImplementedError
+
+
+class TeamStore(Leases):
     """One worker's handle on the shared file: one connection (opened lazily in the worker, never across a fork),
     one transaction at a time under a lock, so greenlets and threads share it safely."""
 
@@ -94,8 +121,6 @@ class TeamStore:
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
         self._lock = threading.Lock()
-        self._renewing = False
-        self._closed = False
 
     # ---- plumbing ----------------------------------------------------------------------------------
 
@@ -147,28 +172,15 @@ class TeamStore:
             runtime.sleep(0.001 * min(attempt + 1, 20))
         raise sqlite3.OperationalError(f"{self.path} stayed locked")
 
-    def close(self) -> None:
-        """Stop renewing leases (what this handle holds then lapses): for a handle that is not a worker's."""
-        self._closed = True
-
-    def _renew_forever(self) -> None:
-        while not self._closed:
-            runtime.sleep(LEASE / 4)
-            if self._closed:
-                return
-            try:
-                self.transaction(self._renew)
-            except sqlite3.Error as e:  # the next renewal tries again; the lease outlasts three misses
-                log.warning("PROXY_STATE_DB %s: renewing leases failed: %s", self.path, e)
+    def _renew_once(self) -> None:
+        try:
+            self.transaction(self._renew)
+        except sqlite3.Error as e:  # the next renewal tries again; the lease outlasts three misses
+            log.warning("PROXY_STATE_DB %s: renewing leases failed: %s", self.path, e)
 
     def _renew(self, conn: sqlite3.Connection, now: float) -> None:
         conn.execute("UPDATE active SET lease = ? WHERE owner = ?", (now + LEASE, self.owner))
         conn.execute("UPDATE tickets SET lease = ? WHERE owner = ?", (now + LEASE, self.owner))
-
-    def _ensure_renewing(self) -> None:
-        if not self._renewing:
-            self._renewing = True
-            threading.Thread(target=self._renew_forever, daemon=True, name="lease-renewal").start()
 
     # ---- quotas --------------------------------------------------------------------------------------
 

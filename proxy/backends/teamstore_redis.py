@@ -28,6 +28,7 @@ from proxy.backends.teamstore import (
     PATIENCE,
     WINDOW,
     Admitted,
+    Leases,
     Refusal,
     StoreError,
     day_of,
@@ -152,7 +153,7 @@ def masked(url: str) -> str:
     return parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
 
 
-class RedisTeamStore:
+class RedisTeamStore(Leases):
     def __init__(self, url: str, clock: Callable[[], float] = time.time, prefix: str = PREFIX):
         self.path = masked(url)  # what log lines name
         self.clock = clock
@@ -163,31 +164,16 @@ class RedisTeamStore:
         self._renew = self.client.register_script(RENEW)
         self._live: dict[str, str] = {}  # what this worker holds: request id -> key name, or ticket id -> "t"
         self._lock = threading.Lock()
-        self._renewing = False
-        self._closed = False
 
-    def _ensure_renewing(self) -> None:
-        if not self._renewing:
-            self._renewing = True
-            threading.Thread(target=self._renew_forever, daemon=True, name="lease-renewal").start()
-
-    def close(self) -> None:
-        """Stop renewing leases (what this handle holds then lapses): for a handle that is not a worker's."""
-        self._closed = True
-
-    def _renew_forever(self) -> None:
-        while not self._closed:
-            runtime.sleep(LEASE / 4)
-            if self._closed:
-                return
-            with self._lock:
-                held = [x for id_, kind in self._live.items() for x in (kind, id_)]
-            if not held:
-                continue
-            try:
-                self._renew(args=[self.prefix, self.clock() + LEASE, *held])
-            except redis.RedisError as e:  # the next renewal tries again; the lease outlasts three misses
-                log.warning("STATE_URL %s: renewing leases failed: %s", self.path, e)
+    def _renew_once(self) -> None:
+        with self._lock:
+            held = [x for id_, kind in self._live.items() for x in (kind, id_)]
+        if not held:
+            return
+        try:
+            self._renew(args=[self.prefix, self.clock() + LEASE, *held])
+        except redis.RedisError as e:  # the next renewal tries again; the lease outlasts three misses
+            log.warning("STATE_URL %s: renewing leases failed: %s", self.path, e)
 
     def _hold(self, id_: str, kind: str) -> None:
         with self._lock:
