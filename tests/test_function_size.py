@@ -8,12 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 60
-# Functions still over the limit, each with the reason it waits: none may be added, and one that shrinks must go.
-WAITING: set[tuple[str, str]] = set()
 
 
 def long_functions(limit: int = LIMIT) -> dict[tuple[str, str], int]:
@@ -28,13 +24,8 @@ def long_functions(limit: int = LIMIT) -> dict[tuple[str, str], int]:
 
 
 def test_no_function_is_over_60_lines():
-    over = {k: v for k, v in long_functions().items() if k not in WAITING}
+    over = long_functions()
     assert not over, f"functions over {LIMIT} lines: {over}"
-
-
-@pytest.mark.parametrize("waiting", sorted(WAITING))
-def test_the_waiting_list_holds_only_long_functions(waiting):
-    assert waiting in long_functions(), f"{waiting} is {LIMIT} lines or fewer now: take it off WAITING"
 
 
 def test_the_check_reads_the_tree():
