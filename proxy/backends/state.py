@@ -207,12 +207,21 @@ class Circuit:
     """Whether to ask the store now: closed while it answers; open for a while (RETRY_FIRST, doubling to RETRY_MAX)
     after it did not, then one call tries it. Logs once when the store goes down and once when it is back."""
 
+    DOWN = ("state store %s unreachable (%s): caches per process, ref ids unavailable, "
+            f"asked again every {RETRY_FIRST:.0f}-{RETRY_MAX:.0f} s")
+    BACK = "state store %s back after %.1f s: shared again"
+
     def __init__(self, name: str, on_up: Callable[[bool], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, wait: tuple[float, float] = (RETRY_FIRST, RETRY_MAX),
+                 down: str = DOWN, back: str = BACK):
+        """`wait`: the first and the longest pause after a failure; `down` and `back`: the two log lines, formatted
+        with (name, reason) and (name, seconds down)."""
         self.name, self._on_up, self._clock = name, on_up, clock
+        self._first, self._most = wait
+        self._down, self._back = down, back
         self.down_since: float | None = None
         self._until = 0.0
-        self._wait = RETRY_FIRST
+        self._wait = self._first
         self._lock = threading.Lock()
 
     @property
@@ -227,13 +236,12 @@ class Circuit:
         with self._lock:
             now, first = self._clock(), self.down_since is None
             if first:
-                self.down_since, self._wait = now, RETRY_FIRST
+                self.down_since, self._wait = now, self._first
             else:
-                self._wait = min(RETRY_MAX, self._wait * 2)
+                self._wait = min(self._most, self._wait * 2)
             self._until = now + self._wait
         if first:
-            log.warning("state store %s unreachable (%s): caches per process, ref ids unavailable, "
-                        "asked again every %.0f-%.0f s", self.name, _reason(error), RETRY_FIRST, RETRY_MAX)
+            log.warning(self._down, self.name, _reason(error))
             if self._on_up:
                 self._on_up(False)
 
@@ -243,7 +251,7 @@ class Circuit:
         with self._lock:
             since, self.down_since = self.down_since, None
         if since is not None:
-            log.warning("state store %s back after %.1f s: shared again", self.name, self._clock() - since)
+            log.warning(self._back, self.name, self._clock() - since)
             if self._on_up:
                 self._on_up(True)
 

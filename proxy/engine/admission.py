@@ -22,11 +22,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
+from proxy.backends.state import Circuit
 from proxy.backends.teamstore import StoreError, TeamStore
 from proxy.core import routes
 from proxy.runtime import concurrency as runtime
@@ -66,15 +66,16 @@ class Queue:
         self.policy = policy      # QUEUE_POLICY: round_robin or tokens
         self.on_wait = on_wait    # (environ, seconds) after each wait: the metrics
         self.on_error = on_error  # (use, op) for each store call that got no answer: the state metrics
-        self._clock = clock
-        self._down_since: float | None = None
-        self._down_until = 0.0
-        self._lock = threading.Lock()
+        # The store's circuit: a store that did not answer is left alone for RETRY seconds, then one call tries it.
+        self.circuit = Circuit(getattr(store, "path", ""), clock=clock, wait=(RETRY, RETRY),
+                               down="fair queue: its store %s is not answering (%s): calls go straight to vLLM, "
+                                    "first come first served, until it is back",
+                               back="fair queue back: its store %s answers again after %.1f s")
 
     def take(self, environ: dict, resumed: bool) -> Seat:
         """A ticket in the queue; without one (the store is down) the seat is ready at once."""
         seat = Seat(self, environ, None)
-        if self._down_since is None or self._clock() >= self._down_until:
+        if self.circuit.allows():
             try:
                 seat.ticket = self.store.enqueue(environ.get(KEY_NAME) or ANONYMOUS, resumed)
                 self.worked()
@@ -85,22 +86,10 @@ class Queue:
     def failed(self, op: str, error: BaseException) -> None:
         if self.on_error is not None:
             self.on_error(QUEUE_USE, op)
-        with self._lock:
-            now, first = self._clock(), self._down_since is None
-            if first:
-                self._down_since = now
-            self._down_until = now + RETRY
-        if first:
-            log.warning("fair queue: its store %s is not answering (%s): calls go straight to vLLM, first come "
-                        "first served, until it is back", getattr(self.store, "path", ""), " ".join(str(error).split())[:160])
+        self.circuit.failed(error)
 
     def worked(self) -> None:
-        if self._down_since is None:
-            return
-        with self._lock:
-            since, self._down_since = self._down_since, None
-        if since is not None:
-            log.warning("fair queue back: its store answers again after %.1f s", self._clock() - since)
+        self.circuit.worked()
 
 
 class Seat:
