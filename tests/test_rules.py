@@ -13,7 +13,8 @@ from proxy.backends.search import Hit, SearchOutcome, filter_domains
 from proxy.backends.searxng import outcome_from_response, search_url
 from proxy.core.codec import data_of, event_and_data, iter_frame_batches, iter_frames
 from proxy.core.config import Config
-from proxy.http.app import key_ok, outbound_headers, presented_key
+from proxy.http.app import outbound_headers
+from proxy.http.team import key_ok, presented_key
 from proxy.tools import registry
 from proxy.tools.base import NOT_EXECUTED, Backends
 from proxy.tools.session import ToolSession

@@ -24,7 +24,7 @@ from proxy.engine.exchange import Exchange
 from proxy.engine.services import Services
 from proxy.http import affinity
 from proxy.http.flow import RequestFlow
-from proxy.http.team import Team, key_ok, presented_key  # noqa: F401 (the key helpers' old home: tests/test_rules.py)
+from proxy.http.team import Team
 from proxy.http.wiring import build_services, build_store, observe_team
 from proxy.observe import metrics
 from proxy.transport.http1 import end_to_end_headers
