@@ -8,8 +8,9 @@ gets, and a relayed answer carries vLLM's own, so one reader serves every path.
 """
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from proxy.core import codec
 
 MAX_BODY = 8 * 1024 * 1024   # a whole JSON answer read for its usage; a bigger one (none seen) is not read
 MAX_LINE = 1024 * 1024       # a stream's partial event line kept across chunks
@@ -76,7 +77,7 @@ class UsageScan:
 
     def _take(self, raw: bytes) -> None:
         try:
-            usage = usage_of(json.loads(raw))
+            usage = usage_of(codec.loads(raw))
         except (ValueError, RecursionError):
             return
         if usage is not None:
