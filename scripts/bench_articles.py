@@ -184,7 +184,7 @@ def load_wcxb(root: Path) -> tuple[Bench, Bench]:
     return (Bench("wcxb-dev", "tuning", wcxb_score, dev), Bench("wcxb-test", "held out", wcxb_score, test))
 
 
-def load_trafilatura(root: Path) -> Bench:
+def load_trafilatura(root: Path) -> tuple[Bench, Bench]:
     data = json.loads((root / "tests" / "evaldata.json").read_text("utf-8"))
     pages = []
     for url, item in sorted(data.items()):
@@ -193,7 +193,11 @@ def load_trafilatura(root: Path) -> Bench:
         if path is None:
             sys.exit(f"bench_articles: {item['file']} of trafilatura's evaldata.json is missing under {root}/tests")
         pages.append(Page(item["file"], url, _decode(path.read_bytes()), item))
-    return Bench("trafilatura-eval", "held out", snippet_score, pages)
+    # Halves by a hash of the file name: one to look at pages and tune on, one nobody looks at.
+    tune = [p for p in pages if hashlib.sha1(p.key.encode()).digest()[-1] % 2 == 0]
+    test = [p for p in pages if hashlib.sha1(p.key.encode()).digest()[-1] % 2 == 1]
+    return (Bench("trafilatura-tune", "tuning", snippet_score, tune),
+            Bench("trafilatura-test", "held out", snippet_score, test))
 
 
 def load_scrapinghub(root: Path) -> Bench:
@@ -211,24 +215,36 @@ def load(data: Path, names: list[str]) -> list[Bench]:
     if {"wcxb-dev", "wcxb-test"} & set(names):
         dev, test = load_wcxb(data / "wcxb")
         out += [b for b in (dev, test) if b.name in names]
-    if "trafilatura-eval" in names:
-        out.append(load_trafilatura(data / "trafilatura"))
+    if {"trafilatura-tune", "trafilatura-test"} & set(names):
+        out += [b for b in load_trafilatura(data / "trafilatura") if b.name in names]
     if "scrapinghub" in names:
         out.append(load_scrapinghub(data / "scrapinghub"))
     return out
 
 
-SETS = ("wcxb-dev", "wcxb-test", "trafilatura-eval", "scrapinghub")
+SETS = ("wcxb-dev", "wcxb-test", "trafilatura-tune", "trafilatura-test", "scrapinghub")
 
 # -- the engines -----------------------------------------------------------------------------------
 
+# The proxy writes Markdown; the sets score plain text (trafilatura's own output is plain text). Its text is read as a
+# reader sees the rendered page: a link as its words, without the Markdown marks around them. WCXB's and ScrapingHub's
+# \w+ tokens never see a mark, but trafilatura's set matches snippets as substrings, where "[Nicole Hacohen]" or a
+# "- " between two list items would count as a miss.
 LINK_TARGET = re.compile(r"\]\((?:[^()\s]|\([^()\s]*\))*(?:\s+\"[^\"]*\")?\)")  # [text](url "title") -> [text]
 REF_MARK = re.compile(r"\]\[\d+\]")  # [text][3] -> [text]
 REF_LIST = re.compile(r"^\[\d+\]: \S+.*$", re.M)  # the proxy's link list at the end
+LINK_LABEL = re.compile(r"\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\x00")  # [text] -> text (a label may hold [1])
+LINE_MARKS = re.compile(r"^(?:#{1,6} |> |: |[-*] |\d+\. )+", re.M)  # headings, quotes, definitions, list items
+TABLE_RULE = re.compile(r"^\|?(?:\s*:?-{3,}:?\s*\|)+\s*:?-*:?\s*$|^(?:```\S*|---)$", re.M)  # |---|---|, fences, rules
 
 
 def links_as_text(markdown: str) -> str:
-    return REF_LIST.sub("", REF_MARK.sub("]", LINK_TARGET.sub("]", markdown)))
+    """The proxy's Markdown read as plain text: link targets, [n] marks and the link list gone, labels without their
+    brackets, no heading, quote, list or table marks, no code ticks."""
+    text = REF_LIST.sub("", REF_MARK.sub("]\x00", LINK_TARGET.sub("]\x00", markdown)))
+    text = LINE_MARKS.sub("", TABLE_RULE.sub("", LINK_LABEL.sub(r"\1", text)))
+    text = re.sub(r"^\| | \|$", "", text, flags=re.M).replace(" | ", " ")
+    return text.replace("\x00", "").replace("`", "")
 
 
 NO_TEXT_PREFIX = "(The page has no readable text:"
@@ -282,6 +298,52 @@ def engines() -> dict[str, Callable[[str, str], str]]:
     return out
 
 
+# The engine of another checkout (--against DIR), in a child of its own: two revisions of the `proxy` package cannot
+# share one interpreter. The child times each extraction itself, so the pipe's cost is not counted.
+AGAINST_CHILD = r"""
+import json, logging, sys, time
+sys.path.insert(0, sys.argv[1])
+logging.disable(logging.CRITICAL)
+from proxy.backends import readable
+from proxy.backends.invisible import visible_html
+for line in sys.stdin:
+    job = json.loads(line)
+    start = time.process_time()
+    text = readable.extract_page(visible_html(job["html"])[0], job["url"])[1]
+    print(json.dumps({"text": text, "ms": (time.process_time() - start) * 1000}), flush=True)
+"""
+
+
+class Against:
+    """The proxy's extraction at another checkout, called like an engine; `ms` is the child's CPU time of the last
+    page."""
+
+    def __init__(self, checkout: Path):
+        import subprocess
+        if not (checkout / "proxy" / "backends" / "readable.py").is_file():
+            sys.exit(f"bench_articles: {checkout} is not a checkout of this repository (no proxy/backends/readable.py)")
+        self.proc = subprocess.Popen([sys.executable, "-c", AGAINST_CHILD, str(checkout)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, encoding="utf-8")
+        self.ms = 0.0
+
+    def __call__(self, html: str, url: str) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"html": html, "url": url}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            sys.exit(f"bench_articles: the --against child ended (exit status {self.proc.wait()})")
+        answer = json.loads(line)
+        self.ms = answer["ms"]
+        text = answer["text"]
+        return "" if text.startswith(NO_TEXT_PREFIX) else links_as_text(text)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait()
+
+
 def run(bench: Bench, fns: dict[str, Callable[[str, str], str]]) -> tuple[dict, dict]:
     names = list(fns)
     times: dict[str, list[float]] = {n: [] for n in names}
@@ -289,13 +351,14 @@ def run(bench: Bench, fns: dict[str, Callable[[str, str], str]]) -> tuple[dict, 
     for i, page in enumerate(bench.pages):
         order = names[i % len(names):] + names[:i % len(names)]
         for name in order:
+            fn = fns[name]
             start = time.process_time()
             try:
-                out = fns[name](str(page.html), page.url)
+                out = fn(str(page.html), page.url)
             except Exception as e:  # a crash is an empty answer, as trafilatura's evaluate.py counts it
                 print(f"  {name} failed on {page.key}: {type(e).__name__}: {e}")
                 out = ""
-            times[name].append((time.process_time() - start) * 1000)
+            times[name].append(fn.ms if isinstance(fn, Against) else (time.process_time() - start) * 1000)
             outputs[name].append(out)
     return times, outputs
 
@@ -328,6 +391,8 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=1, help="every Nth page of each set only (a quick look)")
     ap.add_argument("--only", default="", help="comma-separated words: engines whose names hold one of them")
     ap.add_argument("--per-type", action="store_true", help="WCXB's page types, one F1 column per engine")
+    ap.add_argument("--against", type=Path, help="a checkout of another revision (git worktree add DIR REV): its "
+                    "proxy runs beside this one, page by page, for its F1 and time in the same run")
     ap.add_argument("--worst", type=int, default=0, help="also list the N pages where the first engine scores worst")
     args = ap.parse_args()
     if not args.data.is_dir():
@@ -336,6 +401,8 @@ def main() -> None:
     fns = engines()
     if args.only:
         fns = {k: v for k, v in fns.items() if any(w in k for w in args.only.split(","))}
+    if args.against:
+        fns[f"proxy at {args.against.name} (links as text)"] = Against(args.against.resolve())
     if not fns:
         sys.exit("bench_articles: --only left no engine")
     for fn in fns.values():  # warm-up: imports, compiled selectors
@@ -345,6 +412,9 @@ def main() -> None:
         bench.pages = bench.pages[::max(1, args.every)]
         times, outputs = run(bench, fns)
         report(bench, times, outputs, args.per_type, args.worst)
+    for fn in fns.values():
+        if isinstance(fn, Against):
+            fn.close()
 
 
 if __name__ == "__main__":
