@@ -283,7 +283,7 @@ def test_a_blog_post_drops_like_widgets_share_bars_and_captions_and_keeps_an_emb
 
 
 def test_the_page_title_is_not_repeated_as_the_first_heading():
-    title, text, _ = extract_page(f"<html><head><title>Tuning</title></head><body><article><h1>Tuning</h1><p>{PROSE}"
+    title, text, _, _ = extract_page(f"<html><head><title>Tuning</title></head><body><article><h1>Tuning</h1><p>{PROSE}"
                                   "</p></article></body></html>", "https://x.example/")
     assert title == "Tuning" and text == PROSE
 

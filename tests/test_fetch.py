@@ -678,7 +678,7 @@ def test_proxy_environment_variables_are_ignored(site, monkeypatch):
 
 
 def test_a_page_without_paragraphs_is_read_whole():
-    title, text, _ = extract_page("<html><head><title> T </title></head><body>just text</body></html>", "http://x/")
+    title, text, _, _ = extract_page("<html><head><title> T </title></head><body>just text</body></html>", "http://x/")
     assert title == "T" and "just text" in text
     # An empty page says so, in the text the model reads (issue 40).
     assert extract_page("   ", "http://x/")[:2] == (None, "(The page has no readable text: the server sent an empty page.)")
@@ -693,7 +693,7 @@ def test_a_comment_where_a_big_page_is_cut_does_not_let_its_navigation_through()
             "<footer>Copyright footer</footer></body></html>")
     assert len(html) > 512 * 1024
     for budget in (1_000, 1_203, 10_007):  # cuts that fall on a comment as well as on a paragraph
-        title, text, cut = extract_page(html, "http://x/", max_chars=budget)
+        title, text, cut, _ = extract_page(html, "http://x/", max_chars=budget)
         assert title == "Big" and cut and "word word" in text
         assert "Sidebar entry" not in text and "Copyright footer" not in text and "secret" not in text
         assert len(text) < budget * 2
@@ -707,7 +707,7 @@ def test_the_whole_text_fallback_leaves_scripts_out(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a surprise on a hostile page")
     monkeypatch.setattr(markdown.MarkdownWriter, "write", broken)
-    title, text, _ = extract_page("<html><head><title>T</title><script>var x = 1;</script></head>"
+    title, text, _, _ = extract_page("<html><head><title>T</title><script>var x = 1;</script></head>"
                                   "<body><p>words</p><!-- note --></body></html>", "http://x/")
     assert title == "T" and "words" in text and "var x" not in text and "note" not in text
 
@@ -716,7 +716,7 @@ def test_the_whole_text_fallback_leaves_scripts_out(monkeypatch):
 def test_extraction_keeps_code_and_drops_navigation_on_small_and_big_pages(size):
     from proxy.backends.readable import extract_page
     from standins.hostile_web import big_page
-    title, text, cut = extract_page(big_page(size).decode(), "http://x/", max_chars=80_000)
+    title, text, cut, _ = extract_page(big_page(size).decode(), "http://x/", max_chars=80_000)
     assert title == "Scheduler notes" and "def admit(request):" in text and "the key-value cache has room" in text
     assert "Section 3" not in text and "var x" not in text and "Copyright" not in text
     assert cut and len(text) < 80_000 * 1.5

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from proxy.backends.invisible import hiding, strip_invisible, visible_html
+from proxy.backends.invisible import hiding, strip_invisible
 from proxy.backends.readable import extract_page
 from proxy.tools.web_fetch import FetchOutcome, Page, format_page_for_model
 
@@ -106,9 +106,8 @@ def test_hidden_elements_never_reach_the_text(snippet, dropped, fast, monkeypatc
     if fast:
         monkeypatch.setattr("proxy.backends.readable.FAST_PATH_CHARS", 10)
     html = f"<html><head><title>T</title></head><body><article>{BODY}{snippet}{BODY}</article></body></html>"
-    visible, n = visible_html(html)
+    _, text, _, n = extract_page(html, "http://x.test/")
     assert n == dropped
-    _, text, _ = extract_page(visible, "http://x.test/")
     assert "SECRET" not in text and "Real words" in text
 
 
@@ -120,7 +119,8 @@ def test_hidden_elements_never_reach_the_text(snippet, dropped, fast, monkeypatc
 ])
 def test_a_style_that_shows_its_text_is_kept(style):
     html = f"<html><body>{BODY}<p style=\"{style}\">SHOWN-TEXT</p></body></html>"
-    assert visible_html(html) == (html, 0)
+    _, text, _, n = extract_page(html, "http://x.test/")
+    assert n == 0 and "SHOWN-TEXT" in text
 
 
 @pytest.mark.parametrize("html", [
@@ -128,9 +128,9 @@ def test_a_style_that_shows_its_text_is_kept(style):
     "<p style='font-size:.9em'>small</p><p style='left:-5px'>nudged</p></body></html>",
     "<html><body><p>nothing hidden</p></body></html>",
 ])
-def test_visible_elements_stay_and_an_untouched_page_is_not_rewritten(html):
-    out, n = visible_html(html)
-    assert (out, n) == (html, 0) or ("faint" in out and "small" in out and "nudged" in out and n == 1)
+def test_visible_elements_stay(html):
+    _, text, _, n = extract_page(html, "http://x.test/")
+    assert n == 0 and ("nothing hidden" in text or ("faint" in text and "small" in text and "nudged" in text))
 
 
 @pytest.mark.parametrize("invisible, hidden, line", [
@@ -195,9 +195,8 @@ REVEALS = [
 @pytest.mark.parametrize("body", [b for b, _ in REVEALS], ids=[i for _, i in REVEALS])
 def test_a_page_that_fades_in_is_read_whole(body):
     html = page(body)
-    visible, n = visible_html(html)
+    _, text, _, n = extract_page(html, "http://x.test/")
     assert n == 0
-    _, text, _ = extract_page(visible, "http://x.test/")
     assert "Paragraph 11 about pruning" in text or "Step 9: cut above" in text
 
 
@@ -227,9 +226,8 @@ ATTACKS = [
 
 @pytest.mark.parametrize("body, dropped", ATTACKS)
 def test_a_hidden_instruction_dressed_as_a_fade_in_is_removed(body, dropped):
-    visible, n = visible_html(page(body))
+    _, text, _, n = extract_page(page(body), "http://x.test/")
     assert n == dropped
-    _, text, _ = extract_page(visible, "http://x.test/")
     assert "attacker.test" not in text and "ignore your previous" not in text
 
 
@@ -248,5 +246,5 @@ def test_how_a_style_hides_is_told_apart(style, how):
 def test_a_fade_in_needs_two_thirds_of_the_page():
     """The bound itself: faded text at two thirds of the page's text is a reveal, just under it is hidden."""
     seen, faded = "v" * 1000, "f" * 2000
-    assert visible_html(page(f"<p>{seen}</p><div style='opacity:0'>{faded}</div>"))[1] == 0
-    assert visible_html(page(f"<p>{seen}x</p><div style='opacity:0'>{faded}</div>"))[1] == 1
+    assert extract_page(page(f"<p>{seen}</p><div style='opacity:0'>{faded}</div>"), "http://x.test/").hidden == 0
+    assert extract_page(page(f"<p>{seen}x</p><div style='opacity:0'>{faded}</div>"), "http://x.test/").hidden == 1

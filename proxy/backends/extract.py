@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 from proxy.backends import pdftext
-from proxy.backends.invisible import visible_html
 from proxy.backends.readable import extract_page
 from proxy.core import codec
 from proxy.runtime.cancel import Cancel
@@ -95,9 +94,7 @@ def _child_main(cpu_seconds: int, memory_bytes: int) -> None:
                 title, text, cut, _ = pdftext.pdf_to_text(base64.b64decode(job["pdf"]), job.get("max_chars"),
                                                           cpu_budget=cpu_seconds / 2)
             else:
-                # What a browser hides goes before either extraction path sees the page (proxy/backends/invisible.py).
-                html, hidden = visible_html(job["html"])
-                title, text, cut = extract_page(html, job["url"], job.get("max_chars"))
+                title, text, cut, hidden = extract_page(job["html"], job["url"], job.get("max_chars"))
             answer: dict = {"title": title, "text": text, "cut": cut, "hidden": hidden}
         except pdftext.PdfRefused as e:
             answer = {"refused": e.code, "message": e.message}

@@ -7,6 +7,7 @@ everything. Both passes count what they drop, so the page's head line can tell t
 """
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -229,6 +230,7 @@ def declarations(style: str) -> dict[str, list]:
 _ANIMATED = frozenset(("opacity", "transform", "translate", "scale"))
 
 
+@functools.lru_cache(maxsize=4096)
 def hiding(style: str) -> str:
     """How an inline style hides its element's text from a person viewing the page: "" (it does not), "fade" (only
     by opacity or a transform, the start state of a reveal animation) or "hard" (any other way). Pure."""
@@ -284,9 +286,15 @@ def _chars(text: str | None) -> int:
     return len("".join(text.split())) if text else 0
 
 
+# The elements that can be hidden by the rules above; what is inside head, script, style and template is not text a
+# person sees, so it is not looked at (nor counted).
+_CANDIDATES = (".//*[(@hidden or @style or @aria-hidden) and "
+               "not(ancestor::head or ancestor::script or ancestor::style or ancestor::template)]")
+
+
 def drop_hidden(root) -> int:
-    """Remove the hidden elements under an lxml tree `root` (not looking inside one already found); how many. The
-    text after a dropped element (its tail) stays: it is visible.
+    """Remove the hidden elements under an lxml tree `root` (the outermost of them); how many. The text after a
+    dropped element (its tail) stays: it is visible.
 
     Elements hidden only by a fade-in's start state (opacity 0, a transform) are a reveal when together they hold at
     least REVEAL_SHARE of the page's text outside hard-hidden elements: a page does not hide most of itself from its
@@ -294,7 +302,26 @@ def drop_hidden(root) -> int:
     hidden instruction dressed the same way (`data-w-id`, `data-aos`, opacity 0) inside a normal page is a small share
     and goes; to pass, the faded text must outweigh the visible page twice, which only the page's author can do, and
     an author hides text with a stylesheet anyway (not caught, README "Invisible text")."""
-    hard, fades, chars = [], [], {False: 0, True: 0}  # chars: outside / inside a fade
+    # Only the elements with an attribute a rule reads are judged (one XPath in C, not a Python walk over the
+    # whole tree); the page's text is counted only when something fades.
+    hard: list = []
+    fades: list = []
+    for el in root.xpath(_CANDIDATES):
+        how = _how_hidden(el)
+        if how:
+            (hard if how == "hard" else fades).append(el)
+    if fades and _is_reveal(root):
+        fades = []
+    chosen = set(hard) | set(fades)
+    found = [el for el in hard + fades if not any(a in chosen for a in el.iterancestors())]
+    for el in found:
+        el.drop_tree()  # keeps the tail, unlike remove()
+    return len(found)
+
+
+def _is_reveal(root) -> bool:
+    """Whether the text inside fade-ins is at least REVEAL_SHARE of the page's text outside hard-hidden elements."""
+    chars = {False: 0, True: 0}  # outside / inside a fade
     stack: list = [(el, False) for el in reversed(root)]
     while stack:
         el, in_fade = stack.pop()
@@ -302,53 +329,12 @@ def drop_hidden(root) -> int:
             continue
         how = _how_hidden(el)
         if how == "hard":
-            hard.append(el)
             continue
-        if how == "fade":
-            fades.append(el)
-            in_fade = True
+        in_fade = in_fade or how == "fade"
         if str(el.tag).lower() in _NO_TEXT:
             continue
         chars[in_fade] += _chars(el.text)
         for child in el:
             chars[in_fade] += _chars(child.tail)
         stack.extend((child, in_fade) for child in reversed(el))
-    if fades and chars[True] >= REVEAL_SHARE * (chars[True] + chars[False]):
-        fades = []  # a reveal
-    faded = set(fades)
-    found = [el for el in hard + fades if not any(a in faded for a in el.iterancestors())]
-    for el in found:
-        el.drop_tree()  # keeps the tail, unlike remove()
-    return len(found)
-
-
-# Every rule above needs the `hidden` or `aria-hidden` attribute, or an inline style naming one of these words or
-# spelling something with an escape or an entity, so a page with none is not parsed for nothing: a scan of the
-# page's style attributes, not a parse.
-_STYLE_WORDS = ("display", "visib", "opacity", "filter", "font-size", "left", "top", "right", "bottom", "margin",
-                "indent", "inset", "transform", "translate", "scale", "clip", "color", "width", "height", "\\", "&")
-_STYLE_ATTR = re.compile(r"""\sstyle\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>"']+))""", re.IGNORECASE)
-
-
-def _maybe_hidden(html: str) -> bool:
-    low = html.lower()
-    if "hidden" in low:
-        return True
-    return any(w in "".join(m.groups(default="")) for m in _STYLE_ATTR.finditer(low) for w in _STYLE_WORDS)
-
-
-def visible_html(html: str) -> tuple[str, int]:
-    """(the page without its hidden elements, how many were dropped): the pre-pass extract.py's child runs before
-    extraction, so no path of the extractor writes them (it drops the `hidden` attribute and display:none itself,
-    not zero-size, transparent or off-screen text) and the page's head line can count them. The page comes back
-    unchanged, not re-serialised, when nothing is hidden or it does not parse."""
-    import lxml.etree
-    import lxml.html
-    if not html.strip() or not _maybe_hidden(html):
-        return html, 0  # most pages: a scan of a few ms instead of a parse of a tenth of a second a MB
-    try:
-        root = lxml.html.document_fromstring(html)
-    except (ValueError, lxml.etree.ParserError):
-        return html, 0
-    dropped = drop_hidden(root)
-    return (lxml.html.tostring(root, encoding="unicode") if dropped else html), dropped
+    return chars[True] >= REVEAL_SHARE * (chars[True] + chars[False])

@@ -10,7 +10,9 @@ import functools
 import logging
 import re
 from collections import Counter
+from typing import NamedTuple
 
+from proxy.backends.invisible import drop_hidden
 from proxy.backends.markdown import BLOCKS, HEADINGS, MarkdownWriter, normal, tidy
 
 log = logging.getLogger("proxy.fetch")
@@ -57,9 +59,9 @@ NO_WORDS = ("its HTML holds no text a reader sees (a page built by JavaScript, w
 # Photo captions and credits: the benchmark's human-made bodies leave them out, and galleries repeat them.
 CAPTIONS = "//figcaption|//*[contains(@class,'caption') or contains(@class,'credit')][string-length() < 300]"
 NOT_CONTENT = "//nav|//header|//footer|//aside|//menu|//form[not(.//p)]"
-# Hidden by the page itself; a reader never sees it, and a page can hide instructions for the model there.
-HIDDEN = ("//*[@hidden or @aria-hidden='true' or contains(translate(@style,'DISPLAYNOE: ','displaynoe'),"
-          "'displaynone') or contains(translate(@style,'VISBLTYHDEN: ','visbltyhden'),'visibilityhidden')]")
+# What the page tells screen readers to skip: icons, duplicated labels, decoration (what a browser hides went before,
+# in proxy/backends/invisible.py's drop_hidden, which counts it; this only leaves out what is not the content).
+HIDDEN = "//*[@aria-hidden='true']"
 # Class and id words of what is not the article (readability's unlikely candidates, with what the benchmark and the
 # issue's pages showed leaking: WordPress's "Like this: Loading..." widgets, share bars, related posts, tables of
 # contents), and those that may still hold it.
@@ -91,23 +93,32 @@ TAG_WEIGHT = {"div": 5, "article": 10, "main": 5, "section": 3, "pre": 3, "td": 
               "h4": -5, "h5": -5, "h6": -5, "th": -5}
 
 
-def extract_page(html: str, url: str, max_chars: int | None = None, links: str = "refs",
-                 ) -> tuple[str | None, str, bool]:
-    """(title, Markdown, cut): the main content of a page, about `max_chars` of it written (Markdown is written up to
-    the budget and no further: the fetcher cuts the text to its token budget anyway). `links`: "refs" writes a link as
-    [text][n] with the URLs listed once at the end, "inline" as [text](url), "text" as its words only.
+class Extracted(NamedTuple):
+    title: str | None
+    text: str  # Markdown, or NO_TEXT_NOTE saying why there is none
+    cut: bool  # stopped at the budget
+    hidden: int  # hidden elements dropped (proxy/backends/invisible.py), for the page's head line
+
+
+def extract_page(html: str, url: str, max_chars: int | None = None, links: str = "refs") -> Extracted:
+    """The main content of a page as Markdown, about `max_chars` of it written (Markdown is written up to the budget
+    and no further: the fetcher cuts the text to its token budget anyway). `links`: "refs" writes a link as [text][n]
+    with the URLs listed once at the end, "inline" as [text](url), "text" as its words only.
+    What a browser hides goes first (proxy/backends/invisible.py), so no path below, the floors included, writes it.
     Never empty while the page has text a reader sees (the floor in _with_floor); a page without any comes back as
     one sentence saying why (NO_TEXT_NOTE), so the model is not left to guess."""
     if not html.strip():
-        return None, NO_TEXT_NOTE.format(why="the server sent an empty page"), False
+        return Extracted(None, NO_TEXT_NOTE.format(why="the server sent an empty page"), False, 0)
     import lxml.etree
     try:
         root = _parse(html)
     except (ValueError, lxml.etree.ParserError):
-        return None, NO_TEXT_NOTE.format(why="its HTML could not be parsed"), False
+        return Extracted(None, NO_TEXT_NOTE.format(why="its HTML could not be parsed"), False, 0)
     title = _one_line(root.findtext(".//title"))
     limit = max_chars + max_chars // 4 if max_chars is not None else None
+    hidden = 0
     try:
+        hidden = drop_hidden(root)
         for el in root.xpath(NO_TEXT + "|" + HIDDEN):
             _drop(el)
         _unwrap_or_drop(root.xpath(MAYBE_TEXT))
@@ -127,8 +138,8 @@ def extract_page(html: str, url: str, max_chars: int | None = None, links: str =
             writer = MarkdownWriter(url, limit, links, title)
             text = writer.write(_visible_body(html))
         if not WORD.search(text):
-            return title, NO_TEXT_NOTE.format(why=NO_WORDS), False
-        return title, text, writer.cut
+            return Extracted(title, NO_TEXT_NOTE.format(why=NO_WORDS), False, hidden)
+        return Extracted(title, text, writer.cut, hidden)
     except MemoryError:
         raise
     except Exception as e:  # lxml's own errors on a broken tree, RecursionError on deep nesting
@@ -137,14 +148,22 @@ def extract_page(html: str, url: str, max_chars: int | None = None, links: str =
         log.debug("extraction failed on %s: %s; reading all the page's text", url, e)
     try:
         text = tidy(_visible_body(html).text_content())
-        return title, text if WORD.search(text) else NO_TEXT_NOTE.format(why=NO_WORDS), False
+        return Extracted(title, text if WORD.search(text) else NO_TEXT_NOTE.format(why=NO_WORDS), False, hidden)
     except (ValueError, lxml.etree.ParserError):
-        return title, NO_TEXT_NOTE.format(why="its HTML could not be parsed"), False
+        return Extracted(title, NO_TEXT_NOTE.format(why="its HTML could not be parsed"), False, hidden)
+
+
+def _visible_root(html: str):
+    """A fresh parse of the page without what a browser hides: the floors start again from the page, since the
+    extraction took its own tree apart."""
+    root = _parse(html)
+    drop_hidden(root)
+    return root
 
 
 def _visible_body(html: str):
     """The page's body with only what holds no visible text taken out: the floor under every extraction."""
-    root = _parse(html)
+    root = _visible_root(html)
     for el in root.xpath(NO_TEXT + "|" + HIDDEN):  # the page's words, not its script source nor what it hides
         _drop(el)
     _unwrap_or_drop(root.xpath(MAYBE_TEXT))
@@ -159,22 +178,22 @@ def _with_floor(content, page_chars: int, html: str, url: str):
     kept = len(normal(content.text_content()))
     if kept >= SECOND_OPINION_SHARE * page_chars:
         return content
-    other = second_opinion(html, url)
+    other = second_opinion(_visible_root(html), url)
     if other is not None and len(normal(other.text_content())) > kept:
         return other
     return content
 
 
-def second_opinion(html: str, url: str):
-    """trafilatura's main content of the page as an lxml element (its HTML output: paragraphs, headings, lists,
-    tables, links), or None when it finds none."""
+def second_opinion(root, url: str):
+    """trafilatura's main content of a parsed page (which it takes apart) as an lxml element (its HTML output:
+    paragraphs, headings, lists, tables, links), or None when it finds none."""
     import lxml.etree
     import trafilatura
     try:
-        out = trafilatura.extract(html, url=url or None, output_format="html", include_links=True,
+        out = trafilatura.extract(root, url=url or None, output_format="html", include_links=True,
                                   include_formatting=True, include_tables=True, include_comments=True, fast=True,
                                   with_metadata=False)
-    except (ValueError, lxml.etree.LxmlError) as e:  # its own parse of a page ours read
+    except (ValueError, lxml.etree.LxmlError) as e:
         log.debug("trafilatura failed on %s: %s", url, e)
         return None
     if not out:
