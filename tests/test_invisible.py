@@ -116,6 +116,7 @@ def test_hidden_elements_never_reach_the_text(snippet, dropped, fast, monkeypatc
     "left:-5px", "transform:translateX(-20px) scale(1.5)", "color:transparent;background-clip:text",
     "color:rgba(0,0,0,.8)", "clip-path:circle(40%)", "clip:rect(0 100px 20px 0)", "width:0;overflow:visible",
     "font-size:12px;color:#333", "display:/*none*/block", "margin-left:-1em",
+    "margin-bottom:-554px", "margin-right:-9999px",
 ])
 def test_a_style_that_shows_its_text_is_kept(style):
     html = f"<html><body>{BODY}<p style=\"{style}\">SHOWN-TEXT</p></body></html>"

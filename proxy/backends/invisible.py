@@ -190,8 +190,10 @@ def _transparent(tokens) -> bool:
     return False
 
 
-_POSITION = ("left", "top", "right", "bottom", "margin-left", "margin-top", "margin-right", "margin-bottom",
-             "text-indent", "inset", "inset-inline-start", "inset-block-start")
+# A far negative margin on the right or the bottom moves what follows, not the element's own text (the sticky-footer
+# idiom, `margin-bottom: -554px` on a page's wrapper), so only the left and top margins count.
+_POSITION = ("left", "top", "right", "bottom", "margin-left", "margin-top", "text-indent", "inset",
+             "inset-inline-start", "inset-block-start")
 _RULES = {
     "display": lambda t: _ident(t) == "none",
     "visibility": lambda t: _ident(t) in ("hidden", "collapse"),
