@@ -321,6 +321,27 @@ def test_a_class_name_that_sounds_like_clutter_does_not_remove_the_article_it_ho
     assert "Home" not in text and "Copyright" not in text and "topic number" not in text
 
 
+def test_short_text_blocks_of_a_page_builder_are_the_article():
+    """Elementor wraps each short text block in "elementor-widget-container": a layout word, not a widget the reader
+    can skip, so three short blocks (too short to pass as prose on their own) are all kept."""
+    blocks = ["Earcuff by Zoeca, worn high on the left ear, with two small hoops below it for the summer.",
+              "The charms of Lui Lu can be moved to larger hoops as well, or worn alone on a thin chain, as you like.",
+              "Creole: Stella Hoops, which go with everything from a shirt dress to a plain white tee, every day."]
+    widgets = "".join(f"<div class='elementor-element elementor-widget elementor-widget-text-editor'>"
+                      f"<div class='elementor-widget-container'><div class='elementor-text-editor elementor-clearfix'>"
+                      f"{b}</div></div></div>" for b in blocks)
+    text = read(site(f"<div class='elementor-section-wrap'><h1>Ear candy</h1><p>{PROSE}</p>{widgets}</div>"))
+    assert all(b in text for b in blocks), text
+    assert "Copyright" not in text and "topic number" not in text
+
+
+def test_a_ruby_annotation_is_left_out_of_the_words_it_annotates():
+    page = ("<html><body><article><p>" + "<ruby>子<rt>こ</rt></ruby>どもへの<ruby>体罰<rp>(</rp><rt>たいばつ</rt><rp>)</rp>"
+            "</ruby>を禁止する法律ができる。" * 8 + "</p></article></body></html>")
+    text = read(page)
+    assert "子どもへの体罰を禁止する法律" in text and "こ" not in text.replace("子ども", "")
+
+
 @pytest.mark.parametrize("page", [
     # An unclosed <nav> or <header> that libxml2 runs on to the end of the body, over the article.
     f"<html><body><nav class='primary'><ul><li><a href='/'>Home</a></li></ul><h1>Title</h1>{ARTICLE}</body></html>",

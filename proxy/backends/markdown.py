@@ -38,8 +38,10 @@ INLINE = frozenset({"a", "abbr", "b", "bdi", "bdo", "cite", "code", "data", "del
                     "label", "mark", "q", "s", "samp", "small", "span", "strike", "strong", "sub", "sup", "time", "tt",
                     "u", "var", "wbr", "nobr", "img", "picture", "acronym", "big", "output", "ruby", "rt", "rp"})
 INLINE_CODE = frozenset({"code", "kbd", "samp", "tt", "var"})
+# rt and rp: a ruby annotation (the reading of Japanese kanji in kana, shown above the line) written inline splits
+# every annotated word in two ("子こども"); the base text is the sentence.
 SKIP = frozenset({"img", "picture", "video", "audio", "source", "track", "map", "area", "head", "title", "meta",
-                  "link", "base"})
+                  "link", "base", "rt", "rp"})
 
 
 class MarkdownWriter:

@@ -284,10 +284,28 @@ def _drop_counted(el, linked: dict) -> None:
     _drop(el)
 
 
+# A page builder names every box by its place in the builder's grid, on every page it builds: Elementor's
+# "elementor-widget-container" around each text block ("widget"), Drupal's "field--label-hidden" on a field whose
+# label is hidden, not its text ("hidden"). Words of layout, not of what the box holds: the class rules read the
+# names without them (Elementor's named kinds, "elementor-widget-nav-menu", "elementor-widget-social-icons", stay).
+BUILDER_LAYOUT = re.compile(r"(?<!\S)(?:elementor-widget(?:-container|-wrap|-heading|-text-editor|-image|-button|-html|"
+                            r"-theme-post-content|-theme-post-title|__width-\S+)?|field--label-\S+)(?!\S)")
+
+
+@functools.lru_cache(maxsize=16384)
+def _layout_free(names: str) -> str:
+    return BUILDER_LAYOUT.sub("", names) if "elementor-widget" in names or "field--label" in names else names
+
+
+def _names(el) -> str:
+    """An element's class and id, as the class rules read them (without a page builder's layout words)."""
+    return _layout_free(f"{el.get('class') or ''} {el.get('id') or ''}")
+
+
 def _weight(el) -> int:
     """readability's class weight: class and id words that say article (+25) or not (-25)."""
     w = 0
-    for name in (el.get("class"), el.get("id")):
+    for name in (_layout_free(el.get("class") or ""), el.get("id")):
         if name:
             if _has(NEGATIVE, name):
                 w -= 25
@@ -303,7 +321,7 @@ def main_content(body):
     siblings that belong with it."""
     _drop_boilerplate(body)
     hinted = [el for el in body.xpath("//*[@itemprop='articleBody' or @class or @id]")
-              if el.get("itemprop") == "articleBody" or _has(ARTICLE_HINT, f"{el.get('class') or ''} {el.get('id') or ''}")]
+              if el.get("itemprop") == "articleBody" or _has(ARTICLE_HINT, _names(el))]
     scores = _paragraph_scores(body)
     if not scores:
         return body
@@ -325,7 +343,7 @@ def _drop_boilerplate(body) -> None:
     for el in body.xpath("//*[(@class or @id or @role) and not(ancestor::pre or ancestor::code)]"):
         if el.tag in ("body", "html", "a", "article", "main", "blockquote") or el.getparent() is None:
             continue  # a blockquote is quoted text even when its class says twitter (an embedded tweet)
-        names = f"{el.get('class') or ''} {el.get('id') or ''}"
+        names = _names(el)
         if el.get("role") in NOT_CONTENT_ROLES or _has(BOILERPLATE, names):
             pass
         elif not _has(UNLIKELY, names) or _has(MAYBE, names) or el.tag == "section" or (
