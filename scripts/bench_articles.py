@@ -27,7 +27,7 @@ The sets and their scoring:
 Every engine reads the same str: the page's bytes decoded as the proxy decodes a download without a charset header
 (proxy/backends/pagetext.py decode_text: a byte-order mark, then <meta charset>, then UTF-8). "links as text" reads
 the proxy's Markdown as plain text, as the other engines write it (links_as_text: link targets, `[n]` marks and the
-list of link URLs gone, labels without brackets, no heading, list, quote or table marks). An empty output is one with
+list of link URLs gone, labels without brackets, no heading, bullet, quote or table marks). An empty output is one with
 no `\\w` word. The proxy's time includes its hidden-element pass (proxy/backends/invisible.py's drop_hidden, run by
 extract_page). `--against DIR` adds the proxy of another checkout, run in a child process beside this one. Time is the CPU time of one extraction in this process (time.process_time: on a shared
 machine wall time measures the neighbours), after a warm-up page, the engines taking turns page by page (the order
@@ -237,16 +237,18 @@ LINK_TARGET = re.compile(r"\]\((?:[^()\s]|\([^()\s]*\))*(?:\s+\"[^\"]*\")?\)")  
 REF_MARK = re.compile(r"\]\[\d+\]")  # [text][3] -> [text]
 REF_LIST = re.compile(r"^\[\d+\]: \S+.*$", re.M)  # the proxy's link list at the end
 LINK_LABEL = re.compile(r"\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\x00")  # [text] -> text (a label may hold [1])
-LINE_MARKS = re.compile(r"^(?:#{1,6} |> |: |[-*] |\d+\. )+", re.M)  # headings, quotes, definitions, list items
+# Headings, quotes, definitions, bullets; an ordered list's numbers stay: a browser shows them, and so does trafilatura.
+LINE_MARKS = re.compile(r"^(?:#{1,6} |> |: |[-*] )+", re.M)
+TABLE_ROW = re.compile(r"^\| (.*) \|$", re.M)
 TABLE_RULE = re.compile(r"^\|?(?:\s*:?-{3,}:?\s*\|)+\s*:?-*:?\s*$|^(?:```\S*|---)$", re.M)  # |---|---|, fences, rules
 
 
 def links_as_text(markdown: str) -> str:
     """The proxy's Markdown read as plain text: link targets, [n] marks and the link list gone, labels without their
-    brackets, no heading, quote, list or table marks, no code ticks."""
+    brackets, no heading, quote, bullet or table marks, no code ticks."""
     text = REF_LIST.sub("", REF_MARK.sub("]\x00", LINK_TARGET.sub("]\x00", markdown)))
     text = LINE_MARKS.sub("", TABLE_RULE.sub("", LINK_LABEL.sub(r"\1", text)))
-    text = re.sub(r"^\| | \|$", "", text, flags=re.M).replace(" | ", " ")
+    text = TABLE_ROW.sub(lambda m: m.group(1).replace(" | ", " "), text)  # a literal "|" in a sentence stays
     return text.replace("\x00", "").replace("`", "")
 
 
