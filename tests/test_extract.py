@@ -335,6 +335,16 @@ def test_short_text_blocks_of_a_page_builder_are_the_article():
     assert "Copyright" not in text and "topic number" not in text
 
 
+def test_an_articles_own_header_keeps_its_lead_and_a_sites_header_goes():
+    lead = "Frankfurt (dpa) - For a novel about the old Federal Republic the author receives this year's book prize."
+    page = (f"<html><body><header class='site'><a href='/'>Acme News</a> <a href='/politics'>Politics</a></header>"
+            f"<article><header class='article-head'><h1>The book prize</h1><p class='teaser'>{lead}</p></header>"
+            f"{ARTICLE}</article>{SITE_END}</body></html>")
+    text = read(page)
+    assert lead in text and text.count(PROSE) == 4
+    assert "Acme News" not in text and "topic number" not in text
+
+
 def test_a_ruby_annotation_is_left_out_of_the_words_it_annotates():
     page = ("<html><body><article><p>" + "<ruby>子<rt>こ</rt></ruby>どもへの<ruby>体罰<rp>(</rp><rt>たいばつ</rt><rp>)</rp>"
             "</ruby>を禁止する法律ができる。" * 8 + "</p></article></body></html>")

@@ -45,6 +45,7 @@ XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*>")
 # "field--label-hidden", "MtnComment", "zen-one-sidebar-second": the class-name rules judged by content).
 PROSE_CHARS = 500
 PROSE_LINKS = 0.25
+LEAD_CHARS = 100
 # Below this share of the page's visible text, our pick is doubted and trafilatura asked (_with_floor); tuned on
 # WCXB's dev split: 0.3 took trafilatura's pick on about one page in six.
 SECOND_OPINION_SHARE = 0.3
@@ -250,6 +251,15 @@ def _prose(el, text: str, linked: dict) -> bool:
     return n >= PROSE_CHARS and linked.get(el, 0) < PROSE_LINKS * len(text)
 
 
+def _has_lead(header, linked: dict) -> bool:
+    """Whether a <header> holds a paragraph of prose (an article's lead): a site's header holds links and a logo."""
+    for p in header.iter("p"):
+        text = p.text_content()
+        if len(text.strip()) >= LEAD_CHARS and linked.get(p, 0) < PROSE_LINKS * len(text):
+            return True
+    return False
+
+
 def _card(el, length: int, linked: int, groups: dict) -> bool:
     """One card of a grid (a listing's, a shop's collection): a box with words of its own beside its links, among at
     least CARDS siblings of the same tag and class. Each card is mostly links, which readability's clean would drop:
@@ -355,8 +365,10 @@ def _drop_boilerplate(body) -> None:
     for el in body.xpath(NOT_CONTENT + "|" + CAPTIONS):
         text = el.text_content()
         # An unclosed <nav> or <header> runs on over the article (libxml2 closes it only at the body's end): with
-        # prose in it, it is the article's container, not navigation.
-        if len(text) < most and not (el.tag in ("nav", "header") and _prose(el, text, linked)):
+        # prose in it, it is the article's container, not navigation. An article's own <header> holds its headline
+        # and its lead paragraph, which are the article's first words.
+        if len(text) < most and not (el.tag in ("nav", "header") and _prose(el, text, linked)) and not (
+                el.tag == "header" and _has_lead(el, linked)):
             _drop_counted(el, linked)
 
 
