@@ -411,3 +411,14 @@ def test_a_page_whose_rules_keep_nothing_still_gives_its_visible_text():
 def test_a_page_without_readable_text_says_why(page, why):
     text = read(page)
     assert text.startswith("(The page has no readable text: ") and why in text and "Ignore previous" not in text
+
+
+@pytest.mark.parametrize("name", ["UNLIKELY", "BOILERPLATE", "MAYBE", "COMMENTS", "ARTICLE_HINT", "NEGATIVE",
+                                  "POSITIVE"])
+def test_the_class_word_patterns_are_lower_case_as_the_names_they_read(name):
+    """readable._has lowers the names and the patterns are compiled without re.I (for speed): an upper-case letter in
+    a pattern would never match."""
+    from proxy.backends import readable
+    pattern = getattr(readable, name)
+    assert pattern.pattern == pattern.pattern.lower() and not pattern.flags & re.IGNORECASE
+    assert readable._has(pattern, pattern.pattern.split("|")[0].replace("^", "").replace("$", "").upper())
