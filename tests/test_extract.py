@@ -345,6 +345,15 @@ def test_an_articles_own_header_keeps_its_lead_and_a_sites_header_goes():
     assert "Acme News" not in text and "topic number" not in text
 
 
+def test_an_aside_holding_the_marked_article_is_its_container_and_a_related_rail_goes():
+    rail = "".join(f"<article class='teaser'><a href='/n/{i}'>Another story number {i}</a></article>" for i in range(6))
+    page = (f"<html><body><main><aside class='pa direct-content'><section itemscope "
+            f"itemtype='http://schema.org/Article'><h1>The book prize</h1>{ARTICLE}</section></aside>"
+            f"<aside class='rail'>{rail}</aside></main>{SITE_END}</body></html>")
+    text = read(page)
+    assert text.count(PROSE) == 4 and "Another story" not in text and "topic number" not in text
+
+
 def test_a_ruby_annotation_is_left_out_of_the_words_it_annotates():
     page = ("<html><body><article><p>" + "<ruby>子<rt>こ</rt></ruby>どもへの<ruby>体罰<rp>(</rp><rt>たいばつ</rt><rp>)</rp>"
             "</ruby>を禁止する法律ができる。" * 8 + "</p></article></body></html>")

@@ -371,12 +371,27 @@ def _drop_boilerplate(body) -> None:
             _drop_counted(el, linked)
     for el in body.xpath(NOT_CONTENT + "|" + CAPTIONS):
         text = el.text_content()
-        # An unclosed <nav> or <header> runs on over the article (libxml2 closes it only at the body's end): with
-        # prose in it, it is the article's container, not navigation. An article's own <header> holds its headline
-        # and its lead paragraph, which are the article's first words.
-        if len(text) < most and not (el.tag in ("nav", "header") and _prose(el, text, linked)) and not (
-                el.tag == "header" and _has_lead(el, linked)):
+        if len(text) < most and not _wraps_content(el, text, linked):
             _drop_counted(el, linked)
+
+
+# What a page marks as its article: microdata's body or an Article item, or the <article> element.
+ARTICLE_MARK = (".//article|.//*[@itemprop='articleBody' or contains(@itemtype,'Article') or "
+                "contains(@itemtype,'BlogPosting')]")
+
+
+def _wraps_content(el, text: str, linked: dict) -> bool:
+    """Whether a <nav>, <header> or <aside> holds the page's content rather than navigation. An unclosed one runs on
+    over the article (libxml2 closes it only at the body's end), or a theme puts the article in one: with prose in
+    it, or an article the page marks as such holding prose, it is the content's container. An article's own <header>
+    holds its headline and its lead paragraph, which are the article's first words."""
+    if el.tag not in ("nav", "header", "aside"):
+        return False
+    if el.tag != "aside" and _prose(el, text, linked):
+        return True
+    if el.tag == "header" and _has_lead(el, linked):
+        return True
+    return any(_prose(a, a.text_content(), linked) for a in el.xpath(ARTICLE_MARK))
 
 
 def _paragraph_scores(body) -> dict:
