@@ -354,6 +354,22 @@ def test_an_aside_holding_the_marked_article_is_its_container_and_a_related_rail
     assert text.count(PROSE) == 4 and "Another story" not in text and "topic number" not in text
 
 
+@pytest.mark.parametrize("box", [
+    "<div class='teaser'><div class='teasertext'><h2><a href='/podcast'>What you need to know</a></h2><p>Every week "
+    "the virologist answers questions in a podcast and explains the background.</p></div></div>",
+    "<div class='infobox copytext'><h2>More information</h2><p>Contact the press office for photos and dates.</p></div>",
+    "<div class='art-ins mol-factbox'><p>As many as a million young people could be affected, a study says.</p></div>",
+    "<div class='legend'><div class='content'>The stag beetle lives in light, warm oak woods. Photo: J. Smith</div></div>",
+    "<div class='editorial-disclaimer'><p>The advertising disclaimer below does not apply to this article.</p></div>",
+])
+def test_boxes_set_inside_an_article_beside_its_text_go_and_its_lead_stays(box):
+    lead = "<p class='teaser'>Frankfurt (dpa) - A short lead that says what the story is about, in one sentence.</p>"
+    text = read(f"<html><body><article><h1>Story</h1>{lead}{ARTICLE[:len(ARTICLE) // 2]}{box}"
+                f"{ARTICLE[len(ARTICLE) // 2:]}</article></body></html>")
+    assert "A short lead" in text and text.count(PROSE) == 4
+    assert not any(w in text for w in ("virologist", "press office", "million young", "stag beetle", "disclaimer"))
+
+
 def test_a_ruby_annotation_is_left_out_of_the_words_it_annotates():
     page = ("<html><body><article><p>" + "<ruby>子<rt>こ</rt></ruby>どもへの<ruby>体罰<rp>(</rp><rt>たいばつ</rt><rp>)</rp>"
             "</ruby>を禁止する法律ができる。" * 8 + "</p></article></body></html>")
@@ -423,7 +439,7 @@ def test_a_page_without_readable_text_says_why(page, why):
 
 
 @pytest.mark.parametrize("name", ["UNLIKELY", "BOILERPLATE", "MAYBE", "COMMENTS", "ARTICLE_HINT", "NEGATIVE",
-                                  "POSITIVE"])
+                                  "POSITIVE", "TEASER"])
 def test_the_class_word_patterns_are_lower_case_as_the_names_they_read(name):
     """readable._has lowers the names and the patterns are compiled without re.I (for speed): an upper-case letter in
     a pattern would never match."""

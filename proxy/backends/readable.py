@@ -74,9 +74,14 @@ UNLIKELY = re.compile(
     r"print-only|visually-hidden|sr-only|screen-reader")
 NOT_CONTENT_ROLES = frozenset({"navigation", "banner", "contentinfo", "complementary", "search", "menu", "menubar",
                                "dialog", "alert", "alertdialog", "tooltip"})
-# Unlikely even when a word of MAYBE is in the name too ("jp-relatedposts", "share-post", "newsletter-content").
+# Unlikely even when a word of MAYBE is in the name too ("jp-relatedposts", "share-post", "newsletter-content"), and
+# boxes set in an article beside its text: info and fact boxes, image legends, disclaimers.
 BOILERPLATE = re.compile(r"sharedaddy|jp-relatedposts|likes-widget|sd-like|sd-sharing|share|sharing|social|"
-                         r"newsletter|cookie|related|recommend|promo|subscri|outbrain|taboola")
+                         r"newsletter|cookie|related|recommend|promo|subscri|outbrain|taboola|infobox|factbox|"
+                         r"disclaimer|disclosure|legend")
+# A teaser box links to the story it teases (a news site's "teaser" rail inside an article); a paragraph named
+# "teaser" without a link is the article's own lead, and stays.
+TEASER = re.compile(r"teaser")
 MAYBE = re.compile(r"and|article|body|column|main|shadow|content|entry|post|story|text")
 POSITIVE = re.compile(r"article|body|content|entry|hentry|h-entry|main|page|pagination|post|text|blog|story|"
                       r"markdown|prose|docs?\b|documentation|readme")
@@ -361,7 +366,8 @@ def _drop_boilerplate(body) -> None:
         if el.tag in ("body", "html", "a", "article", "main", "blockquote") or el.getparent() is None:
             continue  # a blockquote is quoted text even when its class says twitter (an embedded tweet)
         names = _names(el)
-        if el.get("role") in NOT_CONTENT_ROLES or _named(BOILERPLATE, names):
+        if el.get("role") in NOT_CONTENT_ROLES or _named(BOILERPLATE, names) or (
+                _named(TEASER, names) and el.find(".//a") is not None):
             pass
         elif not _named(UNLIKELY, names) or _named(MAYBE, names) or el.tag == "section" or (
                 len(el) and el[0].tag in HEADINGS):
