@@ -370,6 +370,16 @@ def test_boxes_set_inside_an_article_beside_its_text_go_and_its_lead_stays(box):
     assert not any(w in text for w in ("virologist", "press office", "million young", "stag beetle", "disclaimer"))
 
 
+@pytest.mark.parametrize("lead_class", ["intro", "article__abstract", "chapo_block", "subtitle", "DefaultEinleitung"])
+def test_a_lead_outside_the_box_of_the_storys_paragraphs_comes_first(lead_class):
+    lead = "The German capital has launched a five-year project to come to terms with its colonial past, in full."
+    page = (f"<html><body><nav><a href='/'>Home</a></nav><article><section class='article__header'><h1>Story</h1>"
+            f"<div class='meta'><a href='/author'>By A. Writer</a></div><p class='{lead_class}'>{lead}</p></section>"
+            f"<div class='row'><div class='col body-text'>{ARTICLE}</div></div></article>{SITE_END}</body></html>")
+    text = read(page)
+    assert text.index(lead) < text.index(PROSE) and text.count(PROSE) == 4 and "topic number" not in text
+
+
 def test_a_ruby_annotation_is_left_out_of_the_words_it_annotates():
     page = ("<html><body><article><p>" + "<ruby>子<rt>こ</rt></ruby>どもへの<ruby>体罰<rp>(</rp><rt>たいばつ</rt><rp>)</rp>"
             "</ruby>を禁止する法律ができる。" * 8 + "</p></article></body></html>")

@@ -82,6 +82,10 @@ BOILERPLATE = re.compile(r"sharedaddy|jp-relatedposts|likes-widget|sd-like|sd-sh
 # A teaser box links to the story it teases (a news site's "teaser" rail inside an article); a paragraph named
 # "teaser" without a link is the article's own lead, and stays.
 TEASER = re.compile(r"teaser")
+# What sites call a story's lead paragraph (Le Monde's "chapo", the Guardian's "standfirst", "Einleitung", "dek");
+# not "summary" or "excerpt", which name the entries of a listing as often.
+LEAD = re.compile(r"intro|lead|abstract|subtitle|chapo|standfirst|einleitung|\bdek\b|teaser")
+LEAD_LEVELS = 3
 MAYBE = re.compile(r"and|article|body|column|main|shadow|content|entry|post|story|text")
 POSITIVE = re.compile(r"article|body|content|entry|hentry|h-entry|main|page|pagination|post|text|blog|story|"
                       r"markdown|prose|docs?\b|documentation|readme")
@@ -351,7 +355,33 @@ def main_content(body):
     best = _common_box_of_near(best, best_score, scores)
     best = _named_article(best, best_score, hinted, scores)
     best = _page_main(best)
-    return _with_siblings(best, best_score, scores, densities)
+    lead = _lead_before(best)
+    content = _with_siblings(best, best_score, scores, densities)
+    if lead is not None and content not in lead.iterancestors():
+        # A story's lead (standfirst, intro, chapô) often sits in the article's header, outside the box of its
+        # paragraphs; it is the story's first words.
+        lead.tail = None
+        content.insert(0, lead)
+    return content
+
+
+def _lead_before(best):
+    """The element before the pick that the page names as the story's lead ("intro", "lead", "abstract", "chapo",
+    "standfirst"...), half a paragraph's worth of words with few links, looked for among what precedes the pick and its
+    nearest LEAD_LEVELS boxes; or None."""
+    el = best
+    for _ in range(LEAD_LEVELS):
+        for sib in el.itersiblings(preceding=True):
+            for cand in sib.iter():
+                if not isinstance(cand.tag, str) or not (cand.get("class") or cand.get("id")):
+                    continue
+                if _named(LEAD, _names(cand)) and LEAD_CHARS // 2 <= len(normal(cand.text_content())) <= 1500 \
+                        and _link_density(cand) < PROSE_LINKS:
+                    return cand
+        el = el.getparent()
+        if el is None or el.tag in ("body", "html"):
+            break
+    return None
 
 
 def _drop_boilerplate(body) -> None:
