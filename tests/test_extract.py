@@ -380,6 +380,13 @@ def test_a_lead_outside_the_box_of_the_storys_paragraphs_comes_first(lead_class)
     assert text.index(lead) < text.index(PROSE) and text.count(PROSE) == 4 and "topic number" not in text
 
 
+def test_a_pictures_credit_goes_with_the_picture_and_a_figure_of_code_stays():
+    photo = "<figure class='element'><img src='/smith.jpg'><span class='description'>Judy Eddy/WENN.com</span></figure>"
+    code = "<figure><pre><code class='language-python'>print('the listing stays')</code></pre></figure>"
+    text = read(f"<html><body><article><h1>Story</h1>{photo}{ARTICLE}{code}</article></body></html>")
+    assert "WENN" not in text and "the listing stays" in text and text.count(PROSE) == 4
+
+
 def test_a_ruby_annotation_is_left_out_of_the_words_it_annotates():
     page = ("<html><body><article><p>" + "<ruby>子<rt>こ</rt></ruby>どもへの<ruby>体罰<rp>(</rp><rt>たいばつ</rt><rp>)</rp>"
             "</ruby>を禁止する法律ができる。" * 8 + "</p></article></body></html>")
