@@ -387,6 +387,13 @@ def test_a_pictures_credit_goes_with_the_picture_and_a_figure_of_code_stays():
     assert "WENN" not in text and "the listing stays" in text and text.count(PROSE) == 4
 
 
+def test_a_short_paragraph_that_is_a_link_elsewhere_goes_and_a_sentence_with_a_link_stays():
+    more = "<p>Read more: <a href='/davis-cup'>Kohlmann: next we win the Davis Cup</a></p>"
+    cited = "<p>The rules are in <a href='/rules'>the handbook</a>, which every player signs before the season.</p>"
+    text = read(f"<html><body><article><h1>Story</h1>{ARTICLE}{cited}{more}</article></body></html>")
+    assert "Davis Cup" not in text and "which every player signs" in text and text.count(PROSE) == 4
+
+
 def test_a_ruby_annotation_is_left_out_of_the_words_it_annotates():
     page = ("<html><body><article><p>" + "<ruby>子<rt>こ</rt></ruby>どもへの<ruby>体罰<rp>(</rp><rt>たいばつ</rt><rp>)</rp>"
             "</ruby>を禁止する法律ができる。" * 8 + "</p></article></body></html>")

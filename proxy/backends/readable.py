@@ -46,6 +46,8 @@ XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*>")
 PROSE_CHARS = 500
 PROSE_LINKS = 0.25
 LEAD_CHARS = 100
+LINK_PARAGRAPH_CHARS = 250
+LINK_PARAGRAPH_SHARE = 0.6
 # Below this share of the page's visible text, our pick is doubted and trafilatura asked (_with_floor); tuned on
 # WCXB's dev split: 0.3 took trafilatura's pick on about one page in six.
 SECOND_OPINION_SHARE = 0.3
@@ -567,11 +569,21 @@ def _link_density(el) -> float:
     return linked / total
 
 
+def _drop_link_paragraphs(content, linked: dict) -> None:
+    """A short paragraph that is mostly a link ("Read more: <a>another story</a>", "Back to the list") points
+    elsewhere: it is not the article's text."""
+    for p in list(content.iter("p")):
+        text = p.text_content()
+        if 0 < len(text.strip()) < LINK_PARAGRAPH_CHARS and linked.get(p, 0) >= LINK_PARAGRAPH_SHARE * len(text):
+            _drop_counted(p, linked)
+
+
 def _clean(content, scores: dict):
     """readability's conditional clean: lists, tables and boxes inside the content that look like navigation,
     forms or image strips go, unless they carry prose (ten commas or more)."""
     linked = _linked_chars(content)
     groups: dict = {}
+    _drop_link_paragraphs(content, linked)
     for el in reversed(list(content.iter("table", "ul", "ol", "div", "section", "figure", "dl"))):
         if el is content or el.getparent() is None:
             continue
