@@ -381,10 +381,13 @@ def test_a_lead_outside_the_box_of_the_storys_paragraphs_comes_first(lead_class)
 
 
 def test_a_pictures_credit_goes_with_the_picture_and_a_figure_of_code_stays():
+    """A <figure> or a box named for its image, holding an image and a line of text: a caption or a credit."""
     photo = "<figure class='element'><img src='/smith.jpg'><span class='description'>Judy Eddy/WENN.com</span></figure>"
+    inline = "<div class='imginline'><img src='/map.png'><span>Figure: snow depth on the glacier</span></div>"
     code = "<figure><pre><code class='language-python'>print('the listing stays')</code></pre></figure>"
-    text = read(f"<html><body><article><h1>Story</h1>{photo}{ARTICLE}{code}</article></body></html>")
-    assert "WENN" not in text and "the listing stays" in text and text.count(PROSE) == 4
+    text = read(f"<html><body><article><h1>Story</h1>{photo}{ARTICLE}{inline}{code}</article></body></html>")
+    assert "WENN" not in text and "snow depth" not in text and "the listing stays" in text
+    assert text.count(PROSE) == 4
 
 
 def test_a_short_paragraph_that_is_a_link_elsewhere_goes_and_a_sentence_with_a_link_stays():

@@ -59,10 +59,13 @@ WORD = re.compile(r"\w")
 NO_TEXT_NOTE = "(The page has no readable text: {why}.)"
 NO_WORDS = ("its HTML holds no text a reader sees (a page built by JavaScript, which is not run here, or one whose "
             "text the page itself hides)")
-# Photo captions and credits: the benchmark's human-made bodies leave them out, and galleries repeat them.
+# Photo captions and credits: the benchmark's human-made bodies leave them out, and galleries repeat them; a short
+# figure or box named for its image (a picture and a line under it) is one too, unless it holds code, a table or a quote.
 CAPTIONS = ("//figcaption|//*[contains(@class,'caption') or contains(@class,'credit')][string-length() < 300]"
             "|//figure[(.//img or .//picture or .//video) and not(.//pre or .//table or .//blockquote)]"
-            "[string-length() < 300]")
+            "[string-length() < 300]"
+            "|//*[contains(@class,'img') or contains(@class,'image') or contains(@class,'photo')]"
+            "[.//img and not(.//pre or .//table or .//blockquote)][string-length() < 300]")
 NOT_CONTENT = "//nav|//header|//footer|//aside|//menu|//form[not(.//p)]"
 # What the page tells screen readers to skip: icons, duplicated labels, decoration (what a browser hides went before,
 # in proxy/backends/invisible.py's drop_hidden, which counts it; this only leaves out what is not the content).
