@@ -20,7 +20,7 @@ The sets and their scoring:
   the SHA-1 of each file name (500 / 490 pages): the first half may be looked at page by page, the second is not. Its
   tests/eval_common.py `count_item`, whitespace-normalised substring matching of the `with` and `without` snippets,
   tp/fp/fn pooled over all pages, F1 = 2tp / (2tp + fp + fn).
-- scrapinghub (HELD OUT since issue 40; the extractor of issue 34 was tuned on it): its evaluate.py shingle F1,
+- scrapinghub (HELD OUT now; the first own picker was tuned on it): its evaluate.py shingle F1,
   4-word shingles of `\\w+` tokens matched as multisets, tp/fp/fn normalised per page, precision and recall averaged
   over pages, F1 from the two averages.
 
