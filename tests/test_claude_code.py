@@ -83,7 +83,17 @@ def run_claude(proxy_url: str, prompt: str, extra_env: dict | None = None, allow
     claude = os.environ.get("AGENTS_BIN")
     if not claude:
         pytest.skip("AGENTS_BIN is unset: run the suite with tests/run.sh, which installs Claude Code")
+    own_home = home is None
     home = home or tempfile.mkdtemp(prefix="claude-home-")
+    try:
+        return _run_claude_in(claude, home, proxy_url, prompt, extra_env, allowed, args, cwd)
+    finally:
+        if own_home:
+            shutil.rmtree(home, ignore_errors=True)  # its settings, sessions and caches: nothing to keep
+
+
+def _run_claude_in(claude: str, home: str, proxy_url: str, prompt: str, extra_env: dict | None, allowed: str,
+                   args: tuple, cwd: str | None) -> list[dict]:
     proc = subprocess.Popen([claude + "/claude", "-p", prompt, "--output-format", "stream-json", "--verbose",
                              "--allowedTools", allowed, *args],
                             env={**claude_env(proxy_url, home), **(extra_env or {})}, cwd=cwd or home, stdin=subprocess.DEVNULL,
@@ -219,27 +229,29 @@ def webfetch_results(lines) -> list:
             (isinstance(ln.get("tool_use_result"), str) or "codeText" in (ln.get("tool_use_result") or {}))]
 
 
-def settings_in(where: str) -> tuple[dict, tuple]:
-    """A home and a project folder with `skipWebFetchPreflight` where `where` says; returns
+def settings_in(where: str, tmp_path: Path) -> tuple[dict, tuple]:
+    """A home and a project folder (under pytest's tmp_path) with `skipWebFetchPreflight` where `where` says; returns
     run_claude's keyword arguments and extra command-line arguments."""
-    home, project = tempfile.mkdtemp(prefix="claude-home-"), tempfile.mkdtemp(prefix="claude-project-")
+    home, project = tmp_path / "claude-home", tmp_path / "claude-project"
+    home.mkdir()
+    project.mkdir()
     folder = {"user": Path(home), "project": Path(project)}.get(where)
     if folder is not None:
         (folder / ".claude").mkdir()
         (folder / ".claude" / "settings.json").write_text(SKIP_PREFLIGHT)
-    return {"home": home, "cwd": project}, (("--settings", SKIP_PREFLIGHT) if where == "flag" else ())
+    return {"home": str(home), "cwd": str(project)}, (("--settings", SKIP_PREFLIGHT) if where == "flag" else ())
 
 
 # Where the setting may live: ~/.claude/settings.json, the project's .claude/settings.json (read
 # in -p mode; an interactive session reads it only in a folder the user trusted), or --settings.
 @pytest.mark.parametrize("where", ["user", "project", "flag"])
-def test_claude_code_webfetch_is_summarised_by_the_local_model(start_proxy, backend, searxng, tls_pages, where):
+def test_claude_code_webfetch_is_summarised_by_the_local_model(start_proxy, backend, searxng, tls_pages, where, tmp_path):
     tls_pages.requests.clear()
     proxy = start_proxy(KEEPALIVE_INTERVAL="0.2")
     url = tls_pages.url + "/notes"
     model = WebFetchModel(url)
     backend.responder = model
-    where_kw, args = settings_in(where)
+    where_kw, args = settings_in(where, tmp_path)
     lines = run_claude(proxy.url, f"Fetch {url} and tell me the magic word.",
                        {**MODEL_NAMES["client-env"][1], "NODE_EXTRA_CA_CERTS": str(tls_pages.ca_file)},
                        allowed="WebFetch", args=args, **where_kw)
@@ -265,14 +277,14 @@ def test_claude_code_webfetch_is_summarised_by_the_local_model(start_proxy, back
     assert searxng.queries == []
 
 
-def test_claude_code_webfetch_without_the_setting_fails_offline(start_proxy, backend, searxng, tls_pages):
+def test_claude_code_webfetch_without_the_setting_fails_offline(start_proxy, backend, searxng, tls_pages, tmp_path):
     """Without skipWebFetchPreflight Claude Code asks api.anthropic.com first, ignoring ANTHROPIC_BASE_URL."""
     tls_pages.requests.clear()
     proxy = start_proxy(KEEPALIVE_INTERVAL="0.2")
     url = tls_pages.url + "/notes"
     model = WebFetchModel(url)
     backend.responder = model
-    where_kw, _ = settings_in("nowhere")
+    where_kw, _ = settings_in("nowhere", tmp_path)
     lines = run_claude(proxy.url, f"Fetch {url} and tell me the magic word.",
                        {**MODEL_NAMES["client-env"][1], "NODE_EXTRA_CA_CERTS": str(tls_pages.ca_file)},
                        allowed="WebFetch", **where_kw)
