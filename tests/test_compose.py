@@ -451,7 +451,10 @@ def test_the_preflight_follows_gpu_memory_utilization(tmp_path):
 # The CPU trial overlay.
 
 def cpu_config(files=("compose.cpu.yaml",), env_lines=(), tmp_path=None):
-    env_file = Path(tempfile.mkdtemp()) / "compose.env" if tmp_path is None else tmp_path / "compose.env"
+    if tmp_path is None:  # a module-scoped fixture has no tmp_path: a folder of its own, removed after
+        with tempfile.TemporaryDirectory() as tmp:
+            return cpu_config(files, env_lines, Path(tmp))
+    env_file = tmp_path / "compose.env"
     env_file.write_text("".join(f"{line}\n" for line in env_lines))
     args = [a for f in ("docker-compose.yaml", *files) for a in ("-f", str(REPO / f))]
     result = subprocess.run([str(COMPOSE_BIN), *args, "--env-file", str(env_file), "config", "--format", "json"],
