@@ -250,12 +250,6 @@ def hiding(style: str) -> str:
     return "fade" if fired else ""
 
 
-def style_hides(style: str) -> bool:
-    """True when an inline style hides its element's text from a person viewing the page (a fade-in's start state
-    included: drop_hidden decides whether that one is a reveal). Pure."""
-    return bool(hiding(style))
-
-
 # aria-hidden hides decorative icons from screen readers all the time; it is dropped only on elements that hold
 # text a reader would otherwise read as the page's content.
 _TEXT_BLOCKS = frozenset("p div span section article aside blockquote pre code li ul ol table td th tr h1 h2 h3 h4 "
@@ -271,12 +265,6 @@ def _how_hidden(el) -> str:
     if how == "hard" or (el.get("aria-hidden", "").strip().lower() == "true" and str(el.tag).lower() in _TEXT_BLOCKS):
         return "hard"
     return how
-
-
-def hidden(el) -> bool:
-    """True for an element a browser hides: the `hidden` attribute, an inline style that hides it, or
-    aria-hidden="true" on a text block."""
-    return bool(_how_hidden(el))
 
 
 # A fade-in holding at least this share of the page's text is the page being revealed, not text kept from a person.

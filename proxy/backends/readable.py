@@ -268,19 +268,15 @@ def _unwrap_or_drop(elements) -> None:
             el.drop_tree()
 
 
-def _prose(el, text: str, linked: dict) -> bool:
+def _prose(el, text: str, linked: dict, chars: int = PROSE_CHARS) -> bool:
     """Whether an element reads as content, whatever its class says: enough text, few of its words links."""
     n = len(text.strip())
-    return n >= PROSE_CHARS and linked.get(el, 0) < PROSE_LINKS * len(text)
+    return n >= chars and linked.get(el, 0) < PROSE_LINKS * len(text)
 
 
 def _has_lead(header, linked: dict) -> bool:
     """Whether a <header> holds a paragraph of prose (an article's lead): a site's header holds links and a logo."""
-    for p in header.iter("p"):
-        text = p.text_content()
-        if len(text.strip()) >= LEAD_CHARS and linked.get(p, 0) < PROSE_LINKS * len(text):
-            return True
-    return False
+    return any(_prose(p, p.text_content(), linked, LEAD_CHARS) for p in header.iter("p"))
 
 
 def _card(el, length: int, linked: int, groups: dict) -> bool:
@@ -338,7 +334,7 @@ def _names(el) -> tuple[str, str]:
 def _weight(el) -> int:
     """readability's class weight: class and id words that say article (+25) or not (-25)."""
     w = 0
-    for name in (_layout_free(el.get("class") or ""), el.get("id")):
+    for name in _names(el):
         if name:
             if _has(NEGATIVE, name):
                 w -= 25
