@@ -11,8 +11,11 @@ WORKDIR /app
 # Dependencies first, in their own layer: editing the proxy's code does not re-run pip.
 COPY requirements.txt ./
 # Exactly the hashed lock the test suite runs on, transitive packages included (--require-hashes refuses anything
-# unpinned or altered), installed once here and never at container start.
-RUN pip install --no-cache-dir --require-hashes -r requirements.txt
+# unpinned or altered), installed once here and never at container start. --no-deps: the lock is the whole list,
+# so pip never resolves and no release upstream, nor any pip version's reading of an extra (justext's
+# lxml[html_clean]), can change or refuse what gets installed; pip check then proves the list complete, so a
+# requirement the lock left out fails the build, not an import. tests/test_lock_install.py does the same, fast.
+RUN pip install --no-cache-dir --no-deps --require-hashes -r requirements.txt && pip check
 
 # An unprivileged account: a bug in the proxy must not get root in the container. Not named `proxy`: Debian's
 # base-passwd already has a `proxy` user (uid 13) in every Debian image, so useradd would fail.

@@ -70,9 +70,11 @@ if [ ! -e "$VENV/.complete" ]; then
   echo "run.sh: creating test environment $VENV" >&2
   rm -rf "$VENV"
   python3 -m venv "$VENV"
-  # pip's output goes to a log, shown only if the install fails.
+  # pip's output goes to a log, shown only if the install fails. The lock is installed as the images install
+  # theirs (--no-deps, then pip check: no resolver runs, so no release upstream changes what the tests run on).
   if ! { "$VENV/bin/pip" install --upgrade pip==25.3 &&
-         "$VENV/bin/pip" install --require-hashes -r tests/requirements.txt; } >"$CACHE/pip.log" 2>&1; then
+         "$VENV/bin/pip" install --no-deps --require-hashes -r tests/requirements.txt &&
+         "$VENV/bin/pip" check; } >"$CACHE/pip.log" 2>&1; then
     tail -n 40 "$CACHE/pip.log" >&2
     die "installing the test requirements failed (full log: $CACHE/pip.log)"
   fi

@@ -391,7 +391,7 @@ def test_env_example_lists_every_variable_with_the_compose_default():
 
 @pytest.mark.parametrize("pattern", [
     r"^FROM python:3\.11-slim$",
-    r"^RUN pip install --no-cache-dir --require-hashes -r requirements\.txt$",
+    r"^RUN pip install --no-cache-dir --no-deps --require-hashes -r requirements\.txt && pip check$",
     r"^USER (?!root)[\w-]+$",
     r"^EXPOSE 11433$",
     r'^CMD \["gunicorn", "--config", "gunicorn\.conf\.py", "proxy-passthrough:app"\]$',
@@ -595,7 +595,7 @@ def test_the_router_is_built_from_its_lock_and_runs_its_entrypoint(scale):
     assert router["build"]["context"] == str(REPO / "router") and router["build"]["dockerfile"] == "Dockerfile"
     dockerfile = (REPO / "router" / "Dockerfile").read_text()
     assert dockerfile.startswith("#") and "FROM python:3.11-slim\n" in dockerfile
-    assert "pip install --no-cache-dir --require-hashes -r requirements.txt" in dockerfile
+    assert "pip install --no-cache-dir --no-deps --require-hashes -r requirements.txt && pip check" in dockerfile
     assert re.search(r"^USER vllm-router$", dockerfile, re.M)
     assert 'ENTRYPOINT ["/usr/local/bin/start-router.sh"]' in dockerfile
     lock = (REPO / "router" / "requirements.txt").read_text()

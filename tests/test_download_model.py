@@ -166,6 +166,8 @@ def test_model_dir_comes_from_dot_env_like_compose(env, hub, tmp_path):
     (copy / "scripts").mkdir(parents=True)
     shutil.copy2(SCRIPT, copy / "download-model.sh")
     shutil.copy2(REPO / "scripts/download_model.py", copy / "scripts/download_model.py")
+    (copy / "model").mkdir()
+    shutil.copy2(REPO / "model/requirements.txt", copy / "model/requirements.txt")
     (copy / ".env").write_text(f"MAX_MODEL_LEN=131072\nMODEL_DIR={tmp_path / 'from-dot-env'}\n")
     del env["MODEL_DIR"]
     result = run(env, script=copy / "download-model.sh")

@@ -2,16 +2,15 @@
 tests/requirements.txt): complete, hashed, and the same pins for the image and the tests; run with
 `tests/run.sh tests/test_lock.py`.
 
-The container tier proves the image installs and runs from the lock; these checks say which line is wrong.
+The container tier proves the image installs and runs from the lock, and tests/test_lock_install.py that each lock
+installs exactly, with nothing left to a resolver; these checks say which line is wrong.
 """
 from __future__ import annotations
 
 import re
-from importlib import metadata
 from pathlib import Path
 
 import pytest
-from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,24 +65,3 @@ def test_direct_pins_are_the_locked_versions(lock, source):
     for name, req in direct(REPO / source).items():
         assert name in locked, f"{name} from {source} is missing in {lock}"
         assert req.specifier.contains(locked[name][0]), f"{name}: {source} says {req.specifier}, {lock} {locked[name][0]}"
-
-
-def test_the_runtime_lock_holds_everything_its_packages_need():
-    """Each runtime package's own requirements (with the extras requirements.in asks for) are in the lock:
-    the check that would have caught gunicorn's gevent worker importing `packaging` unlocked."""
-    env = default_environment()
-    extras = {name: req.extras for name, req in direct(REPO / "requirements.in").items()}
-    missing = []
-    for name, (version, marker, _) in RUNTIME.items():
-        if marker and not Requirement(f"x; {marker}").marker.evaluate(env):
-            continue  # e.g. Windows-only: not installed on Linux
-        dist = metadata.distribution(name)
-        assert dist.version == version, f"the test venv has {name} {dist.version}, the lock {version}"
-        for line in dist.requires or []:
-            req = Requirement(line)
-            wanted = [{"extra": e} for e in extras.get(name, ())] or [{"extra": ""}]
-            if req.marker and not any(req.marker.evaluate({**env, **w}) for w in wanted):
-                continue
-            if norm(req.name) not in RUNTIME:
-                missing.append(f"{name} needs {req}")
-    assert not missing, missing

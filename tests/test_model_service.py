@@ -46,7 +46,7 @@ def test_every_pin_of_the_image_is_hashed_and_the_tests_run_the_same():
 @pytest.mark.parametrize("pattern", [
     r"^FROM python:3\.11-slim$",
     r"^COPY model/requirements\.txt \./$",
-    r"^RUN pip install --no-cache-dir --require-hashes -r requirements\.txt$",
+    r"^RUN pip install --no-cache-dir --no-deps --require-hashes -r requirements\.txt && pip check$",
     r"^COPY scripts/download_model\.py \./$",
     r"^\s+PYTHONUNBUFFERED=1",
     r"^\s+HF_HUB_DISABLE_PROGRESS_BARS=1",

@@ -151,7 +151,7 @@ def stack_session():
     try:
         config = merged_config()
         (base,) = _base_images()  # the proxy's and the model service's images start from the same one
-        wanted = [images.python_slim(base), images.searxng(config["services"]["searxng"]["image"]),
+        wanted = [images.python_slim(base, images.base_pip_wheel(cache)), images.searxng(config["services"]["searxng"]["image"]),
                   images.vllm(config["services"]["vllm"]["image"], env_info.python.parent.parent)]
         notes = []
         for image in wanted:
@@ -182,7 +182,9 @@ def stack_session():
         # Leftovers of an interrupted run would keep the fixed container names taken.
         st.compose("down", "-v", "--remove-orphans", check=False)
         started = time.monotonic()
-        st.compose("build", "proxy", "model", timeout=900)
+        # --no-cache: every run builds as a new user's first build does, from the lock and the base image alone; a
+        # cached layer once hid a lock that today's pip refused.
+        st.compose("build", "--no-cache", "proxy", "model", timeout=900)
         notes.append(f"proxy and model images built in {time.monotonic() - started:.0f} s")
         started = time.monotonic()
         up = st.compose("up", "-d", "--wait", "--wait-timeout", str(UP_TIMEOUT_S), check=False, timeout=UP_TIMEOUT_S + 60)

@@ -4,10 +4,12 @@ run unchanged; used by tests/container/conftest.py.
 
 Each is a Debian root filesystem made by mmdebstrap and imported with `docker import`, keyed by
 everything that goes into it: an image whose key matches is reused ("already built").
-- python:3.11-slim: Debian's python3.11 with pip, `python`/`pip` on PATH, pip free to install
-  (no EXTERNALLY-MANAGED marker, as in the real image), Debian's base-passwd accounts (so its
-  `proxy` user, uid 13, is there as in the real one), and the host's CA bundle so pip inside a
-  build trusts what pip on the host trusts.
+- python:3.11-slim: Debian's python3.11 with the real image's pip (24.0, base-pip.txt, hashed; not Debian's 23.0.1:
+  pip's version decides how a lock is read), `python`/`pip` on PATH, pip free to install (no EXTERNALLY-MANAGED
+  marker, as in the real image), Debian's base-passwd accounts (so its `proxy` user, uid 13, is there as in the real
+  one), and the host's CA bundle so pip inside a build trusts what pip on the host trusts. What still differs from
+  the real image: its Python is Debian bookworm's 3.11.2 build in /usr/bin, the real one a 3.11 patch release of its
+  own in /usr/local, on a Debian that moves with the tag (docs/testing.md, "Base images").
 - vLLM's CPU image (public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo, compose.cpu.yaml): the real
   `vllm serve` (the CPU build the real-vLLM tier uses, copied from its venv) behind the image's
   entrypoint contract: `vllm serve` as entrypoint, python3 and curl on PATH, root, /vllm-workspace.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +33,8 @@ SUITE = "bookworm"  # the Debian release with python3.11, the version python:3.1
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 KEY_LABEL = "org.coding-stack.standin-key"
 # Bump when the recipe below changes in a way its inputs don't show.
-RECIPE = "1"
+RECIPE = "2"
+BASE_PIP = HERE / "base-pip.txt"
 
 
 @dataclass
@@ -49,22 +53,38 @@ class Image:
         return h.hexdigest()[:16]
 
 
-def python_slim(tag: str) -> Image:
+def base_pip_wheel(cache: Path) -> Path:
+    """The wheel base-pip.txt names, downloaded once into `cache` with its hash checked (pip's --require-hashes)."""
+    folder = cache / "base-pip"
+    wheels = sorted(folder.glob("pip-*.whl")) if folder.is_dir() else []
+    if not wheels:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
+                        "--only-binary", ":all:", "-d", str(folder), "-r", str(BASE_PIP)], check=True, timeout=300)
+        wheels = sorted(folder.glob("pip-*.whl"))
+    (wheel,) = wheels
+    return wheel
+
+
+def python_slim(tag: str, pip_wheel: Path) -> Image:
     return Image(
         tag=tag,
-        packages=["python3.11", "python3-pip", "python3-setuptools", "python3-wheel", "ca-certificates", "netbase", "tzdata"],
+        packages=["python3.11", "python3-setuptools", "python3-wheel", "ca-certificates", "netbase", "tzdata"],
         hooks=[
             # The real image's interpreter is its own build in /usr/local, which pip may install into.
             'rm -f "$1"/usr/lib/python3.11/EXTERNALLY-MANAGED',
             'ln -sf /usr/bin/python3.11 "$1"/usr/local/bin/python',
             'ln -sf /usr/bin/python3.11 "$1"/usr/local/bin/python3',
-            'ln -sf /usr/bin/pip3 "$1"/usr/local/bin/pip',
+            # The real image's pip, installed by itself from its own wheel (a wheel runs as a zip on sys.path): it
+            # lands in /usr/local with `pip`, `pip3` and `pip3.11` on PATH, as there.
+            f'cp {shlex.quote(str(pip_wheel))} "$1"/tmp/{pip_wheel.name}',
+            f'chroot "$1" python3.11 /tmp/{pip_wheel.name}/pip install --quiet --no-index --no-deps /tmp/{pip_wheel.name}',
+            f'rm "$1"/tmp/{pip_wheel.name}',
             # A host behind a TLS-inspecting proxy: pip in a build must trust the same roots as on the host.
             f'cp {shlex.quote(str(HOST_CA_BUNDLE))} "$1"/etc/ssl/certs/ca-certificates.crt',
         ],
         changes=["ENV PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
                  "ENV LANG=C.UTF-8", "ENV PYTHON_VERSION=3.11", 'CMD ["python3"]'],
-        inputs=[HOST_CA_BUNDLE],
+        inputs=[HOST_CA_BUNDLE, BASE_PIP],
     )
 
 

@@ -76,7 +76,9 @@ def router_binary() -> Path:
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
             log = venv.with_suffix(".pip.log")
             with open(log, "wb") as out:
-                pip = subprocess.run([str(venv / "bin" / "pip"), "install", "--require-hashes", "-r", str(LOCK)],
+                # As router/Dockerfile installs it: the lock alone, no resolver, then pip check.
+                pip = subprocess.run(f'"{venv}/bin/pip" install --no-deps --require-hashes -r "{LOCK}" && '
+                                     f'"{venv}/bin/pip" check', shell=True,
                                      stdout=out, stderr=subprocess.STDOUT, timeout=900)
             assert pip.returncode == 0, f"installing {LOCK} failed: {log.read_text()[-3000:]}"
             (venv / ".complete").touch()
