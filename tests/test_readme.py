@@ -123,14 +123,15 @@ def test_every_proxy_variable_is_documented():
     assert not missing, f"docs/configuration.md's Configuration does not explain {missing}"
 
 
-def test_ci_runs_the_readme_test_command():
-    later = [b.strip() for b in shell_blocks(section("Tests", "docs/testing.md"))[1:]]
-    assert all(b.startswith("tests/run.sh ") for b in later), later
-    # The section's first command is the one test command; later ones are narrower runs of it.
-    command = shell_blocks(section("Tests", "docs/testing.md"))[0].strip()
-    assert command == "tests/run.sh"
+@pytest.mark.parametrize("page", ["README.md", "docs/testing.md"])
+def test_ci_runs_the_readme_test_command(page):
+    """The README's Tests section (where a person who just cloned looks) and docs/testing.md's name the one command
+    .ci/run runs, first; later commands are narrower runs of it."""
+    blocks = [b.strip() for b in shell_blocks(section("Tests", page))]
+    assert blocks and all(b.startswith("tests/run.sh ") for b in blocks[1:]), blocks
+    assert blocks[0] == "tests/run.sh"
     ci = (ROOT / ".ci" / "run").read_text()
-    assert re.search(rf"^exec {re.escape(command)}\b", ci, re.M)
+    assert re.search(rf"^exec {re.escape(blocks[0])}\b", ci, re.M)
 
 
 def test_codex_config_in_the_readme_is_the_one_the_codex_test_runs():
@@ -172,7 +173,7 @@ def test_claude_code_variables_in_the_readme_are_the_tested_ones(name):
 def test_the_readme_is_the_short_path():
     assert len(README.splitlines()) <= 500
     for title in ("What it is", "Requirements", "Quick start", "Pointing clients at it", "Main settings",
-                  "Troubleshooting", "More documentation"):
+                  "Troubleshooting", "Tests", "More documentation"):
         assert f"\n## {title}\n" in README, title
 
 
