@@ -28,6 +28,9 @@ RUN mkdir -p /tmp/proxy-metrics && chown coding-stack /tmp/proxy-metrics
 # PROXY_STATE_DB's folder, and where compose.scale.yaml's replicas keep their shared X-Session-ID key: a new named
 # volume takes this folder's owner, so the unprivileged user can write it.
 RUN mkdir -p /var/lib/proxy && chown coding-stack /var/lib/proxy
+# The image's user has no home folder, so the default beside it (~/.local/state) is no place: a bare `docker run`
+# with keys keeps usage here, which lasts as long as a volume mounted on the folder (compose mounts one).
+ENV PROXY_STATE_DB=/var/lib/proxy/state.sqlite3
 
 COPY gunicorn.conf.py proxy-passthrough.py ./
 COPY proxy/ ./proxy/

@@ -42,13 +42,6 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="proxy-metrics-")
         _private_metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
 
-# The keys' usage, quotas and the fair queue must be one store for every worker (proxy/backends/teamstore.py): the
-# compose file puts PROXY_STATE_DB in a volume; anywhere else this run makes a private one, removed at exit (usage
-# then lasts as long as the run).
-if not os.environ.get("PROXY_STATE_DB") and (os.environ.get("PROXY_KEYS_FILE") or os.environ.get("MAX_NUM_SEQS", "0") not in ("", "0")):
-    _private_state_dir = tempfile.mkdtemp(prefix="proxy-state-")
-    os.environ["PROXY_STATE_DB"] = os.path.join(_private_state_dir, "state.sqlite3")
-
 # The X-Session-ID key (proxy/http/affinity.py): the workers import the app after the fork and read it from the
 # environment, so one made here in the master is the same in every worker. Several workers with several keys would
 # give one session's turns different ids, and a router would scatter them over its vLLM workers.
@@ -82,8 +75,6 @@ def on_starting(server):
 def on_exit(server):
     if "_private_metrics_dir" in globals():
         shutil.rmtree(_private_metrics_dir, ignore_errors=True)
-    if "_private_state_dir" in globals():
-        shutil.rmtree(_private_state_dir, ignore_errors=True)
 
 
 def child_exit(server, worker):

@@ -35,8 +35,11 @@ class ProxyProcess:
         self.metrics_dir = log_path.with_suffix(".metrics")
         shutil.rmtree(self.metrics_dir, ignore_errors=True)
         self.metrics_dir.mkdir(parents=True)
+        # And its own state folder: PROXY_STATE_DB's default is a lasting file under XDG_STATE_HOME, which two
+        # proxies (or two runs) must not share unless a test says so.
         full_env = {**os.environ, "PROXY_BIND": "127.0.0.1:0", "LOG_LEVEL": "info",
-                    "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir), **env}
+                    "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir),
+                    "XDG_STATE_HOME": str(log_path.with_suffix(".state")), **env}
         # Its own session: the master's pid is then its process group's id, and stop() signals that group (the master
         # and its workers) by that pid, never anything found by name.
         self.proc = subprocess.Popen(

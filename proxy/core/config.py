@@ -7,6 +7,7 @@ is a ValueError whose message names its variable, which proxy-passthrough.py pri
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -102,8 +103,9 @@ class Config:
     # A keys file of people's keys (scripts/keys.py writes it; proxy/backends/keys.py reads it, again whenever it
     # changes): each a name, a SHA-256 of the key, optional limits. Beside PROXY_API_KEY, which stays the admin key.
     proxy_keys_file: str = setting("PROXY_KEYS_FILE", "")
-    # The SQLite file of usage per key, quota windows and the fair queue's tickets, shared by every worker (and kept
-    # across restarts in the compose volume). Empty: a file of this run's own, made by gunicorn.conf.py.
+    # The SQLite file of usage per key, quota windows and the fair queue's tickets, shared by every worker and kept
+    # across restarts (the compose volume; the image says /var/lib/proxy). Unset: from_env names a lasting file in the
+    # user's state folder (default_state_db), never a temporary one: a restart must not lose a day's usage or quotas.
     proxy_state_db: str = setting("PROXY_STATE_DB", "")
     # Generation requests admitted to vLLM at once (vLLM's --max-num-seqs, which the compose file passes to both);
     # the rest wait in the proxy's fair queue, taken round-robin across keys. 0: no queue, vLLM's own FIFO.
@@ -199,6 +201,7 @@ class Config:
             name = next((n for n in f.metadata["env"] if environ.get(n)), None)
             if name is not None:
                 values[f.name] = f.metadata["read"](name, environ[name])
+        values.setdefault("proxy_state_db", default_state_db(environ))
         return cls(**values)
 
     def __post_init__(self):
@@ -238,6 +241,16 @@ class Config:
     def searxng_urls(self) -> tuple[str, ...]:
         """SEARXNG_URL's instances in the order they are asked, each checked in __post_init__."""
         return parse_urls("SEARXNG_URL", self.searxng_url)
+
+
+def default_state_db(environ: Mapping[str, str]) -> str:
+    """PROXY_STATE_DB's default: proxy-state.sqlite3 in the XDG state folder ($XDG_STATE_HOME when it is an absolute
+    path, else ~/.local/state), under coding-stack/. Every proxy of one user on one host shares it, as it shares the
+    one vLLM they front; set PROXY_STATE_DB apart for stacks that must not. Pure."""
+    base = environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "coding-stack", "proxy-state.sqlite3")
 
 
 def parse_networks(text) -> tuple:

@@ -7,8 +7,7 @@ build_services(cfg) once per worker; not run on its own.
 from __future__ import annotations
 
 import functools
-import os
-import tempfile
+import logging
 from typing import TYPE_CHECKING
 
 from proxy.apis.alpha_search import handler as alpha_search
@@ -41,6 +40,8 @@ from proxy.transport.vllm import Backend
 if TYPE_CHECKING:  # only for the annotation: redis-py loads only with STATE_URL
     from proxy.backends.teamstore_redis import RedisTeamStore
 
+
+log = logging.getLogger(__name__)
 
 def build_services(cfg: Config) -> Services:
     on = cfg.proxy_metrics
@@ -105,13 +106,15 @@ def observe_team(events: Events, team: Team) -> None:
 
 def build_store(cfg: Config) -> TeamStore | RedisTeamStore | None:
     """The shared store, when keys or the fair queue need it: Redis with STATE_URL, else the SQLite file
-    PROXY_STATE_DB, or (unset, as outside compose and not under gunicorn.conf.py, which makes one per run) a file of
-    this process's own."""
+    PROXY_STATE_DB (Config.from_env always names one that lasts), whose place is logged: a person looking for
+    yesterday's usage must find it."""
     if not (cfg.proxy_keys_file or cfg.max_num_seqs):
         return None
     if cfg.state_url:
         # Imported here, as backends/state.py imports redis-py: a proxy without STATE_URL never loads it.
         from proxy.backends.teamstore_redis import RedisTeamStore
         return RedisTeamStore(cfg.state_url)
-    path = cfg.proxy_state_db or os.path.join(tempfile.mkdtemp(prefix="proxy-state-"), "state.sqlite3")
-    return TeamStore(path)
+    if not cfg.proxy_state_db:
+        raise ValueError("PROXY_STATE_DB is empty: the keys' usage and the fair queue need a file that lasts")
+    log.info("usage per key, quotas and the fair queue are kept in %s (PROXY_STATE_DB)", cfg.proxy_state_db)
+    return TeamStore(cfg.proxy_state_db)
