@@ -13,8 +13,9 @@ COPY requirements.txt ./
 # Exactly the hashed lock the test suite runs on, transitive packages included (--require-hashes refuses anything
 # unpinned or altered), installed once here and never at container start. --no-deps: the lock is the whole list,
 # so pip never resolves and no release upstream, nor any pip version's reading of an extra (justext's
-# lxml[html_clean]), can change or refuse what gets installed; pip check then proves the list complete, so a
-# requirement the lock left out fails the build, not an import. tests/test_lock_install.py does the same, fast.
+# lxml[html_clean]), can change or refuse what gets installed; pip check then fails the build, not an import, on a
+# requirement the lock left out. tests/test_lock_install.py runs this line on every change, and checks the extras
+# that dependencies ask for too, which pip check does not.
 RUN pip install --no-cache-dir --no-deps --require-hashes -r requirements.txt && pip check
 
 # An unprivileged account: a bug in the proxy must not get root in the container. Not named `proxy`: Debian's
