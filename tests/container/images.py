@@ -79,8 +79,10 @@ def python_slim(tag: str, pip_wheel: Path) -> Image:
             f'cp {shlex.quote(str(pip_wheel))} "$1"/tmp/{pip_wheel.name}',
             f'chroot "$1" python3.11 /tmp/{pip_wheel.name}/pip install --quiet --no-index --no-deps /tmp/{pip_wheel.name}',
             f'rm "$1"/tmp/{pip_wheel.name}',
-            # A host behind a TLS-inspecting proxy: pip in a build must trust the same roots as on the host.
+            # A host behind a TLS-inspecting proxy: pip in a build must trust the same roots as on the host. The real
+            # pip reads its own certifi bundle, not the system's (Debian's pip is patched to), so it is pointed there.
             f'cp {shlex.quote(str(HOST_CA_BUNDLE))} "$1"/etc/ssl/certs/ca-certificates.crt',
+            "printf '[global]\\ncert = /etc/ssl/certs/ca-certificates.crt\\n' > \"$1\"/etc/pip.conf",
         ],
         changes=["ENV PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
                  "ENV LANG=C.UTF-8", "ENV PYTHON_VERSION=3.11", 'CMD ["python3"]'],
