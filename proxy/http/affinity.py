@@ -8,9 +8,11 @@ or not, count_tokens and the turn it counts) and differ between sessions.
 Where it comes from, in order:
 - the agent's own session id, where the client sends one: Claude Code's `X-Claude-Code-Session-Id`, Codex's
   `session-id` (0.171; older releases `session_id` / `conversation_id`), or an `X-Session-ID` of the client's own;
-- else the conversation's start: the system prompt and the first user message, which every later turn of the same
-  conversation resends unchanged (chat `messages`, Messages `system` + `messages`, Responses `instructions` +
-  `input`);
+- else the conversation's start: the system prompt and the first user message a person wrote, which every later turn
+  of the same conversation resends unchanged (chat `messages`, Messages `system` + `messages`, Responses
+  `instructions` + `input`). A user message the client generated is skipped (Codex's `<environment_context>` and
+  `# AGENTS.md instructions`, recognised as URL provenance recognises them, proxy/apis/given.py): it is the same
+  for every session started in one folder, and would send all of them to one worker;
 - else (GET /v1/models, a body with no conversation) a random key: such a request belongs to no session and may go
   to any worker.
 
@@ -24,11 +26,14 @@ import hashlib
 import hmac
 import secrets
 
+from proxy.apis.given import user_given
 from proxy.core import codec
 
 HEADER = "X-Session-ID"
 # The clients' own session headers, lower-cased, in the order they are believed (tests/data/agent-wire holds
-# Claude Code 2.1.332's and Codex 0.171's requests).
+# Claude Code 2.1.332's and Codex 0.171's requests). gunicorn drops a header with an underscore in its name (its
+# `header_map` default), so older Codex releases' `session_id` and `conversation_id` count only under another server;
+# under gunicorn those sessions are told apart by their start.
 CLIENT_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "conversation_id", "x-session-id")
 # Markers that keep the two sources apart: a client id that happens to equal a prompt never gives its key.
 _FROM_CLIENT, _FROM_START = b"client\0", b"start\0"
@@ -36,6 +41,9 @@ _FROM_CLIENT, _FROM_START = b"client\0", b"start\0"
 
 def session_key(headers, body: bytes, secret: bytes) -> str:
     """X-Session-ID's value for one client request: `headers` the client's (name, value) pairs, `body` its bytes."""
+    # Read once per wanted name: werkzeug's `request.headers.items()` is a generator, and read as it came only the
+    # first name (Claude Code's) was ever looked for, so every Codex session of one folder got one key.
+    headers = list(headers)
     for wanted in CLIENT_HEADERS:
         for name, value in headers:
             if name.lower() == wanted and value.strip():
@@ -88,12 +96,18 @@ def _start_of(req: dict):
 
 
 def _first_user(items):
+    """The content of the first user message a person wrote something in (None when there is none)."""
     if not isinstance(items, list):
         return None
     for item in items:
-        if isinstance(item, dict) and item.get("role") == "user":
+        if isinstance(item, dict) and item.get("role") == "user" and _typed(item.get("content")):
             return item.get("content")
     return None
+
+
+def _typed(content) -> bool:
+    """Whether a user message holds anything a person wrote: not only what a client generated into it."""
+    return any(g.origin == "user" and (not isinstance(g.value, str) or g.value.strip()) for g in user_given(content))
 
 
 def _canonical(value):
