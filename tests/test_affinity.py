@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.http.affinity import conversation_start, session_key
+from proxy.backends.state import MemoryState
+from proxy.http.affinity import Secret, conversation_start, session_key
 from standins.keepalive_server import DROP, OK, KeepAliveServer
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
@@ -238,13 +239,31 @@ def test_sessions_are_told_apart_through_gunicorn(proxy, backend, first, second,
     a, b = sent_keys(backend)
     assert (a == b) is same and len(a) == len(b) == 32
     # The client's own header still reached vLLM as it came.
-    for (headers, _), seen in zip((first, second), backend.received):
+    for (headers, _), seen in zip((first, second), backend.received, strict=True):
         assert all(seen.headers.get(n.lower()) == v for n, v in headers.items() if n.lower() != "x-session-id")
 
 
 def test_a_codex_start_skips_what_the_client_generated():
     start = json.loads(conversation_start(codex_body("Fix the parser")))
     assert "Fix the parser" in json.dumps(start[1]) and "environment_context" not in json.dumps(start)
+
+
+def test_a_store_that_lost_the_key_gets_the_running_replicas_back():
+    """Secret without SESSION_ID_SECRET on one store (MemoryState stands for Valkey here; test_state_shared.py runs
+    the real one): the first replica's key is everyone's, and after the store restarted empty the running replica
+    puts it back within REFRESH, so one started meanwhile comes round to it."""
+    now = [0.0]
+    store = MemoryState()
+    first, second = Secret("", store, clock=lambda: now[0]), Secret("", store, clock=lambda: now[0])
+    assert first() == second() and len(first()) == 64
+    key = first()
+    store.drop(Secret.USE, Secret.KEY)
+    late = Secret("", store, clock=lambda: now[0])
+    assert late() != key  # asked before anyone put the key back
+    now[0] += Secret.REFRESH
+    store.drop(Secret.USE, Secret.KEY)
+    assert first() == key and second() == key and late() == key
+    assert Secret("configured", store)() == b"configured"
 
 
 # ---- one retry before any byte reached the client ----------------------------------------------------

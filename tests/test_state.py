@@ -101,6 +101,10 @@ CALLS = {
                               ("fields", "refs", "t")], [1, 2, {TURN: "1", "a": "1"}]),
     "drop_fields": ([("add_fields", "refs", "t", {"a": "1", "b": "2"}, 60), ("drop_fields", "refs", "t", ["a", "z"]),
                      ("fields", "refs", "t")], [2, None, {"b": "2"}]),
+    "the first claim wins": ([("claim", "secret", "k", "first", 60), ("claim", "secret", "k", "second", 60),
+                              ("get", "secret", "k")], ["first", "first", "first"]),
+    "a claim keeps a put value": ([("put", "secret", "k", "there", 60), ("claim", "secret", "k", "mine", 60)],
+                                  [True, "there"]),
 }
 
 

@@ -203,6 +203,28 @@ def test_two_workers_of_one_proxy_share_caches_and_refs(logs, store, searxng, si
         proxy.stop()
 
 
+def test_replicas_without_a_secret_agree_on_session_keys_through_the_store(pair, backend, logs, store,
+                                                                        _backend_server, _searxng_server):
+    """No SESSION_ID_SECRET and no shared key file (replicas on other hosts): A, B and a two-worker C take one HMAC
+    key from the store, so one Codex session gets one X-Session-ID from all of them, and two sessions two."""
+    backend.responder = lambda received: json_reply(completion("ok"))
+    body = json.dumps({"model": "foundation", "tool_choice": "none",
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    c = start(logs, "keys", store, _backend_server, _searxng_server, PROXY_WORKERS="2")
+    try:
+        sent = []
+        for proxy, session in [(p, s) for s in ("s1", "s2") for p in (*pair, c, c, c)]:
+            req = urllib.request.Request(proxy.url + "/v1/chat/completions", data=body, method="POST", headers={
+                "Content-Type": "application/json", "session-id": session})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                assert resp.status == 200
+            sent.append((session, backend.received[-1].headers["x-session-id"]))
+    finally:
+        c.stop()
+    keys = {session: {key for s, key in sent if s == session} for session in ("s1", "s2")}
+    assert len(keys["s1"]) == len(keys["s2"]) == 1 and keys["s1"] != keys["s2"], sent
+
+
 def test_without_state_url_there_is_no_store_to_report(proxy):
     """No series at all (an unlabelled gauge's 0 would read as a store that is down)."""
     assert post(proxy, thread(search_query=[{"q": "no store"}]))[0] == 200

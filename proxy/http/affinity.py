@@ -16,7 +16,8 @@ Where it comes from, in order:
 - else (GET /v1/models, a body with no conversation) a random key: such a request belongs to no session and may go
   to any worker.
 
-Either source is keyed with a per-install secret (HMAC-SHA-256, SESSION_ID_SECRET) and cut to 128 bits, so the
+Either source is keyed with a per-install secret (HMAC-SHA-256, SESSION_ID_SECRET, or one shared through STATE_URL's
+store: Secret) and cut to 128 bits, so the
 header says nothing about the session or the prompt to whoever reads the router's logs, and a client-chosen value
 cannot carry anything (a key, a user name) past the proxy. Pure functions; proxy/http/app.py adds the header.
 """
@@ -25,8 +26,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 
 from proxy.apis.given import user_given
+from proxy.backends.state import State, StateDown
 from proxy.core import codec
 
 HEADER = "X-Session-ID"
@@ -119,7 +122,32 @@ def _canonical(value):
     return value
 
 
-def install_secret(configured: str) -> bytes:
-    """The HMAC key: SESSION_ID_SECRET when set, else a random one for this process (gunicorn.conf.py makes one
-    in the master, so its workers agree; replicas share the overlay's key file, compose.scale.yaml)."""
-    return configured.encode() if configured else secrets.token_bytes(32)
+class Secret:
+    """The HMAC key, called for each request: SESSION_ID_SECRET when set; else, with a shared store (STATE_URL), the
+    one key in it, which the first replica to ask puts there (replicas on other hosts share no key file); else a
+    random one for this process (gunicorn.conf.py makes one in the master when there is no store, so its workers
+    agree). The store is asked again every REFRESH seconds: one that lost its key (restarted without persistence)
+    gets this worker's back, so replicas started since agree again; while it does not answer, this process's own
+    random key stands in."""
+
+    USE, KEY = "session-secret", "x-session-id"
+    REFRESH = 60.0
+    TTL = 30 * 86400.0  # renewed by every claim; only a store no replica asked for a month forgets it
+
+    def __init__(self, configured: str, state: State | None = None, clock=time.monotonic):
+        self._state = None if configured else state
+        self._key = configured.encode() if configured else secrets.token_bytes(32)
+        self._shared = ""
+        self._clock, self._next = clock, 0.0
+
+    def __call__(self) -> bytes:
+        if self._state is None or self._clock() < self._next:
+            return self._key
+        try:
+            value = self._state.claim(self.USE, self.KEY, self._shared or secrets.token_hex(32), self.TTL)
+        except StateDown:
+            return self._key  # asked again once the store's circuit lets a call through
+        self._next = self._clock() + self.REFRESH
+        if isinstance(value, str) and len(value) >= 32:
+            self._shared, self._key = value, value.encode()
+        return self._key
