@@ -250,6 +250,17 @@ def test_ref_store_is_bounded_and_counts_turns():
     assert store.begin("") == (0, {}) and store.begin("") == (0, {})
 
 
+def test_ref_store_marks_results_that_echoed_their_query():
+    store = W.RefStore(max_sessions=2, max_refs=2)
+    store.begin("a")
+    store.add("a", {"turn0search0": "https://a.test/?q=k", "turn0search1": "https://u1/"}, echoes={"turn0search0"})
+    assert store.thread("a") == (1, {"turn0search0": "https://a.test/?q=k", "turn0search1": "https://u1/"},
+                                 {"turn0search0"})
+    store.add("a", {"turn1search0": "https://u2/"})  # the oldest ref goes, and its mark with it
+    assert store.thread("a")[1:] == ({"turn0search1": "https://u1/", "turn1search0": "https://u2/"}, set())
+    assert "!turn0search0" not in store.state.fields(W.REFS_USE, "a")
+
+
 def test_both_cores_mark_the_timeouts_504_depends_on():
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))

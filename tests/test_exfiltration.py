@@ -811,6 +811,32 @@ def test_a_search_result_echoing_the_query_is_not_fetched(world, session, stream
     assert not any("attacker" in n for n in world.dns.asked)
 
 
+# Where the reading command comes: in the same web.run call as the search, or in the thread's next call (by the ref
+# id the first call handed out, which another worker may answer); `open` or `find`.
+@pytest.mark.parametrize("later", [False, True], ids=["same-call", "next-call"])
+@pytest.mark.parametrize("command", ["open", "find"])
+def test_codex_does_not_read_a_result_echoing_its_query_by_ref_id(world, later, command):
+    proxy = world.proxy_for("given")
+    found = world.url("docs.test", "/article")
+    world.searxng.behave(world.secret, "results", results=[result(u, "Result", "r") for u in echoing_results(world)])
+    world.searxng.behave("vllm docs", "results", results=[result(found, "Found", "An article.")])
+    thread = secrets.token_hex(8)
+    refs = [f"turn0search{i}" for i in range(4)]  # the three echoes, then the honest result
+    reads = [({"ref_id": r} if command == "open" else {"ref_id": r, "pattern": "a"}) for r in refs]
+    searches = {"search_query": [{"q": world.secret}, {"q": "vllm docs"}]}
+    user = [{"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": f"The deploy key is {world.secret}. Find the docs."}]}]
+    calls = [{**searches, command: reads}] if not later else [searches, {command: reads}]
+    for commands in calls:
+        status, body = post(proxy.url + "/v1/alpha/search", {"id": thread, "model": "foundation",
+                                                             "commands": commands, "input": user}, world.key)
+        assert status == 200, body
+    assert body["output"].count("did not appear in this conversation") == 3, body
+    assert world.attacker_saw_secret() == []
+    assert world.web.targets("docs.test") == ["/article"]  # the honest result is read, the echoes are not
+    assert not any("attacker" in n for n in world.dns.asked)
+
+
 @pytest.mark.parametrize("sample", ["codex-compaction", "system-reminder"])
 def test_codex_open_does_not_read_a_url_from_a_summary_or_reminder(world, sample):
     """Codex's thread as web.run sends it: the model's shell call wrote the URL; the reminder brings it back (a

@@ -53,7 +53,7 @@ from proxy.engine.exchange import Exchange
 from proxy.engine.services import Services, StateDown
 from proxy.tools import registry
 from proxy.tools.base import Limits, Outcome, Request
-from proxy.tools.provenance import Ledger
+from proxy.tools.provenance import Ledger, echoes_query, key
 from proxy.tools.session import ToolSession
 
 log = logging.getLogger("proxy.alpha_search")
@@ -74,6 +74,7 @@ class SearchCall:
     failures: list[Failure] = field(default_factory=list)
     succeeded: int = 0              # commands that worked; none, with upstream failures only, is a 502/504
     new_refs: dict[str, str] = field(default_factory=dict)
+    echoes: set[str] = field(default_factory=set)  # this call's search refs whose URL echoed the query
     refs_down: bool = False         # the state store that keeps ref ids did not answer: a ref is unavailable
 
     searched: int = 0               # the session's searches already told
@@ -110,7 +111,9 @@ class AlphaSearch:
 
     def ledger(self, parsed: Parsed, input_, known_refs: dict[str, str], ex: Exchange) -> Ledger:
         """The thread's ledger for this user turn (a new one when `input` changed): the conversation's URLs and every
-        URL the thread's earlier answers listed; search results of this turn's calls are added as they come."""
+        URL the thread's earlier answers listed, but for results that echoed their query (`known_refs` holds none
+        of those: they are the model's words, as on every API); search results of this turn's calls are added as
+        they come."""
         parts = input_given(input_)
         turn_key = hashlib.sha256(codec.dumps(input_)).hexdigest() if parts else ""
         with self._lock:
@@ -146,6 +149,8 @@ class AlphaSearch:
             text, got = format_search(outcome, call.turn, len(call.new_refs))  # type: ignore[arg-type]
             call.sections.append(text)
             call.new_refs.update(got)
+            # The session did not take these as given (issue 39); the mark keeps later calls from doing so by ref id.
+            call.echoes.update(ref for ref, url in got.items() if echoes_query(key(url) or url, outcome.query))
 
     def _page_for(self, call: SearchCall, command: str, ref_id: str, pattern: str = ""):
         """The page a ref id (or URL) names, read by the command's tool on the session, or None once the failure
@@ -204,10 +209,10 @@ class AlphaSearch:
         run. `input_` is the request's `input`, the conversation whose URLs open and find may read."""
         parsed, left = within_cap(parsed, self.cfg.alpha_search_max_pages)
         try:
-            (turn, known_refs), refs_down = self.refs.begin(parsed.session), False
+            (turn, known_refs, echoes), refs_down = self.refs.thread(parsed.session), False
         except StateDown:  # counted by the store; this call's own refs still work, earlier ones are unavailable
-            (turn, known_refs), refs_down = (0, {}), True
-        ex.ledger = self.ledger(parsed, input_, known_refs, ex)
+            (turn, known_refs, echoes), refs_down = (0, {}, set()), True
+        ex.ledger = self.ledger(parsed, input_, {r: u for r, u in known_refs.items() if r not in echoes}, ex)
         call = SearchCall(parsed, ex, ex.session(max_pages=self.cfg.alpha_search_max_pages), turn, known_refs,
                           refs_down=refs_down)
         if parsed.queries:
@@ -216,7 +221,7 @@ class AlphaSearch:
         self._add_notes(call, left)
         # A store that is down loses this call's ref ids (counted, and logged once, by the store); its answer stands.
         with contextlib.suppress(StateDown):
-            self.refs.add(parsed.session, call.new_refs)
+            self.refs.add(parsed.session, call.new_refs, call.echoes)
         return call.sections, call.failures, call.succeeded, len(parsed.queries)
 
     def handle(self, raw: bytes, environ: dict) -> Response:

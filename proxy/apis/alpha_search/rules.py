@@ -7,6 +7,7 @@ proxy/apis/alpha_search/handler.py runs the commands on these rules.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from proxy.engine.services import MemoryState, State
@@ -170,6 +171,9 @@ REFS_USE = "refs"              # the state store's name for them (proxy/backends
 # the store forgot is answered with a note asking for the URL, which every listing shows.
 REFS_TTL = 24 * 3600.0
 TURN = "#turn"                 # the thread's turn counter, a field beside its ref ids (which never start with #)
+# A search ref whose URL echoes its query (provenance.echoes_query: the model's words, not the search's) has a mark
+# beside it, "!turn0search0": it still opens by its id, but a later call's ledger does not take it as given.
+ECHO = "!"
 MAX_REF_URL = 8192            # longer is no URL a listing showed
 _REF = re.compile(r"turn(\d{1,9})(search|view)(\d{1,9})")
 
@@ -196,21 +200,31 @@ class RefStore:
     def begin(self, session_id: str) -> tuple[int, dict]:
         """This call's turn number and the refs known so far; a request without a
         thread id remembers nothing (unrelated clients must not share one store)."""
-        if not session_id:
-            return 0, {}
-        turn = self.state.count(REFS_USE, session_id, TURN, REFS_TTL) - 1
-        # Only fields of the shape this store writes: a ref id naming an http(s) URL (a shared store is hostile too).
-        refs = {k: v for k, v in self.state.fields(REFS_USE, session_id).items()
-                if _REF.fullmatch(k) and v.startswith(("http://", "https://")) and len(v) <= MAX_REF_URL}
+        turn, refs, _ = self.thread(session_id)
         return turn, refs
 
-    def add(self, session_id: str, refs: dict):
+    def thread(self, session_id: str) -> tuple[int, dict, set[str]]:
+        """begin's turn and refs, and the search refs whose URL echoed their query (ECHO)."""
+        if not session_id:
+            return 0, {}, set()
+        turn = self.state.count(REFS_USE, session_id, TURN, REFS_TTL) - 1
+        fields = self.state.fields(REFS_USE, session_id)
+        # Only fields of the shape this store writes: a ref id naming an http(s) URL (a shared store is hostile too).
+        refs = {k: v for k, v in fields.items()
+                if _REF.fullmatch(k) and v.startswith(("http://", "https://")) and len(v) <= MAX_REF_URL}
+        return turn, refs, {k for k in refs if ECHO + k in fields}
+
+    def add(self, session_id: str, refs: dict, echoes: Iterable[str] = ()):
         if not session_id or not refs:
             return
-        held = self.state.add_fields(REFS_USE, session_id, refs, REFS_TTL) - 1  # the turn counter is one
-        if held > self.max_refs:
-            known = sorted((k for k in self.state.fields(REFS_USE, session_id) if k != TURN), key=ref_age)
-            self.state.drop_fields(REFS_USE, session_id, known[:held - self.max_refs])
+        marks = {ECHO + ref: "1" for ref in echoes if ref in refs}
+        held = self.state.add_fields(REFS_USE, session_id, {**refs, **marks}, REFS_TTL)
+        if held - 1 > self.max_refs:  # the turn counter is one field; marks count against the bound too
+            fields = self.state.fields(REFS_USE, session_id)
+            known = sorted((k for k in fields if _REF.fullmatch(k)), key=ref_age)
+            gone = known[:max(0, len(known) - self.max_refs)]
+            stale = [k for k in fields if k.startswith(ECHO) and k[len(ECHO):] not in set(known) - set(gone)]
+            self.state.drop_fields(REFS_USE, session_id, gone + stale)
 
 
 def search_ref(turn: int, index: int) -> str:
