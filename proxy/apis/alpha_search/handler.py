@@ -141,7 +141,7 @@ class AlphaSearch:
         requests = [self._search_request(q, parsed.allowed) for q in parsed.queries]
         outcomes = call.session.run(requests, limit=parsed.results or self.services.search.results, at_most=4)
         call.counted(outcomes)
-        for outcome in outcomes:
+        for query, outcome in zip(parsed.queries, outcomes, strict=True):
             if outcome.status == "failed":
                 call.failures.append(failure_of(outcome))
             else:
@@ -150,7 +150,7 @@ class AlphaSearch:
             call.sections.append(text)
             call.new_refs.update(got)
             # The session did not take these as given (issue 39); the mark keeps later calls from doing so by ref id.
-            call.echoes.update(ref for ref, url in got.items() if echoes_query(key(url) or url, outcome.query))
+            call.echoes.update(ref for ref, url in got.items() if echoes_query(key(url) or url, query.q))
 
     def _page_for(self, call: SearchCall, command: str, ref_id: str, pattern: str = ""):
         """The page a ref id (or URL) names, read by the command's tool on the session, or None once the failure
