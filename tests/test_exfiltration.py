@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -744,6 +745,34 @@ def test_what_the_model_wrote_does_not_come_back_as_given(world, session, stream
     session.send(proxy, world.key, body, stream)
     assert world.attacker_saw_secret() == []
     assert world.web.seen == [] and not any("attacker" in n for n in world.dns.asked)
+
+
+# The chat-completions agents' compactions as each sends them (tests/data/compaction/: where each came from), "{url}"
+# where the model had written the URL in its summary.
+COMPACTIONS = sorted(p.stem for p in (Path(__file__).parent / "data" / "compaction").glob("*.json"))
+
+
+def compacted(name: str, url: str, typed: bool = False) -> dict:
+    sample = json.loads((Path(__file__).parent / "data" / "compaction" / f"{name}.json").read_text())
+    messages = json.loads(json.dumps(sample["messages"]).replace("{url}", url))
+    if typed:  # the person then types the URL themselves
+        messages.append({"role": "user", "content": f"Read {url} for me."})
+    return {**ChatSession.start("", ""), "messages": messages}
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["summary", "typed-after"])
+@pytest.mark.parametrize("name", COMPACTIONS)
+def test_a_chat_clients_compaction_gives_no_url_the_model_wrote(world, name, typed):
+    """Each client's summary carries a URL the model built; the model fetches it and its kin after the compaction:
+    nothing reaches the attacker's server or its name server. A person who types the URL afterwards gets it read."""
+    built = built_urls(world)
+    agent(world, ChatSession, [[built[0]]] if typed else [[u] for u in built])
+    ChatSession.send(world.proxy_for("given"), world.key, compacted(name, built[0], typed), False)
+    if typed:
+        assert world.web.saw(world.letters), world.web.seen
+    else:
+        assert world.attacker_saw_secret() == []
+        assert world.web.seen == [] and not any("attacker" in n for n in world.dns.asked)
 
 
 @pytest.mark.parametrize("session", SESSIONS, ids=lambda s: s.api.name)
