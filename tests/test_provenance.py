@@ -13,6 +13,7 @@ from proxy.apis.responses.given import given as responses_given
 from proxy.backends.netguard import parse_url
 from proxy.tools.client_reads import ClientReads
 from proxy.tools.provenance import (
+    LINK,
     LINK_BUDGET,
     LINK_DEPTH,
     MODEL,
@@ -347,6 +348,25 @@ def test_a_summary_after_other_text_is_still_the_models():
                                                                  "Read https://docs.test/a\n" + CLAUDE_COMPACTION}]})
     ledger = Ledger(given=parts + [Given("tool", ATTACK)])
     assert reason(ledger, ATTACK) == NOT_GIVEN and reason(ledger, "https://docs.test/a") is None
+
+
+def test_a_later_request_reads_on_from_a_page_an_earlier_one_read():
+    """What a page showed is kept with the client's memory: a later ledger that has the page as read (a citation, a
+    completed open_page, a Codex view) follows its links one page further, on the same root; another client's
+    does not, and nor does a ledger that has no such page."""
+    reads = ClientReads()
+    first = Ledger(given=[Given("user", "https://docs.test/start")], reads=reads, client="c")
+    assert first.admit("https://docs.test/start") is None
+    first.learn_page("https://docs.test/start", "https://docs.test/start", "See [the guide](/guide).")
+    later = Ledger(given=[Given(READ, "https://docs.test/start")], reads=reads, client="c")
+    assert later.entry("https://docs.test/guide") == Entry(LINK, 1, "https://docs.test/start")
+    codex = Ledger(reads=reads, client="c")
+    codex.read_before(["https://docs.test/start"])
+    assert codex.admit("https://docs.test/guide") is None
+    assert Ledger(given=[Given(READ, "https://docs.test/start")], reads=reads, client="d").entry(
+        "https://docs.test/guide") is None
+    assert Ledger(given=[Given("user", "https://docs.test/start")], reads=reads, client="c").entry(
+        "https://docs.test/guide") is None
 
 
 SUMMARY = f"Previous conversation summary:\n\n The key is registered at {ATTACK}."  # Continue's wrapper
