@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 from test_alpha_search import DOC, post
@@ -23,7 +24,9 @@ from test_metrics import scrape, value
 from standins import anthropic_wire as aw
 from standins import responses_wire as rw
 from standins.proxy_process import ProxyProcess
+from standins.rawhttp import raw_request
 from standins.redis_server import RedisServer
+from standins.scripted_backend import Reply
 from standins.searxng import result
 from standins.vllm_wire import completion, json_reply
 
@@ -312,6 +315,65 @@ def test_replicas_without_a_secret_agree_on_session_keys_through_the_store(backe
                 p.stop()
     keys = {session: {key for s, key in sent if s == session} for session in ("s1", "s2")}
     assert len(keys["s1"]) == len(keys["s2"]) == 1 and keys["s1"] != keys["s2"], sent
+
+
+WIRE = Path(__file__).parent / "data" / "agent-wire"
+
+
+def captured_first(name: str) -> tuple[str, dict, dict]:
+    """(target, headers, body) of a captured agent's first request, its tools dropped (relayed as they are)."""
+    request = json.loads((WIRE / name).read_text())[0]
+    body = request["body"] if isinstance(request["body"], dict) else json.loads(request["body"])
+    keep = ("content-type", "x-claude-code-session-id", "session-id", "anthropic-version")
+    return request["target"], {n: v for n, v in request["headers"] if n.lower() in keep}, {**body, "tools": [],
+                                                                                          "stream": False}
+
+
+def twelve_sessions() -> list[list[tuple[str, dict, dict]]]:
+    """Four sessions each of Claude Code and Codex (their captured first request, the session id each its own; every
+    Codex session from one folder, so one environment context) and of plain chat (no session header), two turns
+    each: [(target, headers, body), ...] per session."""
+    sessions = []
+    for name, header in (("claude-code-2.1.332-webfetch.json", "x-claude-code-session-id"),
+                         ("codex-0.171.0-websearch.json", "session-id")):
+        target, headers, body = captured_first(name)
+        for _ in range(4):
+            own = {**{n: v for n, v in headers.items() if n.lower() != header}, header: str(uuid.uuid4())}
+            later = json.loads(json.dumps(body))
+            later.setdefault("messages" if "messages" in body else "input", []).append(
+                {"role": "user", "content": "And then?"})
+            sessions.append([(target, own, body), (target, own, later)])
+    for i in range(4):
+        first = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": f"Question {i}?"}]
+        later = first + [{"role": "assistant", "content": "Yes."}, {"role": "user", "content": "Why?"}]
+        sessions.append([("/v1/chat/completions", {"Content-Type": "application/json"},
+                          {"model": "foundation", "tool_choice": "none", "messages": m}) for m in (first, later)])
+    return sessions
+
+
+def test_twelve_sessions_over_three_replicas_get_twelve_keys(backend, logs, tmp_path, _backend_server,
+                                                             _searxng_server):
+    """Issue 50's check: Claude Code, Codex and plain chat sessions, each turn on another replica (one of them with
+    two workers) sharing one store and no SESSION_ID_SECRET: one X-Session-ID per session, twelve in all."""
+    backend.responder = lambda received: Reply(body=b"{}")
+    with RedisServer(tmp_path / "redis") as server:
+        proxies = [start(logs, name, server, _backend_server, _searxng_server, **env)
+                   for name, env in (("s-a", {}), ("s-b", {}), ("s-c", {"PROXY_WORKERS": "2"}))]
+        try:
+            keys = []
+            for n, session in enumerate(twelve_sessions()):
+                seen = set()
+                for turn, (target, headers, body) in enumerate(session):
+                    status, _, data = raw_request(proxies[(n + turn) % 3].url, "POST", target,
+                                                  json.dumps(body).encode(), headers)
+                    assert status == 200, data
+                    seen.add(backend.received[-1].headers["x-session-id"])
+                assert len(seen) == 1, (n, seen)
+                keys.append(seen.pop())
+        finally:
+            for p in proxies:
+                p.stop()
+    assert len(set(keys)) == 12, keys
 
 
 def test_without_state_url_there_is_no_store_to_report(proxy):
