@@ -30,6 +30,6 @@ def given(body) -> list[Given]:
                     out.append(Given(READ, cite.get("url")))
         elif role == "user":  # a person's words, or what a client put in their place (proxy/apis/given.py)
             out.extend(user_given(msg.get("content")))
-        elif role in ROLES:  # the system prompt and tool results: a client's, but for a compaction summary in them
+        elif isinstance(role, str) and role in ROLES:  # the system prompt and tool results: a client's, but for a compaction summary in them
             out.extend(client_given(ROLES[role], msg.get("content")))
     return out
