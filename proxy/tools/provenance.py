@@ -412,9 +412,10 @@ class Ledger:
             self.reads.remember(self.client, k, entry.depth, entry.root)
             return None
 
-    def learn_page(self, requested: str, final: str, text: str) -> None:
+    def learn_page(self, requested: str, final: str, text: str, remember: bool = True) -> None:
         """A page was read: its final URL (after redirects, which the server chose) stands where the requested one
-        did, and its links are one page further away, on the same root."""
+        did, and its links are one page further away, on the same root. `remember`: the client's memory keeps the
+        links for later requests (not for a page the history itself holds, which every later request resends)."""
         if not self.checking:
             return
         self._read_conversation()
@@ -429,7 +430,7 @@ class Ledger:
             links = list(filter(None, map(key, links_in_page(text, final))))
             for k in links:
                 self._link(k, entry)
-        for page in dict.fromkeys(k for k in (kr, kf) if k):  # outside the lock: with STATE_URL a call to the store
+        for page in dict.fromkeys(k for k in (kr, kf) if k and remember):  # outside the lock: a call to the store
             self.reads.remember_links(self.client, page, links)
 
     def __len__(self) -> int:
