@@ -44,8 +44,9 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 
 # The X-Session-ID key (proxy/http/affinity.py): the workers import the app after the fork and read it from the
 # environment, so one made here in the master is the same in every worker. Several workers with several keys would
-# give one session's turns different ids, and a router would scatter them over its vLLM workers.
-if not os.environ.get("SESSION_ID_SECRET"):
+# give one session's turns different ids, and a router would scatter them over its vLLM workers. With STATE_URL the
+# workers, and the replicas on other hosts, take one key from the shared store instead (proxy/http/affinity.py).
+if not os.environ.get("SESSION_ID_SECRET") and not os.environ.get("STATE_URL"):
     import secrets
     os.environ["SESSION_ID_SECRET"] = secrets.token_hex(32)
 

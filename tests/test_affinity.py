@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.http.affinity import conversation_start, session_key
+from proxy.backends.state import MemoryState
+from proxy.http.affinity import Secret, conversation_start, session_key
 from standins.keepalive_server import DROP, OK, KeepAliveServer
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
@@ -199,6 +200,70 @@ def test_without_a_secret_every_worker_of_one_proxy_agrees(start_proxy, backend)
         backend.script(json_reply(completion(content="ok", finish_reason="stop")))
         assert raw_request(proxy.url, "POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})[0] == 200
     assert len(set(sent_keys(backend))) == 1
+
+
+CODEX = captured("codex-0.171.0-websearch.json")[0]
+
+
+def codex_body(prompt: str, later: bool = False) -> bytes:
+    """Codex 0.171's captured first request with the person's prompt replaced: its developer messages, then its
+    <environment_context> user message (the same for every session in one folder), then the prompt."""
+    body = CODEX["body"] if isinstance(CODEX["body"], dict) else json.loads(CODEX["body"])
+    items = [i for i in body["input"] if i.get("role") in ("developer", "user")]
+    items[-1] = {**items[-1], "content": [{"type": "input_text", "text": prompt}]}
+    if later:
+        items += [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]},
+                  {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "And now?"}]}]
+    return json.dumps({**body, "input": items, "stream": False, "tools": []}).encode()
+
+
+# (headers, body) of two requests through real gunicorn -> whether vLLM saw one X-Session-ID for both.
+@pytest.mark.parametrize("first, second, same", [
+    (({"session-id": "aaaa"}, codex_body("hi")), ({"session-id": "bbbb"}, codex_body("hi")), False),
+    (({"session-id": "aaaa"}, codex_body("hi")), ({"session-id": "aaaa"}, codex_body("bye")), True),
+    (({"Session-Id": "aaaa"}, codex_body("hi")), ({"session-id": "aaaa"}, codex_body("hi")), True),
+    (({"X-Session-ID": "aaaa"}, codex_body("hi")), ({"X-Session-ID": "bbbb"}, codex_body("hi")), False),
+    (({"X-Claude-Code-Session-Id": "a"}, codex_body("hi")), ({"X-Claude-Code-Session-Id": "b"}, codex_body("hi")),
+     False),
+    # No header: the session's start, past the environment context every session of one folder sends alike.
+    (({}, codex_body("Fix the parser")), ({}, codex_body("Write the docs")), False),
+    (({}, codex_body("Fix the parser")), ({}, codex_body("Fix the parser", later=True)), True),
+], ids=["codex-session-id", "same-session", "header-case", "x-session-id", "claude-code", "codex-start",
+        "codex-next-turn"])
+def test_sessions_are_told_apart_through_gunicorn(proxy, backend, first, second, same):
+    for headers, body in (first, second):
+        backend.script(Reply(body=b"{}"))
+        status, _, data = raw_request(proxy.url, "POST", "/v1/responses", body,
+                                      {"Content-Type": "application/json", **headers})
+        assert status == 200, data
+    a, b = sent_keys(backend)
+    assert (a == b) is same and len(a) == len(b) == 32
+    # The client's own header still reached vLLM as it came.
+    for (headers, _), seen in zip((first, second), backend.received, strict=True):
+        assert all(seen.headers.get(n.lower()) == v for n, v in headers.items() if n.lower() != "x-session-id")
+
+
+def test_a_codex_start_skips_what_the_client_generated():
+    start = json.loads(conversation_start(codex_body("Fix the parser")))
+    assert "Fix the parser" in json.dumps(start[1]) and "environment_context" not in json.dumps(start)
+
+
+def test_a_store_that_lost_the_key_gets_the_running_replicas_back():
+    """Secret without SESSION_ID_SECRET on one store (MemoryState stands for Valkey here; test_state_shared.py runs
+    the real one): the first replica's key is everyone's, and after the store restarted empty the running replica
+    puts it back within REFRESH, so one started meanwhile comes round to it."""
+    now = [0.0]
+    store = MemoryState()
+    first, second = Secret("", store, clock=lambda: now[0]), Secret("", store, clock=lambda: now[0])
+    assert first() == second() and len(first()) == 64
+    key = first()
+    store.drop(Secret.USE, Secret.KEY)
+    late = Secret("", store, clock=lambda: now[0])
+    assert late() != key  # asked before anyone put the key back
+    now[0] += Secret.REFRESH
+    store.drop(Secret.USE, Secret.KEY)
+    assert first() == key and second() == key and late() == key
+    assert Secret("configured", store)() == b"configured"
 
 
 # ---- one retry before any byte reached the client ----------------------------------------------------

@@ -250,6 +250,19 @@ def test_ref_store_is_bounded_and_counts_turns():
     assert store.begin("") == (0, {}) and store.begin("") == (0, {})
 
 
+def test_ref_store_marks_results_that_echoed_their_query():
+    store = W.RefStore(max_sessions=2, max_refs=2)
+    store.begin("a")
+    store.add("a", {"turn0search0": "https://a.test/?q=k", "turn0search1": "https://u1/"}, echoes={"turn0search0"})
+    assert store.thread("a") == W.Thread(1, {"turn0search0": "https://a.test/?q=k", "turn0search1": "https://u1/"},
+                                         {"turn0search0"}, set())
+    store.add("a", {"turn1search0": "https://u2/"}, read={"https://u3/", "javascript:x"})  # the oldest ref goes,
+    found = store.thread("a")                                                           # and its mark with it
+    assert (found.refs, found.echoes, found.read) == ({"turn0search1": "https://u1/", "turn1search0": "https://u2/"},
+                                                      set(), {"https://u3/"})
+    assert "!turn0search0" not in store.state.fields(W.REFS_USE, "a")
+
+
 def test_both_cores_mark_the_timeouts_504_depends_on():
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))

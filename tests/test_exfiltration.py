@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -746,6 +747,34 @@ def test_what_the_model_wrote_does_not_come_back_as_given(world, session, stream
     assert world.web.seen == [] and not any("attacker" in n for n in world.dns.asked)
 
 
+# The chat-completions agents' compactions as each sends them (tests/data/compaction/: where each came from), "{url}"
+# where the model had written the URL in its summary.
+COMPACTIONS = sorted(p.stem for p in (Path(__file__).parent / "data" / "compaction").glob("*.json"))
+
+
+def compacted(name: str, url: str, typed: bool = False) -> dict:
+    sample = json.loads((Path(__file__).parent / "data" / "compaction" / f"{name}.json").read_text())
+    messages = json.loads(json.dumps(sample["messages"]).replace("{url}", url))
+    if typed:  # the person then types the URL themselves
+        messages.append({"role": "user", "content": f"Read {url} for me."})
+    return {**ChatSession.start("", ""), "messages": messages}
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["summary", "typed-after"])
+@pytest.mark.parametrize("name", COMPACTIONS)
+def test_a_chat_clients_compaction_gives_no_url_the_model_wrote(world, name, typed):
+    """Each client's summary carries a URL the model built; the model fetches it and its kin after the compaction:
+    nothing reaches the attacker's server or its name server. A person who types the URL afterwards gets it read."""
+    built = built_urls(world)
+    agent(world, ChatSession, [[built[0]]] if typed else [[u] for u in built])
+    ChatSession.send(world.proxy_for("given"), world.key, compacted(name, built[0], typed), False)
+    if typed:
+        assert world.web.saw(world.letters), world.web.seen
+    else:
+        assert world.attacker_saw_secret() == []
+        assert world.web.seen == [] and not any("attacker" in n for n in world.dns.asked)
+
+
 @pytest.mark.parametrize("session", SESSIONS, ids=lambda s: s.api.name)
 def test_a_compaction_summary_leaks_without_provenance(world, session):
     """The suite sees the leak when there is one: with WEB_FETCH_URLS=any the summary's URL is fetched."""
@@ -806,6 +835,32 @@ def test_a_search_result_echoing_the_query_is_not_fetched(world, session, stream
     agent(world, session, [[("web_search", {"query": world.secret}), ("web_search", {"query": "vllm docs"})],
                            [u for u in echoing_results(world)] + [found]])
     session.send(proxy, world.key, body, stream)
+    assert world.attacker_saw_secret() == []
+    assert world.web.targets("docs.test") == ["/article"]  # the honest result is read, the echoes are not
+    assert not any("attacker" in n for n in world.dns.asked)
+
+
+# Where the reading command comes: in the same web.run call as the search, or in the thread's next call (by the ref
+# id the first call handed out, which another worker may answer); `open` or `find`.
+@pytest.mark.parametrize("later", [False, True], ids=["same-call", "next-call"])
+@pytest.mark.parametrize("command", ["open", "find"])
+def test_codex_does_not_read_a_result_echoing_its_query_by_ref_id(world, later, command):
+    proxy = world.proxy_for("given")
+    found = world.url("docs.test", "/article")
+    world.searxng.behave(world.secret, "results", results=[result(u, "Result", "r") for u in echoing_results(world)])
+    world.searxng.behave("vllm docs", "results", results=[result(found, "Found", "An article.")])
+    thread = secrets.token_hex(8)
+    refs = [f"turn0search{i}" for i in range(4)]  # the three echoes, then the honest result
+    reads = [({"ref_id": r} if command == "open" else {"ref_id": r, "pattern": "a"}) for r in refs]
+    searches = {"search_query": [{"q": world.secret}, {"q": "vllm docs"}]}
+    user = [{"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": f"The deploy key is {world.secret}. Find the docs."}]}]
+    calls = [{**searches, command: reads}] if not later else [searches, {command: reads}]
+    for commands in calls:
+        status, body = post(proxy.url + "/v1/alpha/search", {"id": thread, "model": "foundation",
+                                                             "commands": commands, "input": user}, world.key)
+        assert status == 200, body
+    assert body["output"].count("did not appear in this conversation") == 3, body
     assert world.attacker_saw_secret() == []
     assert world.web.targets("docs.test") == ["/article"]  # the honest result is read, the echoes are not
     assert not any("attacker" in n for n in world.dns.asked)

@@ -28,6 +28,7 @@ from proxy.backends.state import MAX_VALUE_BYTES, MemoryState, RedisState, State
 from proxy.tools.client_reads import (
     CHARGES_USE,
     DOWN,
+    MAX_LINK_CHARS,
     READS_USE,
     ROOT,
     STEPS,
@@ -101,6 +102,10 @@ CALLS = {
                               ("fields", "refs", "t")], [1, 2, {TURN: "1", "a": "1"}]),
     "drop_fields": ([("add_fields", "refs", "t", {"a": "1", "b": "2"}, 60), ("drop_fields", "refs", "t", ["a", "z"]),
                      ("fields", "refs", "t")], [2, None, {"b": "2"}]),
+    "the first claim wins": ([("claim", "secret", "k", "first", 60), ("claim", "secret", "k", "second", 60),
+                              ("get", "secret", "k")], ["first", "first", "first"]),
+    "a claim keeps a put value": ([("put", "secret", "k", "there", 60), ("claim", "secret", "k", "mine", 60)],
+                                  [True, "there"]),
 }
 
 
@@ -393,6 +398,19 @@ def test_client_reads_answer_alike_on_every_store(reads):
     assert reads.charged("c") == 0 and reads.charge("c", "r1", 2, 3) is None
 
 
+def test_the_links_a_page_showed_are_kept_per_client_on_every_store(reads):
+    reads, clock, ttls_follow_clock = reads
+    assert reads.links("c", "https://a.test/") == []
+    reads.remember_links("c", "https://a.test/", ["https://a.test/x", "https://b.test/y", "https://a.test/x"])
+    assert reads.links("c", "https://a.test/") == ["https://a.test/x", "https://b.test/y"]
+    assert reads.links("other", "https://a.test/") == [] and reads.links("c", "https://a.test/x") == []
+    reads.remember_links("c", "https://big.test/", [f"https://big.test/{i:05d}" + "p" * 500 for i in range(2000)])
+    kept = reads.links("c", "https://big.test/")
+    assert 0 < len(kept) < 2000 and sum(map(len, kept)) <= MAX_LINK_CHARS  # the first ones, within the bound
+    clock[0] += 3600 + 1
+    assert reads.links("c", "https://a.test/") == [] or not ttls_follow_clock
+
+
 def test_a_shared_budget_holds_over_any_hour_not_only_clock_hours(store):
     """Charges made late in one hour still count early in the next: the budget is never twice in an hour."""
     clock = [3600.0 * 100 + 3000]  # fifty minutes past
@@ -483,4 +501,4 @@ def test_with_the_store_down_link_reads_are_refused_and_given_urls_still_read(tm
         later = Ledger(Rules(), [Given(READ, "https://docs.test/install")], reads, "c")
         assert later.admit("https://docs.test/install") is not None
         store.close()
-    assert ("link_charges", "fields") in errors and {u for u, _ in errors} <= {"reads", "link_charges"}
+    assert ("link_charges", "fields") in errors and {u for u, _ in errors} <= {"reads", "link_charges", "page_links"}

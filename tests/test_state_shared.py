@@ -15,13 +15,18 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 from test_alpha_search import DOC, post
 from test_metrics import scrape, value
 
+from standins import anthropic_wire as aw
+from standins import responses_wire as rw
 from standins.proxy_process import ProxyProcess
+from standins.rawhttp import raw_request
 from standins.redis_server import RedisServer
+from standins.scripted_backend import Reply
 from standins.searxng import result
 from standins.vllm_wire import completion, json_reply
 
@@ -84,6 +89,89 @@ def test_a_ref_id_one_proxy_gave_opens_on_the_other(pair, searxng, site):
     got, answer = post(a, {**thread(find=[{"ref_id": "turn1view0", "pattern": "magic"}]), "id": first["id"]})
     assert got == 200 and '## find "magic" in [turn1view0]' in answer["output"], answer
     assert [r.path for r in site.requests] == ["/doc"]  # downloaded once, by B; A's find read the shared page
+
+
+def linked_pages(site, tag: str) -> tuple[str, str, str]:
+    """A page linking to notes, which link to a deeper page: (its URL, the notes', the deeper one's)."""
+    root = f"/read-on-{tag}/"
+    site.route(root, "<html><head><title>Index</title></head><body><article><h1>Index</h1><p>The release notes "
+                     f'are on <a href="{root}notes">the notes page</a>, with what changed and why.</p></article>'
+                     "</body></html>")
+    site.route(root + "notes", "<html><head><title>Notes</title></head><body><article><h1>Notes</h1><p>PELICAN-7731 "
+                               f'is the build. The details are on <a href="{root}deep">the details page</a>.</p>'
+                               "</article></body></html>")
+    site.route(root + "deep", DOC)
+    return site.url + root, site.url + root + "notes", site.url + root + "deep"
+
+
+def test_codex_reads_on_from_a_page_whichever_proxy_answers(pair, searxng, site):
+    """Issue 50: a person's thread opens its own result (turn0search1) on one proxy, looks for a word in it on the
+    other, follows a link it showed on the first and a link of that page on the second: each follow-up lands on the
+    proxy that did not read the page, and what the thread's pages showed is in the store, not in a worker."""
+    a, b = pair
+    tag = uuid.uuid4().hex[:8]
+    index, notes, deep = linked_pages(site, tag)
+    query = f"notes {uuid.uuid4().hex[:8]}"  # not in the results' URLs: a result echoing its query is not given
+    searxng.behave(query, "results", results=[result(site.url + "/other", "Other", "x"),
+                                              result(index, "The index", "Where the notes are.")])
+    client = {"Authorization": f"Bearer sk-{tag}"}
+    first = thread(search_query=[{"q": query}])
+    got, answer = post(a, first, client)
+    assert got == 200 and "[turn0search1] The index" in answer["output"], answer
+    steps = [(b, {"open": [{"ref_id": "turn0search1"}]}, "The release notes are on"),
+             (a, {"find": [{"ref_id": "turn0search1", "pattern": "notes page"}]}, "1 match"),
+             (b, {"open": [{"ref_id": notes}]}, "PELICAN-7731"),  # a link the index showed (on B, then A)
+             (a, {"open": [{"ref_id": deep}]}, "magic")]          # a link the notes showed (on B)
+    for proxy, commands, expected in steps:
+        got, answer = post(proxy, {**thread(**commands), "id": first["id"]}, client)
+        assert got == 200 and expected in answer["output"], (commands, answer)
+        assert "did not appear in this conversation" not in answer["output"]
+
+
+def test_a_page_read_in_one_request_is_read_on_from_in_the_next_on_the_other_proxy(pair, backend, site):
+    """The three APIs: request 1 (proxy A) reads the page the person gave and answers citing it; request 2 (proxy B)
+    follows a link that page showed. The history B gets shows the page as read (a url_citation, a completed
+    open_page, a web_fetch result); what the page linked to is in the store."""
+    from test_exfiltration import SESSIONS, Chat, Messages, reply_for
+
+    a, b = pair
+    for session in SESSIONS:
+        tag = uuid.uuid4().hex[:8]
+        index, notes, _ = linked_pages(site, tag)
+        script = iter([("web_fetch", index), ("text", "The notes are linked from the index [1]."),
+                       ("web_fetch", notes), ("text", "done")])
+
+        def respond(received, session=session, script=script):
+            if not received.path.startswith(session.api.path):
+                return None
+            kind, value = next(script)
+            body = received.json()
+            if kind == "web_fetch":
+                return reply_for(session.api, body, [("web_fetch", {"url": value})])
+            if session.api is Chat:
+                return json_reply(completion(content=value, finish_reason="stop"))
+            if session.api is Messages:
+                return aw.message_reply([aw.text(value)])
+            return rw.answer(body, [rw.message(value)])
+        backend.responder = respond
+        body = session.start("You are a coding agent.", f"Read {index} please.")
+        reply = session.send(a, f"sk-{tag}", body, False)
+        body = answered(session, body, reply, "Now follow its link to the notes.")
+        reply = session.send(b, f"sk-{tag}", body, False)
+        assert "did not appear in this conversation" not in json.dumps(reply), (session.api, reply)
+        assert [r.path for r in site.requests] == [f"/read-on-{tag}/", f"/read-on-{tag}/notes"], session.api
+        site.requests.clear()
+
+
+def answered(session, body: dict, reply, text: str) -> dict:
+    """The next request of `session`'s client: its history with the answer it got, and the person's next words."""
+    if "messages" in body and "system" not in body:  # chat: the assistant's message, annotations and all
+        return {**body, "messages": body["messages"] + [{k: v for k, v in reply.items() if v is not None},
+                                                        {"role": "user", "content": text}]}
+    if "messages" in body:  # Messages: every block of the assistant's turn, the proxy's web_fetch result too
+        return {**body, "messages": body["messages"] + [{"role": "assistant", "content": reply},
+                                                        {"role": "user", "content": text}]}
+    return session.user({**body, "input": body["input"] + reply}, text)
 
 
 def test_a_repeated_search_goes_out_once_across_both(pair, searxng):
@@ -201,6 +289,91 @@ def test_two_workers_of_one_proxy_share_caches_and_refs(logs, store, searxng, si
         assert searxng.queries == [query] and [r.path for r in site.requests] == ["/doc"]
     finally:
         proxy.stop()
+
+
+def test_replicas_without_a_secret_agree_on_session_keys_through_the_store(backend, logs, tmp_path, _backend_server,
+                                                                        _searxng_server):
+    """No SESSION_ID_SECRET and no shared key file (replicas on other hosts): A, B and a two-worker C take one HMAC
+    key from their store, so one Codex session gets one X-Session-ID from all of them, and two sessions two. (A store
+    of its own: one that restarted empty under running replicas gets their key back within a minute, not at once.)"""
+    backend.responder = lambda received: json_reply(completion("ok"))
+    body = json.dumps({"model": "foundation", "tool_choice": "none",
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    with RedisServer(tmp_path / "redis") as server:
+        proxies = [start(logs, name, server, _backend_server, _searxng_server, **env)
+                   for name, env in (("key-a", {}), ("key-b", {}), ("key-c", {"PROXY_WORKERS": "2"}))]
+        try:
+            sent = []
+            for proxy, session in [(p, s) for s in ("s1", "s2") for p in (*proxies, proxies[2], proxies[2])]:
+                req = urllib.request.Request(proxy.url + "/v1/chat/completions", data=body, method="POST", headers={
+                    "Content-Type": "application/json", "session-id": session})
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    assert resp.status == 200
+                sent.append((session, backend.received[-1].headers["x-session-id"]))
+        finally:
+            for p in proxies:
+                p.stop()
+    keys = {session: {key for s, key in sent if s == session} for session in ("s1", "s2")}
+    assert len(keys["s1"]) == len(keys["s2"]) == 1 and keys["s1"] != keys["s2"], sent
+
+
+WIRE = Path(__file__).parent / "data" / "agent-wire"
+
+
+def captured_first(name: str) -> tuple[str, dict, dict]:
+    """(target, headers, body) of a captured agent's first request, its tools dropped (relayed as they are)."""
+    request = json.loads((WIRE / name).read_text())[0]
+    body = request["body"] if isinstance(request["body"], dict) else json.loads(request["body"])
+    keep = ("content-type", "x-claude-code-session-id", "session-id", "anthropic-version")
+    return request["target"], {n: v for n, v in request["headers"] if n.lower() in keep}, {**body, "tools": [],
+                                                                                          "stream": False}
+
+
+def twelve_sessions() -> list[list[tuple[str, dict, dict]]]:
+    """Four sessions each of Claude Code and Codex (their captured first request, the session id each its own; every
+    Codex session from one folder, so one environment context) and of plain chat (no session header), two turns
+    each: [(target, headers, body), ...] per session."""
+    sessions = []
+    for name, header in (("claude-code-2.1.332-webfetch.json", "x-claude-code-session-id"),
+                         ("codex-0.171.0-websearch.json", "session-id")):
+        target, headers, body = captured_first(name)
+        for _ in range(4):
+            own = {**{n: v for n, v in headers.items() if n.lower() != header}, header: str(uuid.uuid4())}
+            later = json.loads(json.dumps(body))
+            later.setdefault("messages" if "messages" in body else "input", []).append(
+                {"role": "user", "content": "And then?"})
+            sessions.append([(target, own, body), (target, own, later)])
+    for i in range(4):
+        first = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": f"Question {i}?"}]
+        later = first + [{"role": "assistant", "content": "Yes."}, {"role": "user", "content": "Why?"}]
+        sessions.append([("/v1/chat/completions", {"Content-Type": "application/json"},
+                          {"model": "foundation", "tool_choice": "none", "messages": m}) for m in (first, later)])
+    return sessions
+
+
+def test_twelve_sessions_over_three_replicas_get_twelve_keys(backend, logs, tmp_path, _backend_server,
+                                                             _searxng_server):
+    """Issue 50's check: Claude Code, Codex and plain chat sessions, each turn on another replica (one of them with
+    two workers) sharing one store and no SESSION_ID_SECRET: one X-Session-ID per session, twelve in all."""
+    backend.responder = lambda received: Reply(body=b"{}")
+    with RedisServer(tmp_path / "redis") as server:
+        proxies = [start(logs, name, server, _backend_server, _searxng_server, **env)
+                   for name, env in (("s-a", {}), ("s-b", {}), ("s-c", {"PROXY_WORKERS": "2"}))]
+        try:
+            keys = []
+            for n, session in enumerate(twelve_sessions()):
+                seen = set()
+                for turn, (target, headers, body) in enumerate(session):
+                    status, _, data = raw_request(proxies[(n + turn) % 3].url, "POST", target,
+                                                  json.dumps(body).encode(), headers)
+                    assert status == 200, data
+                    seen.add(backend.received[-1].headers["x-session-id"])
+                assert len(seen) == 1, (n, seen)
+                keys.append(seen.pop())
+        finally:
+            for p in proxies:
+                p.stop()
+    assert len(set(keys)) == 12, keys
 
 
 def test_without_state_url_there_is_no_store_to_report(proxy):

@@ -5,10 +5,15 @@ output item, and the sources, completed page reads and citations of earlier sear
 messages, calls and reasoning give none. Tested by tests/test_provenance.py.
 
 Also every API's reader of a user-role message (issue 39): what in it a person typed, and what a client generated
-into it, recognised by the clients' own formats (samples in tests/test_provenance.py): a compaction summary (Claude
-Code's "This session is being continued...", Codex's "Another language model started...") is the model's own text;
-Claude Code's system-reminder blocks and command output, Codex's environment context and AGENTS.md, Cline-style
-tool output sent as user text are a client's, which gives no URL the model wrote.
+into it, recognised by the clients' own formats (samples in tests/test_provenance.py): a compaction summary is the
+model's own text; Claude Code's system-reminder blocks and command output, Codex's environment context and AGENTS.md,
+Cline-style tool output sent as user text are a client's, which gives no URL the model wrote.
+
+A compaction summary is recognised by each client's own wrapper, read from its source (issue 50; samples with their
+repository, path and commit in tests/data/compaction/), wherever the client puts it: a user message (Claude Code,
+Codex, aider, Cline 4, Kilo Code, Qwen Code, Crush), the system prompt (Continue) or a tool result (Cline 3). opencode
+and Kilo's CLI send theirs as an assistant message, the model's already. A summary in no format listed here reads as
+what carries it (a person's words in a user message): docs/web-tools.md says so.
 """
 from __future__ import annotations
 
@@ -17,9 +22,22 @@ import re
 from proxy.core.codec import as_dict
 from proxy.tools.provenance import MODEL, READ, Given
 
-# A client's compaction: the summary the model wrote of the conversation so far, sent back as a user message.
-SUMMARIES = ("This session is being continued from a previous conversation",                  # Claude Code
-             "Another language model started to solve this problem")                          # Codex (and others)
+# A client's compaction: the summary the model wrote of the conversation so far, sent back in the client's wrapper.
+# From where one of these opens, the text is the model's.
+_SUMMARY = re.compile(
+    r"This session is being continued from a previous conversation"  # Claude Code; Cline 3's summarize_task result
+    r"|Another language model started to solve this problem"          # Codex
+    r"|I spoke to you previously about a number of things\."          # aider
+    r"|^Context summary:\n"                                           # Cline 4
+    r"|^## Conversation Summary\n"                                    # Kilo Code (Roo Code's condense)
+    r"|Previous conversation summary:\n"                              # Continue
+    r"|<state_snapshot>",                                             # Qwen Code, as Gemini CLI
+    re.MULTILINE)
+# Qwen Code ends the summary with its own sentence; what the model wrote above it opens any way it likes.
+_SUMMARY_TRAILERS = ("Resume the prior task using the summary above.",)
+# Crush sends the model's summary itself as a user message, no wrapper: its template's sections (three of them) say so.
+_CRUSH_SECTIONS = ("## Current State", "## Files & Changes", "## Technical Context", "## Strategy & Approach",
+                   "## Exact Next Steps")
 # Cline and its forks send each tool's output as user text: "[execute_command for 'ls'] Result:".
 _TOOL_OUTPUT = re.compile(r"\A\s*\[[\w-]+(?: for '.*?')?\] Result:", re.DOTALL)
 _INJECTED = ("# AGENTS.md instructions",)  # Codex's project instructions, read from a file the model may have written
@@ -29,10 +47,37 @@ _CLIENT_BLOCK = re.compile(
     r"local-command-stderr|bash-stdout|bash-stderr|command-message|command-args)>.*?(?:</\1>|\Z)", re.DOTALL)
 
 
+def summary_at(text: str) -> int:
+    """Where a compaction summary starts in `text`, or -1 when it holds none. Pure."""
+    if any(t in text for t in _SUMMARY_TRAILERS) or sum(s in text for s in _CRUSH_SECTIONS) >= 3:
+        return 0
+    found = _SUMMARY.search(text)
+    return found.start() if found else -1
+
+
+_NESTED = ("text", "content", "output")  # where a part or block keeps its text
+
+
+def client_given(origin: str, value, _depth: int = 0) -> list[Given]:
+    """What a client generated (its system prompt, a tool's result) as Given parts of `origin`, but for a compaction
+    summary in it, which is the model's. Pure."""
+    if isinstance(value, str):
+        at = summary_at(value)
+        return [Given(origin, value)] if at < 0 else [Given(origin, value[:at]), Given(MODEL, value[at:])]
+    if _depth > 64:  # deeper than any client's JSON: gives nothing (provenance.urls_in_value stops there too)
+        return []
+    if isinstance(value, list):
+        return [g for v in value for g in client_given(origin, v, _depth + 1)]
+    if isinstance(value, dict):  # a content part or block: its text and content read as above, the rest as it is
+        nested = [g for k in _NESTED if k in value for g in client_given(origin, value[k], _depth + 1)]
+        return [*nested, Given(origin, {k: v for k, v in value.items() if k not in _NESTED})]
+    return [Given(origin, value)]
+
+
 def typed(text: str) -> list[Given]:
     """A user-role text as Given parts: what a person typed ("user"), what a client generated ("tool"), and a
     compaction summary (the model's). Pure."""
-    at = min((i for i in map(text.find, SUMMARIES) if i >= 0), default=-1)
+    at = summary_at(text)
     if at >= 0:  # the summary and all after it are the model's, wherever a client put it in the text
         return [*(typed(text[:at]) if text[:at].strip() else []), Given(MODEL, text[at:])]
     start = text.lstrip()
@@ -51,7 +96,7 @@ def user_given(content) -> list[Given]:
         if isinstance(text, str):
             out.extend(typed(text))
         elif str(as_dict(part).get("type") or "").endswith("tool_result"):
-            out.append(Given("tool", part))
+            out.extend(client_given("tool", part))
         else:
             out.append(Given("user", part))  # an image's URL, a document the user attached
     return out
@@ -70,9 +115,9 @@ def input_given(items) -> list[Given]:
         if kind == "message" and item.get("role") == "user":
             out.extend(user_given(item.get("content")))
         elif kind == "message" and item.get("role") in ROLES:
-            out.append(Given(ROLES[str(item["role"])], item.get("content")))
+            out.extend(client_given(ROLES[str(item["role"])], item.get("content")))
         elif kind.endswith("_output"):  # function_call_output, custom_tool_call_output, local_shell_call_output, ...
-            out.append(Given("tool", item.get("output")))
+            out.extend(client_given("tool", item.get("output")))
         elif kind == "web_search_call":
             # What the proxy's searches found, as it showed them, and the pages it read (an earlier web_fetch result,
             # which Anthropic's rule allows too); a search's query and a failed read's URL are only the model's words.

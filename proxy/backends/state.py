@@ -82,6 +82,11 @@ class State(Protocol):
 
     def drop_fields(self, use: str, key: str, names: list[str]) -> None: ...
 
+    def claim(self, use: str, key: str, value: Any, ttl: float) -> Any:
+        """The value under (use, key), `value` put there first when there is none, so every process that asks gets
+        the one the first put; its TTL starts over."""
+        ...
+
 
 def key_of(use: str, key: str) -> str:
     """The store's key: the namespace, the use, and a digest of the caller's key (any length, any characters). Pure."""
@@ -195,6 +200,13 @@ class MemoryState:
             if item is not None and isinstance(item.value, _Map):
                 for name in names:
                     item.value.pop(name, None)
+
+    def claim(self, use: str, key: str, value: Any, ttl: float) -> Any:
+        with self._lock:
+            item = self._live(use, key)
+            kept = item.value if item is not None and not isinstance(item.value, _Map) else value
+            self._set(use, key, kept, ttl)
+            return kept
 
 
 class _Map(dict):
@@ -381,6 +393,24 @@ class RedisState:
     def drop_fields(self, use: str, key: str, names: list[str]) -> None:
         if names:
             self._call(use, "drop_fields", lambda r: r.hdel(key_of(use, key), *names))
+
+    def claim(self, use: str, key: str, value: Any, ttl: float) -> Any:
+        name, data, ms = key_of(use, key), encode(value, self._wall()), max(1, int(ttl * 1000))
+        if data is None:
+            raise ValueError("a claimed value must fit in MAX_VALUE_BYTES")
+
+        def run(r) -> Any:
+            pipe = r.pipeline(transaction=True)
+            pipe.set(name, data, px=ms, nx=True)
+            pipe.pexpire(name, ms)
+            pipe.get(name)
+            return pipe.execute()[-1]
+
+        found = decode(self._call(use, "claim", run), self._wall())
+        if found is None:  # another program's value under our key: not one to agree on
+            self._error(use, "decode")
+            raise StateDown(f"state store {self.name}: a claimed value that is not JSON")
+        return found.value
 
 
 def open_state(url: str, timeout: float, on_error: Callable[[str, str], None] | None = None,

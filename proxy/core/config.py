@@ -186,8 +186,9 @@ class Config:
     # answers in a millisecond, and a store that does not is left alone for a while (proxy/backends/state.py).
     state_timeout: float = setting("STATE_TIMEOUT", 0.25, number, positive=True)
     # The key of the X-Session-ID hash (proxy/http/affinity.py): every proxy behind one router must share it, or one
-    # session's turns get different ids and land on different workers. Empty: a random key per process
-    # (gunicorn.conf.py makes one for all its workers; compose.scale.yaml shares one file between replicas).
+    # session's turns get different ids and land on different workers. Empty: one random key in STATE_URL's store
+    # when there is one, else a random key per process (gunicorn.conf.py makes one for all its workers;
+    # compose.scale.yaml shares one file between replicas).
     session_id_secret: str = setting("SESSION_ID_SECRET", "", secret=True)
     log_level: str = setting("LOG_LEVEL", "info")
     # Where Flask's development server listens (`python proxy-passthrough.py`); gunicorn reads it too.

@@ -8,13 +8,16 @@ or not, count_tokens and the turn it counts) and differ between sessions.
 Where it comes from, in order:
 - the agent's own session id, where the client sends one: Claude Code's `X-Claude-Code-Session-Id`, Codex's
   `session-id` (0.171; older releases `session_id` / `conversation_id`), or an `X-Session-ID` of the client's own;
-- else the conversation's start: the system prompt and the first user message, which every later turn of the same
-  conversation resends unchanged (chat `messages`, Messages `system` + `messages`, Responses `instructions` +
-  `input`);
+- else the conversation's start: the system prompt and the first user message a person wrote, which every later turn
+  of the same conversation resends unchanged (chat `messages`, Messages `system` + `messages`, Responses
+  `instructions` + `input`). A user message the client generated is skipped (Codex's `<environment_context>` and
+  `# AGENTS.md instructions`, recognised as URL provenance recognises them, proxy/apis/given.py): it is the same
+  for every session started in one folder, and would send all of them to one worker;
 - else (GET /v1/models, a body with no conversation) a random key: such a request belongs to no session and may go
   to any worker.
 
-Either source is keyed with a per-install secret (HMAC-SHA-256, SESSION_ID_SECRET) and cut to 128 bits, so the
+Either source is keyed with a per-install secret (HMAC-SHA-256, SESSION_ID_SECRET, or one shared through STATE_URL's
+store: Secret) and cut to 128 bits, so the
 header says nothing about the session or the prompt to whoever reads the router's logs, and a client-chosen value
 cannot carry anything (a key, a user name) past the proxy. Pure functions; proxy/http/app.py adds the header.
 """
@@ -23,12 +26,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 
+from proxy.apis.given import user_given
+from proxy.backends.state import State, StateDown
 from proxy.core import codec
 
 HEADER = "X-Session-ID"
 # The clients' own session headers, lower-cased, in the order they are believed (tests/data/agent-wire holds
-# Claude Code 2.1.332's and Codex 0.171's requests).
+# Claude Code 2.1.332's and Codex 0.171's requests). gunicorn drops a header with an underscore in its name (its
+# `header_map` default), so older Codex releases' `session_id` and `conversation_id` count only under another server;
+# under gunicorn those sessions are told apart by their start.
 CLIENT_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "conversation_id", "x-session-id")
 # Markers that keep the two sources apart: a client id that happens to equal a prompt never gives its key.
 _FROM_CLIENT, _FROM_START = b"client\0", b"start\0"
@@ -36,6 +44,9 @@ _FROM_CLIENT, _FROM_START = b"client\0", b"start\0"
 
 def session_key(headers, body: bytes, secret: bytes) -> str:
     """X-Session-ID's value for one client request: `headers` the client's (name, value) pairs, `body` its bytes."""
+    # Read once per wanted name: werkzeug's `request.headers.items()` is a generator, and read as it came only the
+    # first name (Claude Code's) was ever looked for, so every Codex session of one folder got one key.
+    headers = list(headers)
     for wanted in CLIENT_HEADERS:
         for name, value in headers:
             if name.lower() == wanted and value.strip():
@@ -88,12 +99,18 @@ def _start_of(req: dict):
 
 
 def _first_user(items):
+    """The content of the first user message a person wrote something in (None when there is none)."""
     if not isinstance(items, list):
         return None
     for item in items:
-        if isinstance(item, dict) and item.get("role") == "user":
+        if isinstance(item, dict) and item.get("role") == "user" and _typed(item.get("content")):
             return item.get("content")
     return None
+
+
+def _typed(content) -> bool:
+    """Whether a user message holds anything a person wrote: not only what a client generated into it."""
+    return any(g.origin == "user" and (not isinstance(g.value, str) or g.value.strip()) for g in user_given(content))
 
 
 def _canonical(value):
@@ -105,7 +122,32 @@ def _canonical(value):
     return value
 
 
-def install_secret(configured: str) -> bytes:
-    """The HMAC key: SESSION_ID_SECRET when set, else a random one for this process (gunicorn.conf.py makes one
-    in the master, so its workers agree; replicas share the overlay's key file, compose.scale.yaml)."""
-    return configured.encode() if configured else secrets.token_bytes(32)
+class Secret:
+    """The HMAC key, called for each request: SESSION_ID_SECRET when set; else, with a shared store (STATE_URL), the
+    one key in it, which the first replica to ask puts there (replicas on other hosts share no key file); else a
+    random one for this process (gunicorn.conf.py makes one in the master when there is no store, so its workers
+    agree). The store is asked again every REFRESH seconds: one that lost its key (restarted without persistence)
+    gets this worker's back, so replicas started since agree again; while it does not answer, this process's own
+    random key stands in."""
+
+    USE, KEY = "session-secret", "x-session-id"
+    REFRESH = 60.0
+    TTL = 30 * 86400.0  # renewed by every claim; only a store no replica asked for a month forgets it
+
+    def __init__(self, configured: str, state: State | None = None, clock=time.monotonic):
+        self._state = None if configured else state
+        self._key = configured.encode() if configured else secrets.token_bytes(32)
+        self._shared = ""
+        self._clock, self._next = clock, 0.0
+
+    def __call__(self) -> bytes:
+        if self._state is None or self._clock() < self._next:
+            return self._key
+        try:
+            value = self._state.claim(self.USE, self.KEY, self._shared or secrets.token_hex(32), self.TTL)
+        except StateDown:
+            return self._key  # asked again once the store's circuit lets a call through
+        self._next = self._clock() + self.REFRESH
+        if isinstance(value, str) and len(value) >= 32:
+            self._shared, self._key = value, value.encode()
+        return self._key

@@ -83,14 +83,14 @@ def create_app(cfg: Config) -> Flask:
 
     _install_own_routes(app, services, team)
 
-    session_secret = affinity.install_secret(cfg.session_id_secret)
+    session_secret = affinity.Secret(cfg.session_id_secret, services.state)
 
     def exchange() -> Exchange:
         body = request_body(cfg)
         headers = outbound_headers(request.headers.items(), cfg, team.guarded)
         # Every request to vLLM (the relay's and each turn of the search loop, which reuse these headers) names its
         # session, so a router in front of several workers keeps the session on one (compose.scale.yaml).
-        key = affinity.session_key(request.headers.items(), body, session_secret)
+        key = affinity.session_key(request.headers.items(), body, session_secret())
         headers = [(n, v) for n, v in headers if n.lower() != "x-session-id"] + [(affinity.HEADER, key)]
         return Exchange(services, body, headers, raw_target(), request.environ)
 

@@ -106,9 +106,10 @@ SEARCH_FALLBACKS = Counter("proxy_search_fallbacks", "Searches answered another 
                            "instance, by kind: instance (a later one), retry (engines not failing), keyed (the "
                            "Brave Search API).", ["kind"], registry=REGISTRY)
 # The shared state store (STATE_URL, proxy/backends/state.py): calls that got no answer, by use (search, page, refs,
-# health, reads and link_charges: URL provenance's memory, whose link fetches are refused while it is down; queue:
-# the fair queue's store, without which calls go straight to vLLM) and op
-# (get, put, drop, count, fields, add_fields, drop_fields; decode: a value that was not one the proxy writes), and
+# health, reads, link_charges and page_links: URL provenance's memory, whose link fetches are refused while it is
+# down; session-secret: the X-Session-ID key without SESSION_ID_SECRET; queue: the fair queue's store, without which
+# calls go straight to vLLM) and op (get, put, drop, count, fields, add_fields, drop_fields, claim; decode: a value
+# that was not one the proxy writes), and
 # whether the store answers. livemin: one worker that finds it down shows it down.
 STATE_ERRORS = Counter("proxy_state_errors", "Calls to the shared state store (STATE_URL) that got no answer (or a "
                        "value the proxy did not write), by use and op.", ["use", "op"], registry=REGISTRY)

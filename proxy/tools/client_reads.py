@@ -4,10 +4,11 @@ proxy/tools/provenance.py's Ledger; tested by tests/test_provenance.py.
 
 A conversation's history does not always show what was read (chat completions keep none of the proxy's reads; a
 client that compacts drops them), so the link a model followed in one request would come back in the next as a
-fresh start. This remembers, per client (its key, or its address), the depth and the root of every page read and
-the link fetches charged to each root and in all, for WINDOW seconds. Two implementations of one small interface
-(Reads: recall, remember, charge): ClientReads in this process, per worker (STATE_URL empty, as it always was), and
-SharedReads in the shared state store (STATE_URL, proxy/backends/state.py), so that the hourly budget holds across
+fresh start. This remembers, per client (its key, or its address), the depth and the root of every page read, the
+links each page read showed (so a later request that has the page from its history, or Codex's next web.run call,
+reads on from it wherever it is served), and the link fetches charged to each root and in all, for WINDOW seconds.
+Two implementations of one small interface (Reads: recall, remember, charge, links): ClientReads in this process,
+per worker (STATE_URL empty, as it always was), and SharedReads in the shared state store (STATE_URL, proxy/backends/state.py), so that the hourly budget holds across
 every worker and replica instead of multiplying by them. Picked in proxy/http/wiring.py.
 
 The store down (StateDown): a link fetch is refused (DOWN: the budget is an exfiltration bound, and a bound nobody
@@ -15,7 +16,7 @@ can count is no bound; LiteLLM's silent fall back to per-pod limits is what issu
 the user, a tool or a search gave are still read, at depth 0 (recall answers "not known"). A page an earlier request
 read comes back at the link depth limit when not known (provenance.py), a link fetch, so it is refused too. What
 remember could not write is lost; it matters only for link reads, which are refused while the store is down. Every
-call that got no answer is counted by the store (proxy_state_errors{use="reads"|"link_charges"}).
+call that got no answer is counted by the store (proxy_state_errors{use="reads"|"link_charges"|"page_links"}).
 """
 from __future__ import annotations
 
@@ -38,7 +39,11 @@ WINDOWED = "window"  # or the client's budget for the window is,
 DOWN = "down"        # or the shared store could not count it (SharedReads only)
 
 READS_USE = "reads"            # the state store's names for a client's pages read (depth, root) ...
-CHARGES_USE = "link_charges"   # ... and its link charges, one map per client
+CHARGES_USE = "link_charges"   # ... and its link charges, one map per client ...
+LINKS_USE = "page_links"       # ... and the links each page read showed it
+# The links kept of one page: the first ones, up to this many characters in all (a page of a thousand links keeps
+# most of them; the store's value limit is never reached).
+MAX_LINK_CHARS = 256 * 1024
 STEPS = 6                      # SharedReads counts charges in WINDOW/STEPS buckets (ten minutes)
 
 
@@ -62,11 +67,27 @@ class Reads(Protocol):
 
     def charged(self, client: str) -> int: ...
 
+    def remember_links(self, client: str, url_key: str, links: list[str]) -> None: ...
+
+    def links(self, client: str, url_key: str) -> list[str]: ...
+
+
+def kept_links(links: list[str]) -> list[str]:
+    """The links of a page that are kept: the first ones within MAX_LINK_CHARS. Pure."""
+    out, used = [], 0
+    for link in dict.fromkeys(links):
+        used += len(link)
+        if used > MAX_LINK_CHARS:
+            break
+        out.append(link)
+    return out
+
 
 @dataclass
 class _Client:
     urls: OrderedDict = field(default_factory=OrderedDict)      # key -> (depth, root, when)
     charges: deque = field(default_factory=deque)               # (when, root), oldest first
+    links: OrderedDict = field(default_factory=OrderedDict)     # key -> (the page's links, when)
 
 
 class ClientReads:
@@ -130,6 +151,23 @@ class ClientReads:
         """Link fetches counted for the client within the window."""
         with self._lock:
             return len(self._client(client, self._clock()).charges)
+
+    def remember_links(self, client: str, url_key: str, links: list[str]) -> None:
+        """The links a page read showed the model, for a later request of the client that reads on from it."""
+        now = self._clock()
+        with self._lock:
+            kept = self._client(client, now).links
+            kept[url_key] = (tuple(kept_links(links)), now)
+            kept.move_to_end(url_key)
+            while len(kept) > self._max_urls:
+                kept.popitem(last=False)
+
+    def links(self, client: str, url_key: str) -> list[str]:
+        """The links remembered of a page this client read within the window ([] when none)."""
+        now = self._clock()
+        with self._lock:
+            found = self._client(client, now).links.get(url_key)
+            return list(found[0]) if found is not None and found[1] > now - self.window else []
 
 
 class SharedReads:
@@ -214,3 +252,18 @@ class SharedReads:
         except StateDown:
             return 0
         return sum(n for f, n in live.items() if f.startswith("a:"))
+
+    def remember_links(self, client: str, url_key: str, links: list[str]) -> None:
+        try:
+            self.state.put(LINKS_USE, client + "\n" + url_key, kept_links(links), self.window)
+        except StateDown:
+            pass  # counted by the store; a later request reads on from the page only once it is read again
+
+    def links(self, client: str, url_key: str) -> list[str]:
+        try:
+            found = self.state.get(LINKS_USE, client + "\n" + url_key)
+        except StateDown:
+            return []
+        value = found.value if found is not None else None
+        # Only what remember_links writes: a list of strings (a shared store is hostile too).
+        return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []

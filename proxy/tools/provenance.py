@@ -302,6 +302,7 @@ class Ledger:
                     if g.origin == READ:
                         for k in filter(None, map(key, urls_in_value(g.value))):
                             self._read_before(k)
+                            self._read_on(k)
 
     def _by_model(self, k: str) -> bool:
         return k.casefold() in self._written or site(k) in self._written_sites
@@ -326,6 +327,31 @@ class Ledger:
             return
         recalled = self.reads.recall(self.client, k)
         self._put(k, Entry(READ, *recalled) if recalled else Entry(READ, self.rules.link_depth, "site:" + site(k)))
+
+    def _read_on(self, k: str) -> None:
+        """The links page `k` showed when the client read it (its memory, shared with STATE_URL), one page further
+        on the same root: a later request, on any worker, reads on from a page as the request that read it could."""
+        entry = self._entries.get(k)
+        if entry is not None:
+            for link in self.reads.links(self.client, k):
+                self._link(link, entry)
+
+    def _link(self, k: str, page: Entry) -> None:
+        old = self._entries.get(k)
+        if old is None or page.depth + 1 <= old.depth:  # as deep: on the root just read from, the latest
+            self._entries[k] = Entry(LINK, page.depth + 1, page.root)
+
+    def read_before(self, urls: Iterable[str]) -> None:
+        """Pages earlier requests read, that the client's history does not show as such (Codex's opened ref ids):
+        each as a given URL is, or at the depth it was read at, and the links it showed, one page further."""
+        if not self.checking:
+            return
+        self._read_conversation()
+        with self._lock:
+            for k in filter(None, map(key, urls)):
+                if k not in self._entries:
+                    self._read_before(k)
+                self._read_on(k)
 
     def allow(self, urls: Iterable[str], origin: str, query: str | None = None) -> None:
         """URLs given outright (a search's results, a ref id's URL): each at depth 0, unless remembered as a link.
@@ -386,9 +412,10 @@ class Ledger:
             self.reads.remember(self.client, k, entry.depth, entry.root)
             return None
 
-    def learn_page(self, requested: str, final: str, text: str) -> None:
+    def learn_page(self, requested: str, final: str, text: str, remember: bool = True) -> None:
         """A page was read: its final URL (after redirects, which the server chose) stands where the requested one
-        did, and its links are one page further away, on the same root."""
+        did, and its links are one page further away, on the same root. `remember`: the client's memory keeps the
+        links for later requests (not for a page the history itself holds, which every later request resends)."""
         if not self.checking:
             return
         self._read_conversation()
@@ -400,10 +427,11 @@ class Ledger:
             if kf:
                 self._put(kf, entry)
                 self.reads.remember(self.client, kf, entry.depth, entry.root)
-            for k in filter(None, map(key, links_in_page(text, final))):
-                old = self._entries.get(k)
-                if old is None or entry.depth + 1 <= old.depth:  # as deep: on the root just read from, the latest
-                    self._entries[k] = Entry(LINK, entry.depth + 1, entry.root)
+            links = list(filter(None, map(key, links_in_page(text, final))))
+            for k in links:
+                self._link(k, entry)
+        for page in dict.fromkeys(k for k in (kr, kf) if k and remember):  # outside the lock: a call to the store
+            self.reads.remember_links(self.client, page, links)
 
     def __len__(self) -> int:
         self._read_conversation()

@@ -2,8 +2,8 @@
 proxy/http/app.py adds. Each `search_query` is a web_search call, each `open` a web_fetch call and each `find` a
 find_in_page call, all run by the request's ToolSession (proxy/tools/session.py), as every API's calls are: the
 same caps, URL provenance, repeated-query memory and events. What is Codex's own stays here as a thin layer on
-top: ref ids and the thread's memory of them, web.run's recency as the search's time_range, the thread's ledger,
-and the text the model reads. Tested end to end under gunicorn by tests/test_alpha_search.py
+top: ref ids and the thread's memory of them, web.run's recency as the search's time_range, each call's ledger made
+from that memory, and the text the model reads. Tested end to end under gunicorn by tests/test_alpha_search.py
 (`tests/run.sh tests/test_alpha_search.py -q`).
 
 A provider with `supports_standalone_web_search = true` (and the `standalone_web_search` feature)
@@ -15,10 +15,7 @@ tests/data/codex-alpha-search.md.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from flask import Response
@@ -29,6 +26,7 @@ from proxy.apis.alpha_search.rules import (
     Parsed,
     Query,
     RefStore,
+    Thread,
     answer,
     format_failure,
     format_find,
@@ -53,7 +51,7 @@ from proxy.engine.exchange import Exchange
 from proxy.engine.services import Services, StateDown
 from proxy.tools import registry
 from proxy.tools.base import Limits, Outcome, Request
-from proxy.tools.provenance import Ledger
+from proxy.tools.provenance import Ledger, echoes_query, key
 from proxy.tools.session import ToolSession
 
 log = logging.getLogger("proxy.alpha_search")
@@ -74,6 +72,8 @@ class SearchCall:
     failures: list[Failure] = field(default_factory=list)
     succeeded: int = 0              # commands that worked; none, with upstream failures only, is a 502/504
     new_refs: dict[str, str] = field(default_factory=dict)
+    echoes: set[str] = field(default_factory=set)  # this call's search refs whose URL echoed the query
+    read: set[str] = field(default_factory=set)    # URLs of the pages this call's finds read
     refs_down: bool = False         # the state store that keeps ref ids did not answer: a ref is unavailable
 
     searched: int = 0               # the session's searches already told
@@ -102,30 +102,19 @@ class AlphaSearch:
     def __init__(self, services: Services):
         self.services, self.cfg = services, services.cfg
         self.refs = RefStore(services.state)  # with STATE_URL, shared by every worker and replica
-        # One ledger per thread and user turn: Codex sends each web.run call alone, so the links a page showed in
-        # one call are followed in the next, and the link budget is per turn of the user, as it is per request
-        # elsewhere. Bounded like the ref store, least recently used first out.
-        self.ledgers: OrderedDict[tuple[str, str], Ledger] = OrderedDict()
-        self._lock = threading.Lock()
 
-    def ledger(self, parsed: Parsed, input_, known_refs: dict[str, str], ex: Exchange) -> Ledger:
-        """The thread's ledger for this user turn (a new one when `input` changed): the conversation's URLs and every
-        URL the thread's earlier answers listed; search results of this turn's calls are added as they come."""
-        parts = input_given(input_)
-        turn_key = hashlib.sha256(codec.dumps(input_)).hexdigest() if parts else ""
-        with self._lock:
-            found = self.ledgers.get((parsed.session, turn_key)) if parsed.session else None
-            if found is None:
-                found = ex.new_ledger(parts)  # on the client's link depths and charges (proxy/tools/client_reads.py)
-                found.allow(known_refs.values(), "search")  # earlier turns' results and pages, given as Anthropic's are
-                if parsed.session:
-                    self.ledgers[(parsed.session, turn_key)] = found
-                    while len(self.ledgers) > self.refs.max_sessions:
-                        self.ledgers.popitem(last=False)
-            else:
-                self.ledgers.move_to_end((parsed.session, turn_key))
-        found.allow((url for ref, url in known_refs.items() if "search" in ref), "search")
-        return found
+    @staticmethod
+    def ledger(input_, thread: Thread, ex: Exchange) -> Ledger:
+        """This call's ledger, made from what the thread's memory holds and nothing of this process's own, so any
+        worker or replica answers a thread's next call alike: the conversation's URLs; every URL the thread's
+        earlier answers listed, but for results that echoed their query (the model's words, as on every API); and
+        the pages earlier calls opened or searched in (views, READ_MARK), with the links each showed, from the
+        client's memory (proxy/tools/client_reads.py, in the store with STATE_URL)."""
+        ledger = ex.new_ledger(input_given(input_))  # on the client's link depths, charges and pages' links
+        given = {ref: url for ref, url in thread.refs.items() if ref not in thread.echoes}
+        ledger.allow(given.values(), "search")  # earlier turns' results and pages, given as Anthropic's are
+        ledger.read_before([*(url for ref, url in given.items() if "view" in ref), *thread.read])
+        return ledger
 
     def _search_request(self, query: Query, allowed: tuple[str, ...]) -> Request:
         # Domains are enforced on the results, as on /v1/responses; the query is sent unchanged.
@@ -138,7 +127,7 @@ class AlphaSearch:
         requests = [self._search_request(q, parsed.allowed) for q in parsed.queries]
         outcomes = call.session.run(requests, limit=parsed.results or self.services.search.results, at_most=4)
         call.counted(outcomes)
-        for outcome in outcomes:
+        for query, outcome in zip(parsed.queries, outcomes, strict=True):
             if outcome.status == "failed":
                 call.failures.append(failure_of(outcome))
             else:
@@ -146,6 +135,8 @@ class AlphaSearch:
             text, got = format_search(outcome, call.turn, len(call.new_refs))  # type: ignore[arg-type]
             call.sections.append(text)
             call.new_refs.update(got)
+            # The session did not take these as given (issue 39); the mark keeps later calls from doing so by ref id.
+            call.echoes.update(ref for ref, url in got.items() if echoes_query(key(url) or url, query.q))
 
     def _page_for(self, call: SearchCall, command: str, ref_id: str, pattern: str = ""):
         """The page a ref id (or URL) names, read by the command's tool on the session, or None once the failure
@@ -189,6 +180,7 @@ class AlphaSearch:
                 # the model can open next, so its links count as a page read's.
                 call.session.ledger.learn_page(resolve(ref_id, {**call.known_refs, **call.new_refs}) or page.url,
                                                page.url, page.text)
+                call.read.add(page.url)
                 call.sections.append(format_find(ref_id, page, pattern, share))
 
     def _add_notes(self, call: SearchCall, left: list[str]):
@@ -204,11 +196,11 @@ class AlphaSearch:
         run. `input_` is the request's `input`, the conversation whose URLs open and find may read."""
         parsed, left = within_cap(parsed, self.cfg.alpha_search_max_pages)
         try:
-            (turn, known_refs), refs_down = self.refs.begin(parsed.session), False
+            thread, refs_down = self.refs.thread(parsed.session), False
         except StateDown:  # counted by the store; this call's own refs still work, earlier ones are unavailable
-            (turn, known_refs), refs_down = (0, {}), True
-        ex.ledger = self.ledger(parsed, input_, known_refs, ex)
-        call = SearchCall(parsed, ex, ex.session(max_pages=self.cfg.alpha_search_max_pages), turn, known_refs,
+            thread, refs_down = Thread(0, {}, set(), set()), True
+        ex.ledger = self.ledger(input_, thread, ex)
+        call = SearchCall(parsed, ex, ex.session(max_pages=self.cfg.alpha_search_max_pages), thread.turn, thread.refs,
                           refs_down=refs_down)
         if parsed.queries:
             self._run_searches(call)
@@ -216,7 +208,7 @@ class AlphaSearch:
         self._add_notes(call, left)
         # A store that is down loses this call's ref ids (counted, and logged once, by the store); its answer stands.
         with contextlib.suppress(StateDown):
-            self.refs.add(parsed.session, call.new_refs)
+            self.refs.add(parsed.session, call.new_refs, call.echoes, call.read)
         return call.sections, call.failures, call.succeeded, len(parsed.queries)
 
     def handle(self, raw: bytes, environ: dict) -> Response:

@@ -7,6 +7,7 @@ proxy/apis/alpha_search/handler.py runs the commands on these rules.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from proxy.engine.services import MemoryState, State
@@ -170,6 +171,12 @@ REFS_USE = "refs"              # the state store's name for them (proxy/backends
 # the store forgot is answered with a note asking for the URL, which every listing shows.
 REFS_TTL = 24 * 3600.0
 TURN = "#turn"                 # the thread's turn counter, a field beside its ref ids (which never start with #)
+# A search ref whose URL echoes its query (provenance.echoes_query: the model's words, not the search's) has a mark
+# beside it, "!turn0search0": it still opens by its id, but a later call's ledger does not take it as given.
+ECHO = "!"
+# A page a `find` read (by ref id or URL) has a mark too, "@<its URL>": a later call reads on from it as from an
+# opened one (turn0view0), by the links the client's memory kept of it.
+READ_MARK = "@"
 MAX_REF_URL = 8192            # longer is no URL a listing showed
 _REF = re.compile(r"turn(\d{1,9})(search|view)(\d{1,9})")
 
@@ -178,6 +185,15 @@ def ref_age(ref_id: str) -> tuple[int, int, int]:
     """Oldest first when sorted: by turn, then its searches before its views, then index; others first. Pure."""
     m = _REF.fullmatch(ref_id)
     return (int(m[1]), m[2] == "view", int(m[3])) if m else (-1, False, -1)
+
+
+@dataclass(frozen=True)
+class Thread:
+    """What the ref store holds of a Codex thread for this call."""
+    turn: int                # this call's turn number
+    refs: dict[str, str]     # ref id -> URL, from earlier calls
+    echoes: set[str]         # search refs whose URL echoed the query: not given
+    read: set[str]           # URLs of pages a find read
 
 
 class RefStore:
@@ -196,21 +212,43 @@ class RefStore:
     def begin(self, session_id: str) -> tuple[int, dict]:
         """This call's turn number and the refs known so far; a request without a
         thread id remembers nothing (unrelated clients must not share one store)."""
-        if not session_id:
-            return 0, {}
-        turn = self.state.count(REFS_USE, session_id, TURN, REFS_TTL) - 1
-        # Only fields of the shape this store writes: a ref id naming an http(s) URL (a shared store is hostile too).
-        refs = {k: v for k, v in self.state.fields(REFS_USE, session_id).items()
-                if _REF.fullmatch(k) and v.startswith(("http://", "https://")) and len(v) <= MAX_REF_URL}
-        return turn, refs
+        found = self.thread(session_id)
+        return found.turn, found.refs
 
-    def add(self, session_id: str, refs: dict):
-        if not session_id or not refs:
+    def thread(self, session_id: str) -> Thread:
+        """begin's turn and refs, and the refs marked (ECHO, READ_MARK)."""
+        if not session_id:
+            return Thread(0, {}, set(), set())
+        turn = self.state.count(REFS_USE, session_id, TURN, REFS_TTL) - 1
+        fields = self.state.fields(REFS_USE, session_id)
+        # Only fields of the shape this store writes: a ref id naming an http(s) URL (a shared store is hostile too).
+        refs = {k: v for k, v in fields.items() if _REF.fullmatch(k) and _is_ref_url(v)}
+        read = {k[1:] for k in fields if k.startswith(READ_MARK) and _is_ref_url(k[1:])}
+        return Thread(turn, refs, {k for k in refs if ECHO + k in fields}, read)
+
+    def add(self, session_id: str, refs: dict, echoes: Iterable[str] = (), read: Iterable[str] = ()):
+        """This call's refs, the echo marks of those among them, and the pages its finds read."""
+        if not session_id or not (refs or read):
             return
-        held = self.state.add_fields(REFS_USE, session_id, refs, REFS_TTL) - 1  # the turn counter is one
-        if held > self.max_refs:
-            known = sorted((k for k in self.state.fields(REFS_USE, session_id) if k != TURN), key=ref_age)
-            self.state.drop_fields(REFS_USE, session_id, known[:held - self.max_refs])
+        marks = {ECHO + ref: "1" for ref in echoes if ref in refs}
+        marks.update((READ_MARK + url, "1") for url in read if _is_ref_url(url))
+        held = self.state.add_fields(REFS_USE, session_id, {**refs, **marks}, REFS_TTL)
+        if held - 1 > self.max_refs:  # the turn counter is one field; marks count against the bound too
+            self.state.drop_fields(REFS_USE, session_id, self._over(self.state.fields(REFS_USE, session_id)))
+
+    def _over(self, fields: dict[str, str]) -> list[str]:
+        """The fields past the bound: the oldest refs and their echo marks, and the read marks past max_refs."""
+        known = sorted((k for k in fields if _REF.fullmatch(k)), key=ref_age)
+        gone = known[:max(0, len(known) - self.max_refs)]
+        kept = set(known) - set(gone)
+        stale = [k for k in fields if k.startswith(ECHO) and k[1:] not in kept]
+        read = sorted(k for k in fields if k.startswith(READ_MARK))
+        return gone + stale + read[:max(0, len(read) - self.max_refs)]
+
+
+def _is_ref_url(value: str) -> bool:
+    """An http(s) URL of a length a listing shows: what the store keeps under a ref id or a mark."""
+    return value.startswith(("http://", "https://")) and len(value) <= MAX_REF_URL
 
 
 def search_ref(turn: int, index: int) -> str:

@@ -4,7 +4,7 @@ tool results and the proxy's own citations, and never from what the model wrote.
 """
 from __future__ import annotations
 
-from proxy.apis.given import user_given
+from proxy.apis.given import client_given, user_given
 from proxy.tools.provenance import MODEL, READ, Given
 
 ROLES = {"system": "system", "developer": "system", "tool": "tool", "function": "tool"}
@@ -30,6 +30,6 @@ def given(body) -> list[Given]:
                     out.append(Given(READ, cite.get("url")))
         elif role == "user":  # a person's words, or what a client put in their place (proxy/apis/given.py)
             out.extend(user_given(msg.get("content")))
-        elif role in ROLES:
-            out.append(Given(ROLES[role], msg.get("content")))
+        elif isinstance(role, str) and role in ROLES:  # the system prompt and tool results: a client's, but for a compaction summary in them
+            out.extend(client_given(ROLES[role], msg.get("content")))
     return out

@@ -5,7 +5,7 @@ model's text, thinking and tool inputs give none. Tested by tests/test_provenanc
 """
 from __future__ import annotations
 
-from proxy.apis.given import user_given
+from proxy.apis.given import client_given, user_given
 from proxy.core.codec import as_dict
 from proxy.tools.provenance import MODEL, READ, Given
 
@@ -17,7 +17,7 @@ def given(body) -> tuple[list[Given], list[tuple[str, str]]]:
     """(the request's parts as Given, in order; the pages earlier web_fetch results hold, as (url, text), whose
     links the Ledger learns as links: budgeted, like this request's own). Pure."""
     body = as_dict(body)
-    out: list[Given] = [Given("system", body.get("system"))]
+    out: list[Given] = client_given("system", body.get("system"))
     pages: list[tuple[str, str]] = []
     messages = body.get("messages")
     for msg in messages if isinstance(messages, list) else []:

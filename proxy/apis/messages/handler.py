@@ -57,7 +57,7 @@ def handle(ex: Exchange) -> Response:
     parts, pages = given(body)
     ex.ledger = ex.new_ledger(parts)
     for url, text in pages:  # links of pages read in earlier requests: links, within this request's budget
-        ex.ledger.learn_page(url, url, text)
+        ex.ledger.learn_page(url, url, text, remember=False)  # the history resends them: nothing to keep
     if ex.target.split("?", 1)[0].rstrip("/").endswith("/count_tokens"):
         return count_tokens(ex, vbody)
     # Claude Code's search sub-request names its query; searching it directly saves the model

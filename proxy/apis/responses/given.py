@@ -3,7 +3,7 @@ proxy/apis/given.py reads them (the same items Codex's /v1/alpha/search sends). 
 """
 from __future__ import annotations
 
-from proxy.apis.given import input_given
+from proxy.apis.given import client_given, input_given
 from proxy.core.codec import as_dict
 from proxy.tools.provenance import Given
 
@@ -11,4 +11,4 @@ from proxy.tools.provenance import Given
 def given(body) -> list[Given]:
     """The request's instructions and input as Given parts, in order. Pure."""
     body = as_dict(body)
-    return [Given("system", body.get("instructions")), *input_given(body.get("input"))]
+    return [*client_given("system", body.get("instructions")), *input_given(body.get("input"))]
