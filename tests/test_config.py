@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.core.config import Config
+from proxy.core.config import Config, default_state_db
 
 ROOT = Path(__file__).resolve().parent.parent
 # Load the entry point as gunicorn does (it builds the app and serves nothing): a config error exits there.
@@ -81,7 +81,8 @@ def test_from_env_reads_each_variable_with_its_reader_and_default():
     assert (cfg.searxng_results, cfg.citations, cfg.proxy_api_keys, cfg.stream_search) == (7, False, ("a", "b"), "client")
     assert cfg.web_fetch_cache_ttl == 30.0 and cfg.max_search_iter == Config().max_search_iter  # empty: the default
     assert Config.from_env({"FETCH_CACHE_TTL": "5", "WEB_FETCH_CACHE_TTL": "30"}).web_fetch_cache_ttl == 5.0
-    assert Config.from_env({}) == Config()
+    # Every default is Config's own, but PROXY_STATE_DB's, which from_env places in the user's state folder.
+    assert Config.from_env({"HOME": "/home/ann"}) == Config(proxy_state_db=default_state_db({"HOME": "/home/ann"}))
 
 
 @pytest.mark.parametrize("text, urls", [
