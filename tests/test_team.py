@@ -675,3 +675,27 @@ def test_round_robin_against_token_weighting_with_two_busy_keys(team, paced, tmp
     # Each policy does what it says: turns alike (so the long requests take most of the time), or tokens alike.
     assert rr["heavy"] > 0.7 and tokens["light"] > rr["light"] + 0.1, (rr, tokens)
     assert min(rr.values()) > 0 and min(tokens.values()) > 0, "a key never got the card"
+
+
+# ---- a member who pushes (issue 51) -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["/v1/%63hat/completions", "/v1/%63ompletions", "/invocations",
+                                  "/inference/v1/generate", "//v1/chat/completions"])
+def test_no_path_to_vllm_skips_the_fair_queue(team, paced, tmp_path, path):
+    keys = {name: add_key(team.keys_file, name) for name in ("busy", "pusher")}
+    events = tmp_path / "events.jsonl"
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.02", "--events", str(events)), MAX_NUM_SEQS=1)
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(post, proxy, "/v1/chat/completions", chat(keys["busy"], tokens=100, user="busy"))
+        until(lambda: starts(events) == ["busy"])
+        # tool_choice "none": the chat route relays vLLM's answer as it is, to the path as the client wrote it.
+        status, _, raw = post(proxy, path, chat(keys["pusher"], tokens=2, user="pusher", tool_choice="none"))
+        assert busy.done(), f"{path} reached vLLM while the card's one seat was taken: {status} {raw[:200]!r}"
+        assert busy.result()[0] == 200
+    # Not counted as work on the card: the same path's tokenize answers at once, queue or not.
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(post, proxy, "/v1/chat/completions", chat(keys["busy"], tokens=100, user="busy2"))
+        until(lambda: "busy2" in starts(events))
+        post(proxy, "/%74okenize", chat(keys["pusher"]))
+        assert not busy.done(), "tokenize waited for the card"
+        busy.result()

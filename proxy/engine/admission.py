@@ -3,9 +3,12 @@ round-robin across keys rather than first come (the tickets and the choice live 
 shared by every worker). Exchange.call takes a seat for each call to vLLM of a generation request and gives it
 back when the call ends; the search loop waits for a later turn's seat with the stream's keep-alives.
 
-What queues: POSTs that make vLLM generate (chat completions, /v1/completions, /v1/messages, /v1/responses).
-What does not: /v1/models, count_tokens, tokenize, health and metrics, which take vLLM no time on the card and
-must answer at once (Claude Code asks count_tokens while another of its requests generates).
+What queues: every POST to vLLM but the few that take it no time on the card (NO_CARD: count_tokens, tokenize,
+detokenize, models, health, metrics, version), which must answer at once (Claude Code asks count_tokens while
+another of its requests generates). The list is of what does not queue, so a path vLLM generates on that the proxy
+does not know by name (/invocations, /inference/v1/generate, whatever a vLLM release adds) queues all the same; and
+the decision is on the path as vLLM will read it (percent-decoded, `//` folded: `POST /v1/%63hat/completions`
+generates in vLLM and queues here), the one decoded path the routing and the key check read too.
 
 A seat is held for one call, not for the whole request: while a request runs its searches and page reads the
 card serves someone else, and its next turn comes back as a resumed ticket, which goes ahead of every first turn
@@ -21,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
@@ -41,7 +46,9 @@ METERED = "proxy.metered"           # environ: the request's usage counts agains
 # of vLLM for a metered request all the same, so its tokens count against the key's tokens per day)
 USAGE_UNSEEN = "proxy.usage_unseen"
 ANONYMOUS = "-"                     # every request of a proxy without keys: one key, so first come first served
-GENERATION = frozenset({routes.CHAT, routes.MESSAGES, routes.RESPONSES, "/v1/completions"})
+# POSTs that take vLLM no time on the card; every other POST queues (vLLM's decoded path, no trailing slash).
+NO_CARD = frozenset({routes.COUNT_TOKENS, "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics",
+                     "/version", "/ping"})
 POLL = 0.05                         # seconds between a waiter's looks at the queue
 RETRY = 5.0                         # seconds a store that did not answer is left alone before it is asked again
 QUEUE_USE = "queue"                 # the state metrics' label for the queue's store calls
@@ -50,9 +57,16 @@ DOWN = (StoreError, sqlite3.Error)  # what a store that does not answer raises (
 log = logging.getLogger("proxy")
 
 
+def vllm_path(target: str) -> str:
+    """The path of a request target as vLLM routes it: percent-decoded (Starlette decodes before routing), runs of
+    `/` folded and no trailing `/`. Pure."""
+    path = urllib.parse.unquote(target.split("?", 1)[0])
+    return re.sub(r"/{2,}", "/", path).rstrip("/") or "/"
+
+
 def queues(method: str, target: str) -> bool:
-    """Whether a call to vLLM goes through the fair queue: a generation POST. Pure."""
-    return method == "POST" and target.split("?", 1)[0] in GENERATION
+    """Whether a call to vLLM goes through the fair queue: any POST but those that take no card time. Pure."""
+    return method == "POST" and vllm_path(target) not in NO_CARD
 
 
 class Queue:
