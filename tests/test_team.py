@@ -699,3 +699,44 @@ def test_no_path_to_vllm_skips_the_fair_queue(team, paced, tmp_path, path):
         post(proxy, "/%74okenize", chat(keys["pusher"]))
         assert not busy.done(), "tokenize waited for the card"
         busy.result()
+
+
+# ---- faults of the store (issue 51) --------------------------------------------------------------------------
+
+def limit_file_size(pids: list[int], size: int | None) -> None:
+    """A real write fault in the workers' SQLite file: with RLIMIT_FSIZE at 1 byte every write past its first
+    byte fails (EFBIG; Python ignores SIGXFSZ), as a full disk makes them fail; None lifts it."""
+    import resource
+    for pid in pids:
+        _, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY if size is None else size, hard))
+
+
+def test_a_release_the_sqlite_store_could_not_write_frees_the_seat_and_the_slot_within_the_lease(team, paced, tmp_path):
+    from proxy.backends.teamstore import LEASE
+    from proxy.engine.admission import RETRY
+    keys = {"owner": add_key(team.keys_file, "owner", "--concurrent", "1"), "other": add_key(team.keys_file, "other")}
+    events = tmp_path / "events.jsonl"
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.02", "--events", str(events)), MAX_NUM_SEQS=1)
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(post, proxy, "/v1/chat/completions", chat(keys["owner"], tokens=40, user="owner"))
+        until(lambda: starts(events) == ["owner"])
+        limit_file_size(proxy.workers(), 1)  # the disk fills while it generates: its release cannot be written
+        try:
+            held.result(timeout=30)
+            time.sleep(1.0)
+        finally:
+            limit_file_size(proxy.workers(), None)  # a second later the disk has room again
+    fault_over = time.monotonic()
+    time.sleep(RETRY + 0.5)  # the queue, which failed open while its store did not answer, asks the store again
+    status, _, raw = post(proxy, "/v1/chat/completions", chat(keys["other"], tokens=2, user="other"), timeout=60)
+    assert status == 200, raw
+    seat_back = time.monotonic() - fault_over
+    assert seat_back < LEASE + 8, f"the seat came back {seat_back:.0f} s after the fault"
+    while (status := post(proxy, "/v1/chat/completions", chat(keys["owner"], tokens=2, user="owner-again"))[0]) == 429:
+        assert time.monotonic() - fault_over < LEASE + 8, "the key's one request at once is still taken"
+        time.sleep(0.5)
+    assert status == 200
+    slot_back = time.monotonic() - fault_over
+    print(f"\nafter a full disk lost a release: the seat was back {seat_back:.1f} s and the key's slot {slot_back:.1f} s "
+          f"after the disk had room (LEASE {LEASE:.0f} s)")

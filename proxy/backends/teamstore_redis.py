@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 import urllib.parse
 import uuid
@@ -162,26 +161,16 @@ class RedisTeamStore(Leases):
         self._admit = self.client.register_script(ADMIT)
         self._fill = self.client.register_script(FILL)
         self._renew = self.client.register_script(RENEW)
-        self._live: dict[str, str] = {}  # what this worker holds: request id -> key name, or ticket id -> "t"
-        self._lock = threading.Lock()
+        self._init_live()  # request id -> key name, ticket id -> "t"
 
     def _renew_once(self) -> None:
-        with self._lock:
-            held = [x for id_, kind in self._live.items() for x in (kind, id_)]
+        held = [x for id_, kind in self._held().items() for x in (kind, id_)]
         if not held:
             return
         try:
             self._renew(args=[self.prefix, self.clock() + LEASE, *held])
         except redis.RedisError as e:  # the next renewal tries again; the lease outlasts three misses
             log.warning("STATE_URL %s: renewing leases failed: %s", self.path, e)
-
-    def _hold(self, id_: str, kind: str) -> None:
-        with self._lock:
-            self._live[id_] = kind
-
-    def _drop(self, id_: str) -> None:
-        with self._lock:
-            self._live.pop(id_, None)
 
     # ---- quotas and usage -------------------------------------------------------------------------------
 
