@@ -740,3 +740,48 @@ def test_a_release_the_sqlite_store_could_not_write_frees_the_seat_and_the_slot_
     slot_back = time.monotonic() - fault_over
     print(f"\nafter a full disk lost a release: the seat was back {seat_back:.1f} s and the key's slot {slot_back:.1f} s "
           f"after the disk had room (LEASE {LEASE:.0f} s)")
+
+
+@pytest.mark.parametrize("who, status", [("admin", 200), ("bob", 403), (None, 401)])
+def test_the_metrics_name_every_persons_usage_so_only_the_admin_reads_them(team, who, status):
+    bob = add_key(team.keys_file, "bob")
+    proxy = team()
+    assert post(proxy, "/v1/chat/completions", chat(bob))[0] == 200
+    key = {"admin": ADMIN_KEY, "bob": bob, None: None}[who]
+    for path in ("/proxy/metrics", "/proxy/%6detrics", "/proxy/usage"):
+        got, _, raw = raw_request(proxy.url, "GET", path, headers={"Authorization": f"Bearer {key}"} if key else {})
+        assert got == status, (path, raw[:300])
+        assert (b'key="bob"' in raw or b'"bob"' in raw) == (status == 200), path
+
+
+def replace_keys_file(path: Path, how: str) -> None:
+    """The keys file turns missing or unreadable (as root, permissions alone cannot make it so)."""
+    path.unlink()
+    if how == "a directory":
+        path.mkdir()
+    elif how == "a symlink loop":
+        path.symlink_to(path)
+
+
+@pytest.mark.parametrize("admin_key", ["", ADMIN_KEY])
+@pytest.mark.parametrize("how, member_status, log_line", [
+    ("deleted", 200, "is gone: keeping the 2 keys read before"),
+    ("a directory", 503, "cannot be read"),
+    ("a symlink loop", 503, "cannot be read"),
+])
+def test_a_keys_file_that_goes_missing_or_unreadable_never_opens_the_stack(team, admin_key, how, member_status,
+                                                                         log_line):
+    alice = add_key(team.keys_file, "alice")
+    add_key(team.keys_file, "bob")
+    proxy = team(PROXY_API_KEY=admin_key)
+    assert post(proxy, "/v1/chat/completions", chat(alice))[0] == 200
+    replace_keys_file(team.keys_file, how)
+    for _ in range(4):  # both workers
+        status, _, raw = post(proxy, "/v1/chat/completions", chat(None))
+        assert status == 401, raw
+        assert raw_request(proxy.url, "GET", "/proxy/metrics")[0] == 401
+        status, _, raw = post(proxy, "/v1/chat/completions", chat(alice))
+        assert status == member_status, raw
+        if admin_key:
+            assert post(proxy, "/v1/chat/completions", chat(ADMIN_KEY))[0] == 200
+    assert log_line in proxy.log()

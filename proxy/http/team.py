@@ -37,6 +37,9 @@ TALLY = "proxy.tally"         # environ: searches, page reads and refused fetche
 SCAN = "proxy.usage_scan"     # environ: the UsageScan reading its answer as it leaves (proxy/http/flow.py)
 UNAUTHORIZED = ("Missing or invalid API key: send it as `Authorization: Bearer <key>` (or `x-api-key: <key>`) "
                 "with a key from PROXY_API_KEY or made by scripts/keys.py.")
+# With people's keys, what names every person's figures is the admin's alone: usage per key and day, and the
+# metrics (proxy_key_usage_total, proxy_key_limited and the queue's waits carry the key's name as a label).
+ADMIN_ONLY = frozenset({routes.PROXY_USAGE, routes.PROXY_METRICS})
 LIMIT_WORDS = {"rpm": "requests per minute", "tokens_per_day": "tokens per day (UTC)",
                "concurrent": "requests at once"}
 
@@ -119,11 +122,19 @@ class Team:
             return None
         if path in routes.OPEN_PATHS:
             return None
-        person = self.who(presented_key(headers))
+        key = presented_key(headers)
+        person = self.who(key)
+        if person is None and key is not None and self.keys is not None and self.keys.unreadable:
+            # Loud, not a quiet 401: the person's key may be fine, the proxy cannot tell (keys.KeysFile).
+            return error_for_path(path, 503, "The proxy cannot read its keys file (PROXY_KEYS_FILE), so no person's "
+                                             "key can be checked; see its log.")
         if person is None:
             return error_for_path(path, 401, UNAUTHORIZED, "authentication_error")
         # Without a keys file everyone is the one admin: a single key, as before, and one line in the queue.
         environ[KEY_NAME] = person.name if self.keys is not None else ANONYMOUS
+        if self.keys is not None and person.name != ADMIN and path in ADMIN_ONLY:
+            return error_for_path(path, 403, f"GET {path} needs the admin key (PROXY_API_KEY): it shows every "
+                                             "key's usage by name.", "permission_error")
         if self.keys is None or self.store is None or not metered(environ.get("REQUEST_METHOD", ""), path):
             return None
         try:
