@@ -785,3 +785,29 @@ def test_a_keys_file_that_goes_missing_or_unreadable_never_opens_the_stack(team,
         if admin_key:
             assert post(proxy, "/v1/chat/completions", chat(ADMIN_KEY))[0] == 200
     assert log_line in proxy.log()
+
+
+def test_a_stream_nobody_reads_gives_its_seat_back_after_client_write_timeout(team, paced, tmp_path):
+    keys = {name: add_key(team.keys_file, name) for name in ("staller", "other")}
+    events = tmp_path / "events.jsonl"
+    # 20,000 tokens at 1 ms: 20 s of stream, far more than the sockets' buffers between the proxy and the client hold.
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.001", "--events", str(events)), MAX_NUM_SEQS=1,
+                 CLIENT_WRITE_TIMEOUT=1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((proxy.url.split("//")[1].split(":")[0], int(proxy.url.rsplit(":", 1)[1])))
+    request = chat(keys["staller"], stream=True, tokens=20000, user="staller")
+    head = "".join(f"{k}: {v}\r\n" for k, v in request["headers"].items())
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{head}Content-Length: "
+                 f"{len(request['body'])}\r\n\r\n".encode() + request["body"])
+    try:
+        until(lambda: starts(events) == ["staller"])  # it has the card, and reads nothing from here on
+        began = time.monotonic()
+        status, _, raw = post(proxy, "/v1/chat/completions", chat(keys["other"], tokens=2, user="other"), timeout=60)
+        waited = time.monotonic() - began
+        assert status == 200, raw
+        assert waited < 10, f"a stream nobody read held the card {waited:.1f} s"
+        assert "client read nothing of its answer for 1 s" in proxy.log_once("CLIENT_WRITE_TIMEOUT")
+    finally:
+        sock.close()
+    print(f"\na stream nobody read gave its seat back {waited:.1f} s after another key asked (CLIENT_WRITE_TIMEOUT=1)")
