@@ -811,3 +811,66 @@ def test_a_stream_nobody_reads_gives_its_seat_back_after_client_write_timeout(te
     finally:
         sock.close()
     print(f"\na stream nobody read gave its seat back {waited:.1f} s after another key asked (CLIENT_WRITE_TIMEOUT=1)")
+
+
+def completions_frames(pieces: int, choices: int = 1) -> list[bytes]:
+    """A /v1/completions stream (or a chat stream of `choices` choices when choices > 1), as vLLM writes it,
+    without the usage chunk: what a client that did not ask for usage gets."""
+    frames = []
+    for i in range(pieces):
+        for c in range(choices):
+            if choices == 1:
+                event = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "foundation",
+                         "choices": [{"index": 0, "text": " word", "logprobs": None, "finish_reason": None}]}
+            else:
+                event = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "foundation",
+                         "choices": [{"index": c, "delta": {"content": f" w{i}"}, "logprobs": None,
+                                      "finish_reason": None}]}
+            frames.append(b"data: " + json.dumps(event).encode() + b"\n\n")
+    return frames + [b"data: [DONE]\n\n"]
+
+
+@pytest.mark.parametrize("case, path, body, streamed", [
+    # Relayed byte for byte (tool_choice "none": no tools for the proxy to add), usage not asked for.
+    ("tool_choice none", "/v1/chat/completions", {"tool_choice": "none", "max_tokens": 30}, 30),
+    ("completions", "/v1/completions", {"prompt": "say three words " * 10, "max_tokens": 40}, 40),
+    ("n 2", "/v1/chat/completions", {"n": 2, "max_tokens": 25}, 50),
+])
+def test_a_stream_that_does_not_ask_for_usage_is_charged_every_token_it_carried(team, backend, case, path, body,
+                                                                             streamed):
+    key = add_key(team.keys_file, "reader")
+    proxy = team(backend.url)
+    if case == "tool_choice none":
+        backend.script(sse_reply(stream_frames(content=[" word"] * streamed, finish_reason="length")))
+    else:
+        backend.script(sse_reply(completions_frames(streamed // (2 if case == "n 2" else 1),
+                                                    2 if case == "n 2" else 1)))
+    full = {"model": "foundation", "stream": True, "messages": [{"role": "user", "content": "say three words"}],
+            **body}
+    raw = json.dumps(full).encode()
+    status, _, answer = raw_request(proxy.url, "POST", path, raw, {"Authorization": f"Bearer {key}",
+                                                                  "Content-Type": "application/json"})
+    assert status == 200 and b'"usage"' not in answer and answer.count(b"data: {") >= streamed
+    time.sleep(0.3)
+    day = today(proxy, "reader")
+    assert day["completion_tokens"] >= streamed, day
+    assert day["prompt_tokens"] >= len(raw) // 4, day
+
+
+def test_a_stream_its_client_hangs_up_on_is_charged_its_prompt_and_what_it_read(team, paced, tmp_path):
+    key = add_key(team.keys_file, "quitter")
+    proxy = team(paced("--gap", "0.01"))
+    sock = socket.create_connection((proxy.url.split("//")[1].split(":")[0], int(proxy.url.rsplit(":", 1)[1])))
+    request = chat(key, stream=True, tokens=400, user="quitter")  # asks for usage, which comes at the end
+    head = "".join(f"{k}: {v}\r\n" for k, v in request["headers"].items())
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{head}Content-Length: "
+                 f"{len(request['body'])}\r\n\r\n".encode() + request["body"])
+    got = b""
+    sock.settimeout(20)
+    while got.count(b'"content":" ') + got.count(b'"content":"') < 21:
+        got += sock.recv(4096)
+    sock.close()  # read 20 tokens, hang up
+    until(lambda: today(proxy, "quitter").get("completion_tokens", 0) > 0, seconds=10)
+    day = today(proxy, "quitter")
+    assert 20 <= day["completion_tokens"] < 400, day
+    assert day["prompt_tokens"] >= len(request["body"]) // 4, day

@@ -35,6 +35,7 @@ log = logging.getLogger("proxy")
 ADMITTED = "proxy.admitted"   # environ: the request's row among those in flight (teamstore.Admitted)
 TALLY = "proxy.tally"         # environ: searches, page reads and refused fetches the request ran
 SCAN = "proxy.usage_scan"     # environ: the UsageScan reading its answer as it leaves (proxy/http/flow.py)
+BODY_BYTES = "proxy.body_bytes"  # environ: the size of the request's body (proxy/http/app.py's request_body)
 UNAUTHORIZED = ("Missing or invalid API key: send it as `Authorization: Bearer <key>` (or `x-api-key: <key>`) "
                 "with a key from PROXY_API_KEY or made by scripts/keys.py.")
 # With people's keys, what names every person's figures is the admin's alone: usage per key and day, and the
@@ -88,6 +89,22 @@ def refused(path: str, name: str, refusal: Refusal, now: float) -> Response:
                           "rate_limit_error" if routes.route_of(path).errors == "anthropic" else "rate_limit_exceeded")
     resp.headers.update(rate_limit_headers(refusal, now))
     return resp
+
+
+def charged_tokens(scan: UsageScan, unseen: object, body_bytes: int) -> dict[str, int]:
+    """The tokens a request is charged: the usage its answer carried, or the one the proxy kept from a stream that
+    did not ask for it; and for a stream whose usage never came (its client hung up first, or it was relayed as it
+    was without asking), at least every token its events carried and its prompt counted as a token per 4 bytes of
+    the request's body. Pure."""
+    tokens = scan.result()
+    if isinstance(unseen, dict):  # a stream whose usage the client did not ask for: the proxy kept it
+        tokens = {k: max(v, figures_of(unseen)[k]) for k, v in tokens.items()}
+    if scan.stream:
+        tokens["completion_tokens"] = max(tokens["completion_tokens"], scan.text_events)
+        if not scan.usage_seen and not isinstance(unseen, dict):
+            tokens["completion_tokens"] = max(tokens["completion_tokens"], scan.streamed_tokens())
+            tokens["prompt_tokens"] = max(tokens["prompt_tokens"], -(-body_bytes // 4))
+    return tokens
 
 
 class Team:
@@ -174,10 +191,7 @@ class Team:
             return
         name = environ[KEY_NAME]
         scan: UsageScan = environ[SCAN]
-        tokens = scan.result()
-        unseen = environ.get(USAGE_UNSEEN)
-        if isinstance(unseen, dict):  # a stream whose usage the client did not ask for: the proxy kept it
-            tokens = {k: max(v, figures_of(unseen)[k]) for k, v in tokens.items()}
+        tokens = charged_tokens(scan, environ.get(USAGE_UNSEEN), environ.get(BODY_BYTES, 0))
         figures: dict[str, float] = {**tokens, **environ[TALLY], "queued_seconds": environ.get(QUEUED, 0.0)}
         metrics.key_used(name, {"requests": 1, **figures})
         try:
