@@ -64,6 +64,13 @@ def vllm_path(target: str) -> str:
     return re.sub(r"/{2,}", "/", path).rstrip("/") or "/"
 
 
+def owned(environ: dict, ident: str) -> str:
+    """An id a client chose (a Codex thread id, a Responses ws_ id) as the proxy keeps what it names: under the
+    request's key name, so a member who learns or guesses another's id opens nothing of theirs (key names never
+    hold ':'). "" stays "" (no id: nothing kept). Pure."""
+    return f"{environ.get(KEY_NAME) or ANONYMOUS}:{ident}" if ident else ""
+
+
 def queues(method: str, target: str) -> bool:
     """Whether a call to vLLM goes through the fair queue: any POST but those that take no card time. Pure."""
     return method == "POST" and vllm_path(target) not in NO_CARD
