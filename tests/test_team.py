@@ -874,3 +874,40 @@ def test_a_stream_its_client_hangs_up_on_is_charged_its_prompt_and_what_it_read(
     day = today(proxy, "quitter")
     assert 20 <= day["completion_tokens"] < 400, day
     assert day["prompt_tokens"] >= len(request["body"]) // 4, day
+
+
+def overlay_valkey_args(maxmemory: str) -> tuple[str, ...]:
+    """The flags compose.scale.yaml gives its Valkey, with a small maxmemory, for a real redis-server."""
+    import yaml
+
+    class Overlay(yaml.SafeLoader):  # Compose's !reset and !override tags; the valkey service has neither
+        pass
+    Overlay.add_multi_constructor("!", lambda _loader, _tag, _node: None)
+    command = yaml.load((ROOT / "compose.scale.yaml").read_text(), Overlay)["services"]["valkey"]["command"]
+    assert command[0] == "valkey-server"
+    return tuple(a.replace("${VALKEY_MAXMEMORY:-512mb}", maxmemory) for a in command[1:])
+
+
+@pytest.mark.redis
+def test_the_overlays_valkey_keeps_the_teams_usage_under_memory_pressure_and_through_a_restart(team, tmp_path):
+    keys = {name: add_key(team.keys_file, name, "--tokens-per-day", "1000") for name in ("light", "heavy")}
+    with RedisServer(tmp_path / "valkey", args=overlay_valkey_args("8mb")) as server:
+        proxy = team(STATE_URL=server.url)
+        for name in ("light", "light", "heavy"):
+            assert post(proxy, "/v1/chat/completions", chat(keys[name], tokens=5))[0] == 200
+        time.sleep(0.3)
+        before = today(proxy, "light")
+        assert before["requests"] == 2 and before["completion_tokens"] == 10
+        # One member's page reads fill the store: the caches' entries, each with its TTL, three times its memory.
+        client = server.client()
+        for i in range(1500):
+            client.set(f"coding-stack:cache:page:{i}", os.urandom(16384), px=300_000)
+        assert client.info("stats")["evicted_keys"] > 0
+        assert today(proxy, "light") == before, "the store evicted a member's usage"
+        time.sleep(1.5)  # the append-only file is flushed every second
+        server.stop()
+        # While the store is down, the usage page says so in its error shape.
+        status, _, raw = raw_request(proxy.url, "GET", "/proxy/usage", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        assert status == 503 and "usage store" in json.loads(raw)["error"]["message"], raw
+        server.start()
+        assert today(proxy, "light") == before, "a restart of the store zeroed the day's usage"

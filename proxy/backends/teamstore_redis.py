@@ -38,7 +38,9 @@ from proxy.runtime import concurrency as runtime
 log = logging.getLogger("proxy")
 
 PREFIX = "coding-stack:team:"
-DAYS_KEPT = 400 * 86400  # a day's usage expires after a year and a bit
+# A day's usage is dropped after a year and a bit, by usage() itself and never by a TTL: the team's keys carry none,
+# so a store whose memory is full evicts only what has one (the caches'; compose.scale.yaml's volatile-lru policy).
+DAYS_KEPT = 400 * 86400
 
 ADMIT = """
 local p, name, now, day = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
@@ -51,7 +53,7 @@ local function refuse(kind, allowed, retry)
   if final == '1' or kind ~= 'concurrent' then
     redis.call('HINCRBYFLOAT', usage, 'limited', 1)
     redis.call('SADD', p..'usage:index', name..'|'..day)
-    redis.call('EXPIRE', usage, ARGV[13])
+    redis.call('PERSIST', usage)
   end
   return {kind, allowed, tostring(retry)}
 end
@@ -67,11 +69,11 @@ if tpd > 0 then
 end
 if conc > 0 and redis.call('ZCARD', active) >= conc then return refuse('concurrent', conc, 1) end
 redis.call('ZADD', hits, now, id)
-redis.call('EXPIRE', hits, math.ceil(window) + 60)
+redis.call('PERSIST', hits)
 redis.call('ZADD', active, lease, id)
 redis.call('HINCRBYFLOAT', usage, 'requests', 1)
 redis.call('SADD', p..'usage:index', name..'|'..day)
-redis.call('EXPIRE', usage, ARGV[13])
+redis.call('PERSIST', usage)
 local remaining = -1
 if rpm > 0 then remaining = rpm - redis.call('ZCARD', hits) end
 return {'ok', remaining}
@@ -183,7 +185,7 @@ class RedisTeamStore(Leases):
             now, rid = self.clock(), uuid.uuid4().hex
             out = self._admit(args=[self.prefix, name, now, day_of(now), limits.rpm or 0, limits.tokens_per_day or 0,
                                     limits.concurrent or 0, rid, now + LEASE, "1" if final else "0", WINDOW,
-                                    seconds_to_midnight(now), DAYS_KEPT])
+                                    seconds_to_midnight(now)])
             kind = out[0].decode() if isinstance(out[0], bytes) else out[0]
             if kind == "ok":
                 self._hold(rid, name)
@@ -213,7 +215,7 @@ class RedisTeamStore(Leases):
             if figure in FIELDS and value:
                 pipe.hincrbyfloat(key, figure, value)
         pipe.sadd(f"{self.prefix}usage:index", f"{name}|{day}")
-        pipe.expire(key, DAYS_KEPT)
+        pipe.persist(key)  # a key an older proxy wrote with a TTL: no longer evictable
 
     @_wrapped
     def usage(self, days: int = 31) -> dict[str, dict[str, dict[str, float]]]:
@@ -221,7 +223,11 @@ class RedisTeamStore(Leases):
         entries = sorted((m.decode() if isinstance(m, bytes) else m).split("|", 1)
                          for m in self.client.smembers(f"{self.prefix}usage:index"))
         out: dict[str, dict[str, dict[str, float]]] = {}
+        dropped = day_of(self.clock() - DAYS_KEPT)
         for name, day in sorted(entries, key=lambda e: (e[0], e[1]), reverse=False):
+            if day < dropped:
+                self.client.delete(f"{self.prefix}usage:{name}:{day}")
+                self.client.srem(f"{self.prefix}usage:index", f"{name}|{day}")
             if day < since:
                 continue
             raw = self.client.hgetall(f"{self.prefix}usage:{name}:{day}")

@@ -200,7 +200,13 @@ class Team:
             log.error("usage store %s: usage of a request of %r not recorded: %s", self.store.path, name, e)
 
     def usage(self) -> Response:
-        """GET /proxy/usage: per key name, per UTC day, every figure (admin key only)."""
-        body = {"keys": self.store.usage() if self.store is not None else {},
-                "queue": self.store.queue_view() if self.store is not None and self.cfg.max_num_seqs else None}
+        """GET /proxy/usage: per key name, per UTC day, every figure (admin key only); a 503 while the store does
+        not answer."""
+        try:
+            body = {"keys": self.store.usage() if self.store is not None else {},
+                    "queue": self.store.queue_view() if self.store is not None and self.cfg.max_num_seqs else None}
+        except (sqlite3.Error, StoreError) as e:
+            log.error("usage store %s: %s", self.store.path if self.store is not None else "-", e)
+            return error_for_path(routes.PROXY_USAGE, 503, "The proxy cannot reach its usage store (PROXY_STATE_DB, "
+                                                           "or STATE_URL when set); see its log.")
         return Response(codec.dumps(body), mimetype="application/json")
