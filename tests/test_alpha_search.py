@@ -460,3 +460,25 @@ def test_a_threads_refs_are_its_keys_alone(start_proxy, searxng, pages, tmp_path
     assert ("PELICAN-7731" in second["output"]) == known, second["output"]
     assert ("Unknown ref_id 'turn0search0'" in second["output"]) != known
     assert [r.path for r in pages.requests] == (["/doc"] if known else [])
+
+
+@pytest.mark.parametrize("second, downloads", [("alice", 1), ("bob", 2)])
+def test_one_members_searches_and_pages_are_no_cache_hit_for_another(start_proxy, searxng, pages, tmp_path, second,
+                                                                     downloads):
+    """With people's keys (issue 51), the search and page caches are each person's: a hit (its speed, its
+    "(cached, 4 s old)", a page's Retrieved time) would tell bob what alice searched and read, and when."""
+    from test_team import ADMIN_KEY, add_key
+    keys_file = tmp_path / "keys.json"
+    keys = {name: add_key(keys_file, name) for name in ("alice", "bob")}
+    proxy = start_proxy(**{**LOOPBACK, "WEB_FETCH_CACHE_TTL": "300", "SEARCH_CACHE_TTL": "300", "PROXY_WORKERS": "1",
+                           "PROXY_KEYS_FILE": str(keys_file), "PROXY_API_KEY": ADMIN_KEY,
+                           "PROXY_STATE_DB": str(tmp_path / "state.sqlite3")})
+    commands = body(search_query=[{"q": "private plans"}], open=[{"ref_id": pages.url + "/doc"}])
+    outputs = []
+    for who in ("alice", second):
+        got, answer = post(proxy, {**commands, "id": str(uuid.uuid4())}, {"Authorization": f"Bearer {keys[who]}"})
+        assert got == 200 and "PELICAN-7731" in answer["output"], answer
+        outputs.append(answer["output"])
+    assert searxng.queries == ["private plans"] * downloads
+    assert [r.path for r in pages.requests] == ["/doc"] * downloads
+    assert ("(cached" in outputs[1]) == (downloads == 1)

@@ -17,7 +17,7 @@ from proxy.core import codec
 from proxy.core.config import Config
 from proxy.core.errors import anthropic_error_bytes, as_anthropic_error, error_for_path, sse_error
 from proxy.core.routes import route_of
-from proxy.engine.admission import Seat, queues
+from proxy.engine.admission import ANONYMOUS, KEY_NAME, Seat, queues
 from proxy.engine.events import BackendRetried, ClientLeft, Events, UrlRefused
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
@@ -256,7 +256,11 @@ class Exchange:
                                  else (max_pages, max_pages))
         # The watch starts after the dialect made its session (loop.run), so the session asks for it per call.
         # No ledger (a handler that gathered nothing) fetches nothing but search results: it fails closed.
-        return ToolSession(self.services.tool_backends, cfg.max_search_iter, per_turn, per_request,
+        # With people's keys, each searches and reads through caches of their own (Backends.scoped): a shared hit
+        # would tell one person what another searched or read, and when.
+        name = self.environ.get(KEY_NAME) or ANONYMOUS
+        backends = self.services.tool_backends.scoped("" if name == ANONYMOUS else name)
+        return ToolSession(backends, cfg.max_search_iter, per_turn, per_request,
                            watch=lambda: self.watch,
                            ledger=self.ledger if self.ledger is not None else self.new_ledger([]),
                            on_refused=lambda reason: self.emit(UrlRefused(reason)))
