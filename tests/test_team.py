@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -911,3 +912,36 @@ def test_the_overlays_valkey_keeps_the_teams_usage_under_memory_pressure_and_thr
         assert status == 503 and "usage store" in json.loads(raw)["error"]["message"], raw
         server.start()
         assert today(proxy, "light") == before, "a restart of the store zeroed the day's usage"
+
+
+@pytest.mark.parametrize("path, extra", [
+    ("/v1/chat/completions", {}),                          # the search loop's request, which the proxy writes
+    ("/v1/chat/completions", {"tool_choice": "none"}),     # relayed as sent, the salt added at its end
+    ("/v1/completions", {"prompt": "say three words"}),
+    ("/v1/chat/completions", {"cache_salt": "chosen-by-the-client"}),  # a client cannot pick a salt
+])
+def test_each_key_gets_a_prefix_cache_salt_of_its_own(team, backend, path, extra):
+    keys = {name: add_key(team.keys_file, name) for name in ("alice", "bob")}
+    proxy = team(backend.url)
+    salts = []
+    for who in ("alice", "alice", "bob", "admin"):
+        backend.script(json_reply(completion(content="hi")))
+        body = {"model": "foundation", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **extra}
+        raw = json.dumps(body).encode()
+        key = ADMIN_KEY if who == "admin" else keys[who]
+        status, _, answer = raw_request(proxy.url, "POST", path, raw, {"Authorization": f"Bearer {key}",
+                                                                       "Content-Type": "application/json"})
+        assert status == 200, answer
+        sent = backend.received[-1]
+        if extra.get("tool_choice") == "none":
+            assert sent.body.startswith(raw[:-1]), "the relayed body changed before its salt"
+        salts.append(sent.json()["cache_salt"])
+    assert salts[0] == salts[1] and len({salts[0], salts[2], salts[3]}) == 3, salts
+    assert all(re.fullmatch(r"[0-9a-f]{32}", s) for s in salts)
+
+
+def test_without_a_keys_file_nothing_is_salted(start_proxy, backend):
+    proxy = start_proxy(PROXY_API_KEY=ADMIN_KEY)
+    backend.script(json_reply(completion(content="hi")))
+    status, _, _ = post(proxy, "/v1/chat/completions", chat(ADMIN_KEY))
+    assert status == 200 and "cache_salt" not in backend.received[-1].json()

@@ -45,6 +45,9 @@ METERED = "proxy.metered"           # environ: the request's usage counts agains
 # environ: a usage object the client did not ask to see (a chat stream without stream_options.include_usage, asked
 # of vLLM for a metered request all the same, so its tokens count against the key's tokens per day)
 USAGE_UNSEEN = "proxy.usage_unseen"
+# environ: the prefix-cache salt of the request's key (proxy/http/team.py), set only with a keys file; every call to
+# vLLM's generation APIs carries it (exchange.salted), so one person's cached prefixes are no hit for another's prompt
+CACHE_SALT = "proxy.cache_salt"
 ANONYMOUS = "-"                     # every request of a proxy without keys: one key, so first come first served
 # POSTs that take vLLM no time on the card; every other POST queues (vLLM's decoded path, no trailing slash).
 NO_CARD = frozenset({routes.COUNT_TOKENS, "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics",

@@ -17,7 +17,7 @@ from proxy.core import codec
 from proxy.core.config import Config
 from proxy.core.errors import anthropic_error_bytes, as_anthropic_error, error_for_path, sse_error
 from proxy.core.routes import route_of
-from proxy.engine.admission import ANONYMOUS, KEY_NAME, Seat, queues
+from proxy.engine.admission import ANONYMOUS, CACHE_SALT, KEY_NAME, Seat, queues, vllm_path
 from proxy.engine.events import BackendRetried, ClientLeft, Events, UrlRefused
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
@@ -287,6 +287,9 @@ class Exchange:
         first failure). Never after the head is in: from then on the caller may have sent bytes to the client. The
         failed attempt's generation, if any began, was aborted with its connection, so the retry never doubles an
         answer the client sees. The retry keeps the seat: it is the same call to the card, not a new arrival."""
+        salt = self.environ.get(CACHE_SALT)
+        if salt and body and method == "POST" and vllm_path(target) in SALTED:
+            body = salted(body, salt)
         seat = self.queue_seat(method, target)
         if seat is not None:
             watch = self.watch
@@ -336,6 +339,22 @@ class Exchange:
             call.end()
             raise
         return call
+
+
+# vLLM 0.32's APIs that take a cache_salt (ChatCompletionRequest, CompletionRequest, ResponsesRequest, and its
+# Anthropic Messages request); count_tokens and tokenize keep nothing in the cache.
+SALTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"})
+
+
+def salted(body: bytes, salt: str) -> bytes:
+    """A JSON object's body with `"cache_salt": salt` as its last member, every byte before it as sent: a relay
+    stays the client's request, and the salt wins over one the client sent (the last of duplicate keys is the one
+    vLLM's JSON parser keeps), so nobody picks another's salt. Anything but an object goes as it is. Pure."""
+    text = body.strip()
+    if not (text.startswith(b"{") and text.endswith(b"}")):
+        return body
+    inner = text[:-1].rstrip()
+    return inner + (b"" if inner == b"{" else b",") + b'"cache_salt":"' + salt.encode() + b'"}'
 
 
 def response_headers(up: UpstreamResponse) -> list:

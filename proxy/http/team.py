@@ -11,6 +11,7 @@ import datetime
 import hmac
 import logging
 import math
+import secrets
 import sqlite3
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ from proxy.backends.teamstore import Admitted, Refusal, StoreError, TeamStore
 from proxy.core import codec, routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
-from proxy.engine.admission import ANONYMOUS, KEY_NAME, METERED, QUEUED, USAGE_UNSEEN
+from proxy.engine.admission import ANONYMOUS, CACHE_SALT, KEY_NAME, METERED, QUEUED, USAGE_UNSEEN
 from proxy.engine.events import RequestEnded, RoundDone, UrlRefused
 from proxy.observe import metrics
 from proxy.observe.usage import UsageScan
@@ -116,6 +117,15 @@ class Team:
         if self.keys is not None:
             self.keys.people()  # read at the worker's start: a file broken later keeps this table in every worker
         self.store = store
+        # SESSION_ID_SECRET (gunicorn.conf.py makes one for all workers when unset; replicas share the overlay's).
+        self._salt_key = (cfg.session_id_secret or secrets.token_hex(32)).encode()
+
+    def cache_salt(self, name: str) -> str:
+        """The key's salt for vLLM's prefix cache: vLLM keeps the cached blocks of different salts apart, so no
+        person can confirm a guess of another's prompt, block by block, from `cached_tokens` or from how fast the
+        answer began. Derived with a secret, so nobody can compute another's and send it; 32 hex digits (vLLM takes
+        up to 128 characters, none of '@', '/', backslash or NUL). Pure."""
+        return hmac.new(self._salt_key, b"cache_salt:" + name.encode(), "sha256").hexdigest()[:32]
 
     @property
     def guarded(self) -> bool:
@@ -152,6 +162,8 @@ class Team:
         if self.keys is not None and person.name != ADMIN and path in ADMIN_ONLY:
             return error_for_path(path, 403, f"GET {path} needs the admin key (PROXY_API_KEY): it shows every "
                                              "key's usage by name.", "permission_error")
+        if self.keys is not None:
+            environ[CACHE_SALT] = self.cache_salt(person.name)
         if self.keys is None or self.store is None or not metered(environ.get("REQUEST_METHOD", ""), path):
             return None
         try:
