@@ -142,6 +142,8 @@ def test_keys_script_adds_lists_and_revokes_writing_the_file_whole_and_private(t
 @pytest.mark.parametrize("args, message", [
     (["add", "bad name"], "a key's name is 1-64 letters"),
     (["add", "admin"], "'admin' is the name of PROXY_API_KEY's keys"),
+    (["add", "Admin"], "'admin' is the name of PROXY_API_KEY's keys"),
+    (["add", "ADMIN"], "'admin' is the name of PROXY_API_KEY's keys"),
     (["add", "bob", "--rpm", "0"], "--rpm: must be above 0"),
     (["add", "bob", "--tokens-per-day", "many"], "must be a whole number"),
     (["revoke", "nobody"], "no key named 'nobody'"),
@@ -945,3 +947,18 @@ def test_without_a_keys_file_nothing_is_salted(start_proxy, backend):
     backend.script(json_reply(completion(content="hi")))
     status, _, _ = post(proxy, "/v1/chat/completions", chat(ADMIN_KEY))
     assert status == 200 and "cache_salt" not in backend.received[-1].json()
+
+
+def test_keys_script_keeps_names_apart_ignoring_case_and_writes_through_a_symlink(tmp_path):
+    real = tmp_path / "secrets" / "keys.json"
+    real.parent.mkdir()
+    link = tmp_path / "keys.json"
+    link.symlink_to(real)
+    add_key(link, "bob")
+    proc = keys("add", "Bob", "--file", str(link))
+    assert proc.returncode == 1 and "'Bob' already has a key" in proc.stderr, proc.stderr
+    assert link.is_symlink() and "bob" in real.read_text(), "the link was replaced by a plain file"
+    from proxy.backends.keys import parse
+    entry = json.loads(real.read_text())["keys"][0]
+    with pytest.raises(ValueError, match="appears twice"):
+        parse(json.dumps({"version": 1, "keys": [entry, {**entry, "name": "BOB"}]}))

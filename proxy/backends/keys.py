@@ -61,7 +61,8 @@ def check_name(name: str) -> str:
     if not NAME.fullmatch(name):
         raise ValueError(f"a key's name is 1-64 letters, digits, '.', '_' or '-' (starting with a letter or digit), "
                          f"not {name!r}")
-    if name == ADMIN:
+    # In any case: "Admin" beside "admin" in the usage and the metrics would pass for the admin's figures.
+    if name.casefold() == ADMIN:
         raise ValueError(f"{ADMIN!r} is the name of PROXY_API_KEY's keys; choose another")
     return name
 
@@ -88,9 +89,9 @@ def parse(text: str) -> list[Person]:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise ValueError("every entry needs a name")
         name = check_name(entry["name"])
-        if name in names:
-            raise ValueError(f"{name!r} appears twice")
-        names.add(name)
+        if name.casefold() in names:  # "Bob" and "bob" would read as one person in the usage
+            raise ValueError(f"{name!r} appears twice (names are compared ignoring case)")
+        names.add(name.casefold())
         sha = entry.get("sha256")
         if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
             raise ValueError(f"{name!r}: sha256 must be 64 lowercase hex digits")
