@@ -962,3 +962,21 @@ def test_keys_script_keeps_names_apart_ignoring_case_and_writes_through_a_symlin
     entry = json.loads(real.read_text())["keys"][0]
     with pytest.raises(ValueError, match="appears twice"):
         parse(json.dumps({"version": 1, "keys": [entry, {**entry, "name": "BOB"}]}))
+
+
+def test_a_state_file_deleted_while_the_proxy_runs_never_splits_the_workers(team, tmp_path):
+    import signal
+    keys = {"warm": add_key(team.keys_file, "warm"), "limited": add_key(team.keys_file, "limited", "--rpm", "4")}
+    proxy = team()
+    for _ in range(8):  # both workers have the file open
+        assert post(proxy, "/v1/chat/completions", chat(keys["warm"]))[0] == 200
+    for path in (tmp_path / "state").glob("state.sqlite3*"):  # the file, its -wal and its -shm
+        path.unlink()
+    before = set(proxy.workers())
+    os.kill(sorted(before)[0], signal.SIGKILL)  # gunicorn starts a worker in its place, which opens the path afresh
+    until(lambda: len(set(proxy.workers()) - before) == 1 and len(proxy.workers()) == 2)
+    time.sleep(1.0)  # the new worker is serving
+    statuses = [post(proxy, "/v1/chat/completions", chat(keys["limited"]))[0] for _ in range(16)]
+    assert statuses.count(200) <= 4, statuses  # one view of the key's 4 requests a minute, never one per file
+    assert set(statuses) <= {200, 429, 503}, statuses
+    assert "was deleted or replaced while the proxy ran: restart the proxy" in proxy.log_once("deleted or replaced")

@@ -140,6 +140,7 @@ class TeamStore(Leases):
         self.clock = clock
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._conn: sqlite3.Connection | None = None
+        self._inode = 0  # the file the connection opened (_same_file)
         self._pid = 0
         self._lock = threading.Lock()
         self._init_live()
@@ -154,8 +155,24 @@ class TeamStore(Leases):
             conn = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
             self._setup(conn)
             self._conn, self._pid = conn, os.getpid()
+            self._inode = os.stat(self.path).st_ino
             self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._same_file()
         return self._conn
+
+    def _same_file(self) -> None:
+        """The file this connection has open is still the one at the path. Deleted or replaced while the proxy ran,
+        a worker that opens the path afresh (a new worker, one respawned) would count in a new file while the others
+        count in the old one: two views of every quota. So a worker whose file is gone stops using it (its metered
+        requests get the store's 503, its queue fails open), and says to restart, which puts every worker on one
+        file again. Reopening on its own is no cure: the old file's -wal would be read into the new one."""
+        try:
+            same = os.stat(self.path).st_ino == self._inode
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise sqlite3.OperationalError(f"{self.path} was deleted or replaced while the proxy ran: restart the "
+                                           "proxy so that every worker uses one file")
 
     def _setup(self, conn: sqlite3.Connection) -> None:
         """WAL (readers never wait for the writer; switching to it takes the lock once) and the tables, retried
