@@ -428,12 +428,18 @@ def test_the_queue_goes_round_robin_across_keys_and_a_resumed_turn_keeps_its_pla
         tickets[label] = store.enqueue(name, resumed=False)
         time.sleep(0.002)
     assert admitted_order(store, tickets) == ["x1", "y1", "z1", "x2", "x3", "x4"]
-    # A request back from its search round goes ahead of every first turn, whoever was served last.
+    # A request back from its search round goes ahead of its own key's first turns, not ahead of other keys: four
+    # search loops of one key must not starve another's short question (issue 51).
     first = store.enqueue("x", resumed=False)
     assert store.admitted(first, 1)
-    waiting = {"y": store.enqueue("y", resumed=False), "x-resumed": store.enqueue("x", resumed=True)}
+    waiting = {"x-new": store.enqueue("x", resumed=False)}
+    time.sleep(0.002)
+    for i in range(4):
+        waiting[f"x-resumed{i}"] = store.enqueue("x", resumed=True)
+        time.sleep(0.002)
+    waiting["y"] = store.enqueue("y", resumed=False)
     store.release(first)
-    assert admitted_order(store, waiting) == ["x-resumed", "y"]
+    assert admitted_order(store, waiting) == ["y", "x-resumed0", "x-resumed1", "x-resumed2", "x-resumed3", "x-new"]
 
 
 def test_with_queue_policy_tokens_the_key_that_used_fewest_tokens_today_goes_first(stores):

@@ -312,8 +312,8 @@ class TeamStore(Leases):
     # ---- the fair queue ------------------------------------------------------------------------------
 
     def enqueue(self, name: str, resumed: bool) -> str:
-        """A ticket for one call to vLLM; `resumed` (a later turn of a request already served) goes ahead of
-        every first turn, so a tool round never sends a request to the back of the line."""
+        """A ticket for one call to vLLM; `resumed` (a later turn of a request already served) goes ahead of its
+        own key's first turns, so a tool round never sends a request behind its key's new ones."""
         self._ensure_renewing()
         tid = uuid.uuid4().hex
         self.transaction(lambda conn, now: conn.execute(
@@ -354,12 +354,14 @@ class TeamStore(Leases):
         conn.execute("DELETE FROM tickets WHERE lease < ?", (now,))
         running = conn.execute("SELECT COUNT(*) FROM tickets WHERE running = 1").fetchone()[0]
         while running < seats:
-            # Resumed turns first; then round-robin across keys (the key served longest ago, never served first) or,
-            # with QUEUE_POLICY=tokens, the key that used the fewest tokens today; then that key's oldest ticket.
+            # Round-robin across keys (the key served longest ago, never served first) or, with QUEUE_POLICY=tokens,
+            # the key that used the fewest tokens today; within the key, a resumed turn before its first turns, then
+            # the oldest. A resumed turn never jumps other keys: four search loops of one key then starved another's
+            # short question for 9 s; now it waits behind at most one turn of each other key.
             row = conn.execute(
                 "SELECT t.id, t.name FROM tickets t LEFT JOIN turns s ON s.name = t.name "
                 "LEFT JOIN usage u ON u.name = t.name AND u.day = ? WHERE t.running = 0 "
-                f"ORDER BY t.resumed DESC, {ORDER[policy]}, t.arrived LIMIT 1", (day_of(now),)).fetchone()
+                f"ORDER BY {ORDER[policy]}, t.resumed DESC, t.arrived LIMIT 1", (day_of(now),)).fetchone()
             if row is None:
                 break
             conn.execute("UPDATE tickets SET running = 1 WHERE id = ?", (row[0],))

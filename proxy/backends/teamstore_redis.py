@@ -80,7 +80,8 @@ return {'ok', remaining}
 """
 
 # The fair queue's choice, as teamstore.TeamStore._fill makes it: drop lapsed tickets, then while seats are free give
-# one to the resumed turn first, else the key served longest ago, else the oldest ticket; say whether ARGV[4] runs.
+# one to the key served longest ago (or that used the fewest tokens), within it a resumed turn first, else the oldest
+# ticket; say whether ARGV[4] runs.
 FILL = """
 local p, now, seats, mine, by_tokens, day = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4],
   ARGV[5] == 'tokens', ARGV[6]
@@ -106,8 +107,8 @@ while running < seats and #waiting > 0 do
   local bi = 1
   for i, w in ipairs(waiting) do
     local b = waiting[bi]
-    if w.resumed > b.resumed or (w.resumed == b.resumed and (w.used < b.used or (w.used == b.used and
-       (w.served < b.served or (w.served == b.served and w.arrived < b.arrived))))) then bi = i end
+    if w.used < b.used or (w.used == b.used and (w.served < b.served or (w.served == b.served and
+       (w.resumed > b.resumed or (w.resumed == b.resumed and w.arrived < b.arrived))))) then bi = i end
   end
   local best = table.remove(waiting, bi)
   redis.call('HSET', p..'ticket:'..best.id, 'running', '1')

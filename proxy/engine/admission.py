@@ -11,8 +11,9 @@ the decision is on the path as vLLM will read it (percent-decoded, `//` folded: 
 generates in vLLM and queues here), the one decoded path the routing and the key check read too.
 
 A seat is held for one call, not for the whole request: while a request runs its searches and page reads the
-card serves someone else, and its next turn comes back as a resumed ticket, which goes ahead of every first turn
-(it keeps its place in the line instead of going to the back).
+card serves someone else, and its next turn comes back as a resumed ticket, which goes ahead of its own key's first
+turns (it keeps its place in its key's line instead of going to the back) but not ahead of other keys: fairness
+counts each search round's turn as a turn of its key, so one key's search loops cannot starve another's question.
 
 When the queue's store does not answer (Valkey or Redis with STATE_URL, which the scale overlay's replicas share;
 or the SQLite file failing), calls go straight to vLLM, as with MAX_NUM_SEQS=0: vLLM's own first-come queue
