@@ -986,3 +986,28 @@ def test_a_state_file_deleted_while_the_proxy_runs_never_splits_the_workers(team
     assert statuses.count(200) <= 4, statuses  # one view of the key's 4 requests a minute, never one per file
     assert set(statuses) <= {200, 429, 503}, statuses
     assert "was deleted or replaced while the proxy ran: restart the proxy" in proxy.log_once("deleted or replaced")
+
+
+@pytest.mark.redis
+def test_a_request_refused_while_redis_stalled_is_not_counted_and_holds_no_slot(team, tmp_path):
+    import signal
+    key = add_key(team.keys_file, "stalled", "--concurrent", "1")
+    with RedisServer(tmp_path / "redis") as server:
+        proxy = team(STATE_URL=server.url)
+        assert post(proxy, "/v1/chat/completions", chat(key))[0] == 200
+        time.sleep(0.5)  # its usage recorded: nothing of it is left in flight
+        os.kill(server.proc.pid, signal.SIGSTOP)  # the store stalls: it takes the request's script and sits on it
+        try:
+            status, _, raw = post(proxy, "/v1/chat/completions", chat(key), timeout=30)
+            assert status == 503, raw  # the client's 5 s socket timeout: the store does not answer
+            time.sleep(3)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)  # 8 s later it runs the script after all
+        woke = time.monotonic()
+        answered = 1
+        while (status := post(proxy, "/v1/chat/completions", chat(key))[0]) != 200:
+            assert status == 429 and time.monotonic() - woke < 8, "a phantom request holds the key's one slot"
+            time.sleep(0.2)
+        answered += 1
+        time.sleep(0.3)
+        assert today(proxy, "stalled")["requests"] == answered, "the request refused with a 503 was counted"

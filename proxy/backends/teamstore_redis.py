@@ -122,6 +122,15 @@ if not state then return -1 end
 return tonumber(state)
 """
 
+# Undo an admission whose caller gave up waiting for it (a store that stalled past the socket timeout may run the
+# script afterwards): out of flight, out of the minute's window, and the request it counted taken back. 1 if it had run.
+UNDO = """
+local p, name, day, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local ran = redis.call('ZREM', p..'active:'..name, id) + redis.call('ZREM', p..'hits:'..name, id)
+if ran > 0 then redis.call('HINCRBYFLOAT', p..'usage:'..name..':'..day, 'requests', -1) end
+return ran
+"""
+
 RENEW = """
 local p, lease = ARGV[1], ARGV[2]
 for i = 3, #ARGV, 2 do
@@ -164,9 +173,12 @@ class RedisTeamStore(Leases):
         self._admit = self.client.register_script(ADMIT)
         self._fill = self.client.register_script(FILL)
         self._renew = self.client.register_script(RENEW)
+        self._undo = self.client.register_script(UNDO)
+        self._orphans: dict[str, tuple[str, str, float]] = {}  # admissions given up on: id -> (name, day, given up)
         self._init_live()  # request id -> key name, ticket id -> "t"
 
     def _renew_once(self) -> None:
+        self._sweep_orphans()
         held = [x for id_, kind in self._held().items() for x in (kind, id_)]
         if not held:
             return
@@ -175,18 +187,36 @@ class RedisTeamStore(Leases):
         except redis.RedisError as e:  # the next renewal tries again; the lease outlasts three misses
             log.warning("STATE_URL %s: renewing leases failed: %s", self.path, e)
 
+    def _sweep_orphans(self) -> None:
+        """Undo the admissions this worker gave up on once the store answers: a stall past the socket timeout gave
+        the client a 503, and the script, run late, would otherwise count that request and hold its concurrency
+        slot until its lease ran out. Tried at every renewal until it has run, or for LEASE (its row's own life)."""
+        for rid, (name, day, since) in list(self._orphans.items()):
+            try:
+                ran = self._undo(args=[self.prefix, name, day, rid])
+            except redis.RedisError:
+                return  # still not answering: the next renewal tries again
+            if ran or time.monotonic() - since > LEASE:
+                self._orphans.pop(rid, None)
+
     # ---- quotas and usage -------------------------------------------------------------------------------
 
     @_wrapped
     def admit(self, name: str, limits: Limits) -> Admitted | Refusal:
         self._ensure_renewing()
+        if self._orphans:
+            self._sweep_orphans()
         deadline = time.monotonic() + PATIENCE
         while True:
             final = time.monotonic() >= deadline
             now, rid = self.clock(), uuid.uuid4().hex
-            out = self._admit(args=[self.prefix, name, now, day_of(now), limits.rpm or 0, limits.tokens_per_day or 0,
-                                    limits.concurrent or 0, rid, now + LEASE, "1" if final else "0", WINDOW,
-                                    seconds_to_midnight(now)])
+            try:
+                out = self._admit(args=[self.prefix, name, now, day_of(now), limits.rpm or 0,
+                                        limits.tokens_per_day or 0, limits.concurrent or 0, rid, now + LEASE,
+                                        "1" if final else "0", WINDOW, seconds_to_midnight(now)])
+            except redis.TimeoutError:  # sent, unanswered: it may run when the store wakes up (_sweep_orphans)
+                self._orphans[rid] = (name, day_of(now), time.monotonic())
+                raise
             kind = out[0].decode() if isinstance(out[0], bytes) else out[0]
             if kind == "ok":
                 self._hold(rid, name)
