@@ -37,8 +37,10 @@ def read(path: str) -> list[Person]:
 
 
 def write(path: str, people: list[Person]) -> None:
-    """Atomically: a temporary file in the same folder (so the rename stays on one file system), 0600, synced."""
-    folder = os.path.dirname(os.path.abspath(path))
+    """Atomically: a temporary file in the same folder (so the rename stays on one file system), 0600, synced.
+    A symlinked keys file (a mounted secret, a file kept elsewhere) is written where it points, the link kept."""
+    path = os.path.realpath(path)
+    folder = os.path.dirname(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=".keys-", dir=folder)
     except OSError as e:
@@ -87,7 +89,7 @@ def positive(text: str) -> int:
 def add(path: str, args) -> None:
     name = check_name(args.name)
     people = read(path)
-    if any(p.name == name for p in people):
+    if any(p.name.casefold() == name.casefold() for p in people):
         raise Failure(f"{name!r} already has a key: revoke it first to give them a new one")
     key = new_key()
     created = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,7 +1,7 @@
 """A real redis-server (Debian's package, which tests/run.sh installs) on a free loopback port, for the shared-state
 tests (tests/test_state.py, tests/test_state_shared.py): `RedisServer(workdir)` returns once it answers PING,
 `.stop()` ends it by its pid (never by name), `.start()` brings it back on the same port (the store "returning"),
-`.client()` is a redis-py client for looking at what the proxy wrote. Nothing is saved to disk.
+`.client()` is a redis-py client for looking at what the proxy wrote. Nothing is saved to disk unless `args` say so.
 """
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ def free_port() -> int:
 
 
 class RedisServer:
-    def __init__(self, workdir: Path, port: int | None = None):
+    def __init__(self, workdir: Path, port: int | None = None, args: tuple[str, ...] = ()):
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server not found: tests/run.sh installs Debian's redis-server (apt-get install "
                                "redis-server), or put a Valkey/Redis server named redis-server on PATH")
         self.binary, self.workdir = binary, workdir
+        self.args = args  # after the defaults, so they win: e.g. compose.scale.yaml's valkey settings
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
         workdir.mkdir(parents=True, exist_ok=True)
@@ -40,7 +41,7 @@ class RedisServer:
         self._log = open(self.workdir / f"redis-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir), "--daemonize", "no", "--protected-mode", "yes"],
+             "--dir", str(self.workdir), "--daemonize", "no", "--protected-mode", "yes", *self.args],
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:

@@ -453,3 +453,45 @@ def test_access_log_counts_the_searches(start_proxy, searxng):
     while len(lines()) == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(lines()) == before + 1 and "searches=3" in lines()[-1], lines()[before:]
+
+
+@pytest.mark.parametrize("opener, known", [("alice", True), ("bob", False)])
+def test_a_threads_refs_are_its_keys_alone(start_proxy, searxng, pages, tmp_path, opener, known):
+    """With people's keys (issue 51), a member who learns another's Codex thread id opens none of its refs."""
+    from test_team import ADMIN_KEY, add_key
+    keys_file = tmp_path / "keys.json"
+    keys = {name: add_key(keys_file, name) for name in ("alice", "bob")}
+    proxy = start_proxy(**{**LOOPBACK, "PROXY_KEYS_FILE": str(keys_file), "PROXY_API_KEY": ADMIN_KEY,
+                           "PROXY_STATE_DB": str(tmp_path / "state.sqlite3")})
+    searxng.behave("private plans", "results", results=[result(pages.url + "/doc", "The notes", "About 0.32.")])
+    got, first = post(proxy, {**body(search_query=[{"q": "private plans"}]), "id": "thread-alice"},
+                      {"Authorization": f"Bearer {keys['alice']}"})
+    assert got == 200 and "[turn0search0] The notes" in first["output"]
+    got, second = post(proxy, {**body(open=[{"ref_id": "turn0search0"}]), "id": "thread-alice"},
+                       {"Authorization": f"Bearer {keys[opener]}"})
+    assert got == 200, second
+    assert ("PELICAN-7731" in second["output"]) == known, second["output"]
+    assert ("Unknown ref_id 'turn0search0'" in second["output"]) != known
+    assert [r.path for r in pages.requests] == (["/doc"] if known else [])
+
+
+@pytest.mark.parametrize("second, downloads", [("alice", 1), ("bob", 2)])
+def test_one_members_searches_and_pages_are_no_cache_hit_for_another(start_proxy, searxng, pages, tmp_path, second,
+                                                                     downloads):
+    """With people's keys (issue 51), the search and page caches are each person's: a hit (its speed, its
+    "(cached, 4 s old)", a page's Retrieved time) would tell bob what alice searched and read, and when."""
+    from test_team import ADMIN_KEY, add_key
+    keys_file = tmp_path / "keys.json"
+    keys = {name: add_key(keys_file, name) for name in ("alice", "bob")}
+    proxy = start_proxy(**{**LOOPBACK, "WEB_FETCH_CACHE_TTL": "300", "SEARCH_CACHE_TTL": "300", "PROXY_WORKERS": "1",
+                           "PROXY_KEYS_FILE": str(keys_file), "PROXY_API_KEY": ADMIN_KEY,
+                           "PROXY_STATE_DB": str(tmp_path / "state.sqlite3")})
+    commands = body(search_query=[{"q": "private plans"}], open=[{"ref_id": pages.url + "/doc"}])
+    outputs = []
+    for who in ("alice", second):
+        got, answer = post(proxy, {**commands, "id": str(uuid.uuid4())}, {"Authorization": f"Bearer {keys[who]}"})
+        assert got == 200 and "PELICAN-7731" in answer["output"], answer
+        outputs.append(answer["output"])
+    assert searxng.queries == ["private plans"] * downloads
+    assert [r.path for r in pages.requests] == ["/doc"] * downloads
+    assert ("(cached" in outputs[1]) == (downloads == 1)

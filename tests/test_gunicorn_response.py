@@ -17,6 +17,16 @@ class RecordingSocket:
     def sendall(self, data):
         self.writes.append(bytes(data))
 
+    # The write timeout and send buffer OneWriteResponse sets on a real socket (tests/test_team.py plays them).
+    def settimeout(self, _seconds):
+        pass
+
+    def gettimeout(self):
+        return None
+
+    def setsockopt(self, *_args):
+        pass
+
 
 def answer(method, status, headers, pieces, cls=OneWriteResponse):
     """Run one response through gunicorn's write path as its worker does: the writes it made."""

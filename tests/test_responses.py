@@ -688,3 +688,29 @@ def test_a_finished_stream_leaves_its_vllm_connection_in_the_pool(start_proxy, b
         backend.script(w.sse_reply(w.stream_frames(body, [w.message("hello")])))
         assert raw_request(p.url, "POST", "/v1/responses", json.dumps(body).encode())[0] == 200
     assert backend.accepted - before == 1, "all three streams must ride one pooled connection"
+
+
+@pytest.mark.parametrize("replayer, kept", [("alice", True), ("bob", False)])
+def test_what_the_model_read_is_kept_for_the_key_that_ran_it(start_proxy, backend, searxng, tmp_path, replayer, kept):
+    """With people's keys (issue 51), a ws_ id names what the model read for its key alone: another member who
+    sends alice's history, ids and all, reads the stand-in line, not her results."""
+    from test_team import ADMIN_KEY, add_key
+    keys_file = tmp_path / "keys.json"
+    keys = {name: add_key(keys_file, name) for name in ("alice", "bob")}
+    proxy = start_proxy(PROXY_KEYS_FILE=str(keys_file), PROXY_API_KEY=ADMIN_KEY,
+                        PROXY_STATE_DB=str(tmp_path / "state.sqlite3"))
+    t1, t2 = search_then_answer(query="  vllm   0.32 release")
+    backend.responder = w.model(t1, t2)
+    body = codex_body(stream=False)
+    body.pop("stream")
+    alice = openai.OpenAI(base_url=proxy.url + "/v1", api_key=keys["alice"], max_retries=0, timeout=30)
+    final = alice.responses.create(**body)
+    backend.reset()
+    backend.responder = w.model([w.message("second")])
+    history = body["input"] + [o.model_dump(exclude_none=True) for o in final.output] + [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "and now?"}]}]
+    other = openai.OpenAI(base_url=proxy.url + "/v1", api_key=keys[replayer], max_retries=0, timeout=30)
+    other.responses.create(**{**codex_body(input=history), "stream": False})
+    got = [i for i in vllm_requests(backend)[0]["input"] if i.get("type") == "function_call_output"]
+    assert ("example.org/vllm-0.32-release" in got[0]["output"]) == kept, got[0]["output"]
+    assert got[0]["output"].startswith('Searched for "vllm 0.32 release" in an earlier turn') != kept

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -141,6 +142,8 @@ def test_keys_script_adds_lists_and_revokes_writing_the_file_whole_and_private(t
 @pytest.mark.parametrize("args, message", [
     (["add", "bad name"], "a key's name is 1-64 letters"),
     (["add", "admin"], "'admin' is the name of PROXY_API_KEY's keys"),
+    (["add", "Admin"], "'admin' is the name of PROXY_API_KEY's keys"),
+    (["add", "ADMIN"], "'admin' is the name of PROXY_API_KEY's keys"),
     (["add", "bob", "--rpm", "0"], "--rpm: must be above 0"),
     (["add", "bob", "--tokens-per-day", "many"], "must be a whole number"),
     (["revoke", "nobody"], "no key named 'nobody'"),
@@ -425,12 +428,18 @@ def test_the_queue_goes_round_robin_across_keys_and_a_resumed_turn_keeps_its_pla
         tickets[label] = store.enqueue(name, resumed=False)
         time.sleep(0.002)
     assert admitted_order(store, tickets) == ["x1", "y1", "z1", "x2", "x3", "x4"]
-    # A request back from its search round goes ahead of every first turn, whoever was served last.
+    # A request back from its search round goes ahead of its own key's first turns, not ahead of other keys: four
+    # search loops of one key must not starve another's short question (issue 51).
     first = store.enqueue("x", resumed=False)
     assert store.admitted(first, 1)
-    waiting = {"y": store.enqueue("y", resumed=False), "x-resumed": store.enqueue("x", resumed=True)}
+    waiting = {"x-new": store.enqueue("x", resumed=False)}
+    time.sleep(0.002)
+    for i in range(4):
+        waiting[f"x-resumed{i}"] = store.enqueue("x", resumed=True)
+        time.sleep(0.002)
+    waiting["y"] = store.enqueue("y", resumed=False)
     store.release(first)
-    assert admitted_order(store, waiting) == ["x-resumed", "y"]
+    assert admitted_order(store, waiting) == ["y", "x-resumed0", "x-resumed1", "x-resumed2", "x-resumed3", "x-new"]
 
 
 def test_with_queue_policy_tokens_the_key_that_used_fewest_tokens_today_goes_first(stores):
@@ -675,3 +684,330 @@ def test_round_robin_against_token_weighting_with_two_busy_keys(team, paced, tmp
     # Each policy does what it says: turns alike (so the long requests take most of the time), or tokens alike.
     assert rr["heavy"] > 0.7 and tokens["light"] > rr["light"] + 0.1, (rr, tokens)
     assert min(rr.values()) > 0 and min(tokens.values()) > 0, "a key never got the card"
+
+
+# ---- a member who pushes (issue 51) -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["/v1/%63hat/completions", "/v1/%63ompletions", "/invocations",
+                                  "/inference/v1/generate", "//v1/chat/completions"])
+def test_no_path_to_vllm_skips_the_fair_queue(team, paced, tmp_path, path):
+    keys = {name: add_key(team.keys_file, name) for name in ("busy", "pusher")}
+    events = tmp_path / "events.jsonl"
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.02", "--events", str(events)), MAX_NUM_SEQS=1)
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(post, proxy, "/v1/chat/completions", chat(keys["busy"], tokens=100, user="busy"))
+        until(lambda: starts(events) == ["busy"])
+        # tool_choice "none": the chat route relays vLLM's answer as it is, to the path as the client wrote it.
+        status, _, raw = post(proxy, path, chat(keys["pusher"], tokens=2, user="pusher", tool_choice="none"))
+        assert busy.done(), f"{path} reached vLLM while the card's one seat was taken: {status} {raw[:200]!r}"
+        assert busy.result()[0] == 200
+    # Not counted as work on the card: the same path's tokenize answers at once, queue or not.
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(post, proxy, "/v1/chat/completions", chat(keys["busy"], tokens=100, user="busy2"))
+        until(lambda: "busy2" in starts(events))
+        post(proxy, "/%74okenize", chat(keys["pusher"]))
+        assert not busy.done(), "tokenize waited for the card"
+        busy.result()
+
+
+# ---- faults of the store (issue 51) --------------------------------------------------------------------------
+
+def limit_file_size(pids: list[int], size: int | None) -> None:
+    """A real write fault in the workers' SQLite file: with RLIMIT_FSIZE at 1 byte every write past its first
+    byte fails (EFBIG; Python ignores SIGXFSZ), as a full disk makes them fail; None lifts it."""
+    import resource
+    for pid in pids:
+        _, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY if size is None else size, hard))
+
+
+def test_a_release_the_sqlite_store_could_not_write_frees_the_seat_and_the_slot_within_the_lease(team, paced, tmp_path):
+    from proxy.backends.teamstore import LEASE
+    from proxy.engine.admission import RETRY
+    keys = {"owner": add_key(team.keys_file, "owner", "--concurrent", "1"), "other": add_key(team.keys_file, "other")}
+    events = tmp_path / "events.jsonl"
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.02", "--events", str(events)), MAX_NUM_SEQS=1)
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(post, proxy, "/v1/chat/completions", chat(keys["owner"], tokens=40, user="owner"))
+        until(lambda: starts(events) == ["owner"])
+        limit_file_size(proxy.workers(), 1)  # the disk fills while it generates: its release cannot be written
+        try:
+            held.result(timeout=30)
+            time.sleep(1.0)
+        finally:
+            limit_file_size(proxy.workers(), None)  # a second later the disk has room again
+    fault_over = time.monotonic()
+    time.sleep(RETRY + 0.5)  # the queue, which failed open while its store did not answer, asks the store again
+    status, _, raw = post(proxy, "/v1/chat/completions", chat(keys["other"], tokens=2, user="other"), timeout=60)
+    assert status == 200, raw
+    seat_back = time.monotonic() - fault_over
+    assert seat_back < LEASE + 8, f"the seat came back {seat_back:.0f} s after the fault"
+    while (status := post(proxy, "/v1/chat/completions", chat(keys["owner"], tokens=2, user="owner-again"))[0]) == 429:
+        assert time.monotonic() - fault_over < LEASE + 8, "the key's one request at once is still taken"
+        time.sleep(0.5)
+    assert status == 200
+    slot_back = time.monotonic() - fault_over
+    print(f"\nafter a full disk lost a release: the seat was back {seat_back:.1f} s and the key's slot {slot_back:.1f} s "
+          f"after the disk had room (LEASE {LEASE:.0f} s)")
+
+
+@pytest.mark.parametrize("who, status", [("admin", 200), ("bob", 403), (None, 401)])
+def test_the_metrics_name_every_persons_usage_so_only_the_admin_reads_them(team, who, status):
+    bob = add_key(team.keys_file, "bob")
+    proxy = team()
+    assert post(proxy, "/v1/chat/completions", chat(bob))[0] == 200
+    key = {"admin": ADMIN_KEY, "bob": bob, None: None}[who]
+    for path in ("/proxy/metrics", "/proxy/%6detrics", "/proxy/usage"):
+        got, _, raw = raw_request(proxy.url, "GET", path, headers={"Authorization": f"Bearer {key}"} if key else {})
+        assert got == status, (path, raw[:300])
+        assert (b'key="bob"' in raw or b'"bob"' in raw) == (status == 200), path
+
+
+def replace_keys_file(path: Path, how: str) -> None:
+    """The keys file turns missing or unreadable (as root, permissions alone cannot make it so)."""
+    path.unlink()
+    if how == "a directory":
+        path.mkdir()
+    elif how == "a symlink loop":
+        path.symlink_to(path)
+
+
+@pytest.mark.parametrize("admin_key", ["", ADMIN_KEY])
+@pytest.mark.parametrize("how, member_status, log_line", [
+    ("deleted", 200, "is gone: keeping the 2 keys read before"),
+    ("a directory", 503, "cannot be read"),
+    ("a symlink loop", 503, "cannot be read"),
+])
+def test_a_keys_file_that_goes_missing_or_unreadable_never_opens_the_stack(team, admin_key, how, member_status,
+                                                                         log_line):
+    alice = add_key(team.keys_file, "alice")
+    add_key(team.keys_file, "bob")
+    proxy = team(PROXY_API_KEY=admin_key)
+    assert post(proxy, "/v1/chat/completions", chat(alice))[0] == 200
+    replace_keys_file(team.keys_file, how)
+    for _ in range(4):  # both workers
+        status, _, raw = post(proxy, "/v1/chat/completions", chat(None))
+        assert status == 401, raw
+        assert raw_request(proxy.url, "GET", "/proxy/metrics")[0] == 401
+        status, _, raw = post(proxy, "/v1/chat/completions", chat(alice))
+        assert status == member_status, raw
+        if admin_key:
+            assert post(proxy, "/v1/chat/completions", chat(ADMIN_KEY))[0] == 200
+    assert log_line in proxy.log()
+
+
+def test_a_stream_nobody_reads_gives_its_seat_back_after_client_write_timeout(team, paced, tmp_path):
+    keys = {name: add_key(team.keys_file, name) for name in ("staller", "other")}
+    events = tmp_path / "events.jsonl"
+    # 20,000 tokens at 1 ms: 20 s of stream, far more than the sockets' buffers between the proxy and the client hold.
+    proxy = team(paced("--max-num-seqs", "1", "--gap", "0.001", "--events", str(events)), MAX_NUM_SEQS=1,
+                 CLIENT_WRITE_TIMEOUT=1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((proxy.url.split("//")[1].split(":")[0], int(proxy.url.rsplit(":", 1)[1])))
+    request = chat(keys["staller"], stream=True, tokens=20000, user="staller")
+    head = "".join(f"{k}: {v}\r\n" for k, v in request["headers"].items())
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{head}Content-Length: "
+                 f"{len(request['body'])}\r\n\r\n".encode() + request["body"])
+    try:
+        until(lambda: starts(events) == ["staller"])  # it has the card, and reads nothing from here on
+        began = time.monotonic()
+        status, _, raw = post(proxy, "/v1/chat/completions", chat(keys["other"], tokens=2, user="other"), timeout=60)
+        waited = time.monotonic() - began
+        assert status == 200, raw
+        assert waited < 10, f"a stream nobody read held the card {waited:.1f} s"
+        assert "client read nothing of its answer for 1 s" in proxy.log_once("CLIENT_WRITE_TIMEOUT")
+    finally:
+        sock.close()
+    print(f"\na stream nobody read gave its seat back {waited:.1f} s after another key asked (CLIENT_WRITE_TIMEOUT=1)")
+
+
+def completions_frames(pieces: int, choices: int = 1) -> list[bytes]:
+    """A /v1/completions stream (or a chat stream of `choices` choices when choices > 1), as vLLM writes it,
+    without the usage chunk: what a client that did not ask for usage gets."""
+    frames = []
+    for i in range(pieces):
+        for c in range(choices):
+            if choices == 1:
+                event = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "foundation",
+                         "choices": [{"index": 0, "text": " word", "logprobs": None, "finish_reason": None}]}
+            else:
+                event = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "foundation",
+                         "choices": [{"index": c, "delta": {"content": f" w{i}"}, "logprobs": None,
+                                      "finish_reason": None}]}
+            frames.append(b"data: " + json.dumps(event).encode() + b"\n\n")
+    return frames + [b"data: [DONE]\n\n"]
+
+
+@pytest.mark.parametrize("case, path, body, streamed", [
+    # Relayed byte for byte (tool_choice "none": no tools for the proxy to add), usage not asked for.
+    ("tool_choice none", "/v1/chat/completions", {"tool_choice": "none", "max_tokens": 30}, 30),
+    ("completions", "/v1/completions", {"prompt": "say three words " * 10, "max_tokens": 40}, 40),
+    ("n 2", "/v1/chat/completions", {"n": 2, "max_tokens": 25}, 50),
+])
+def test_a_stream_that_does_not_ask_for_usage_is_charged_every_token_it_carried(team, backend, case, path, body,
+                                                                             streamed):
+    key = add_key(team.keys_file, "reader")
+    proxy = team(backend.url)
+    if case == "tool_choice none":
+        backend.script(sse_reply(stream_frames(content=[" word"] * streamed, finish_reason="length")))
+    else:
+        backend.script(sse_reply(completions_frames(streamed // (2 if case == "n 2" else 1),
+                                                    2 if case == "n 2" else 1)))
+    full = {"model": "foundation", "stream": True, "messages": [{"role": "user", "content": "say three words"}],
+            **body}
+    raw = json.dumps(full).encode()
+    status, _, answer = raw_request(proxy.url, "POST", path, raw, {"Authorization": f"Bearer {key}",
+                                                                  "Content-Type": "application/json"})
+    assert status == 200 and b'"usage"' not in answer and answer.count(b"data: {") >= streamed
+    time.sleep(0.3)
+    day = today(proxy, "reader")
+    assert day["completion_tokens"] >= streamed, day
+    assert day["prompt_tokens"] >= len(raw) // 4, day
+
+
+def test_a_stream_its_client_hangs_up_on_is_charged_its_prompt_and_what_it_read(team, paced, tmp_path):
+    key = add_key(team.keys_file, "quitter")
+    proxy = team(paced("--gap", "0.01"))
+    sock = socket.create_connection((proxy.url.split("//")[1].split(":")[0], int(proxy.url.rsplit(":", 1)[1])))
+    request = chat(key, stream=True, tokens=400, user="quitter")  # asks for usage, which comes at the end
+    head = "".join(f"{k}: {v}\r\n" for k, v in request["headers"].items())
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{head}Content-Length: "
+                 f"{len(request['body'])}\r\n\r\n".encode() + request["body"])
+    got = b""
+    sock.settimeout(20)
+    while got.count(b'"content":" ') + got.count(b'"content":"') < 21:
+        got += sock.recv(4096)
+    sock.close()  # read 20 tokens, hang up
+    until(lambda: today(proxy, "quitter").get("completion_tokens", 0) > 0, seconds=10)
+    day = today(proxy, "quitter")
+    assert 20 <= day["completion_tokens"] < 400, day
+    assert day["prompt_tokens"] >= len(request["body"]) // 4, day
+
+
+def overlay_valkey_args(maxmemory: str) -> tuple[str, ...]:
+    """The flags compose.scale.yaml gives its Valkey, with a small maxmemory, for a real redis-server."""
+    import yaml
+
+    class Overlay(yaml.SafeLoader):  # Compose's !reset and !override tags; the valkey service has neither
+        pass
+    Overlay.add_multi_constructor("!", lambda _loader, _tag, _node: None)
+    command = yaml.load((ROOT / "compose.scale.yaml").read_text(), Overlay)["services"]["valkey"]["command"]
+    assert command[0] == "valkey-server"
+    return tuple(a.replace("${VALKEY_MAXMEMORY:-512mb}", maxmemory) for a in command[1:])
+
+
+@pytest.mark.redis
+def test_the_overlays_valkey_keeps_the_teams_usage_under_memory_pressure_and_through_a_restart(team, tmp_path):
+    keys = {name: add_key(team.keys_file, name, "--tokens-per-day", "1000") for name in ("light", "heavy")}
+    with RedisServer(tmp_path / "valkey", args=overlay_valkey_args("8mb")) as server:
+        proxy = team(STATE_URL=server.url)
+        for name in ("light", "light", "heavy"):
+            assert post(proxy, "/v1/chat/completions", chat(keys[name], tokens=5))[0] == 200
+        time.sleep(0.3)
+        before = today(proxy, "light")
+        assert before["requests"] == 2 and before["completion_tokens"] == 10
+        # One member's page reads fill the store: the caches' entries, each with its TTL, three times its memory.
+        client = server.client()
+        for i in range(1500):
+            client.set(f"coding-stack:cache:page:{i}", os.urandom(16384), px=300_000)
+        assert client.info("stats")["evicted_keys"] > 0
+        assert today(proxy, "light") == before, "the store evicted a member's usage"
+        time.sleep(1.5)  # the append-only file is flushed every second
+        server.stop()
+        # While the store is down, the usage page says so in its error shape.
+        status, _, raw = raw_request(proxy.url, "GET", "/proxy/usage", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        assert status == 503 and "usage store" in json.loads(raw)["error"]["message"], raw
+        server.start()
+        assert today(proxy, "light") == before, "a restart of the store zeroed the day's usage"
+
+
+@pytest.mark.parametrize("path, extra", [
+    ("/v1/chat/completions", {}),                          # the search loop's request, which the proxy writes
+    ("/v1/chat/completions", {"tool_choice": "none"}),     # relayed as sent, the salt added at its end
+    ("/v1/completions", {"prompt": "say three words"}),
+    ("/v1/chat/completions", {"cache_salt": "chosen-by-the-client"}),  # a client cannot pick a salt
+])
+def test_each_key_gets_a_prefix_cache_salt_of_its_own(team, backend, path, extra):
+    keys = {name: add_key(team.keys_file, name) for name in ("alice", "bob")}
+    proxy = team(backend.url)
+    salts = []
+    for who in ("alice", "alice", "bob", "admin"):
+        backend.script(json_reply(completion(content="hi")))
+        body = {"model": "foundation", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **extra}
+        raw = json.dumps(body).encode()
+        key = ADMIN_KEY if who == "admin" else keys[who]
+        status, _, answer = raw_request(proxy.url, "POST", path, raw, {"Authorization": f"Bearer {key}",
+                                                                       "Content-Type": "application/json"})
+        assert status == 200, answer
+        sent = backend.received[-1]
+        if extra.get("tool_choice") == "none":
+            assert sent.body.startswith(raw[:-1]), "the relayed body changed before its salt"
+        salts.append(sent.json()["cache_salt"])
+    assert salts[0] == salts[1] and len({salts[0], salts[2], salts[3]}) == 3, salts
+    assert all(re.fullmatch(r"[0-9a-f]{32}", s) for s in salts)
+
+
+def test_without_a_keys_file_nothing_is_salted(start_proxy, backend):
+    proxy = start_proxy(PROXY_API_KEY=ADMIN_KEY)
+    backend.script(json_reply(completion(content="hi")))
+    status, _, _ = post(proxy, "/v1/chat/completions", chat(ADMIN_KEY))
+    assert status == 200 and "cache_salt" not in backend.received[-1].json()
+
+
+def test_keys_script_keeps_names_apart_ignoring_case_and_writes_through_a_symlink(tmp_path):
+    real = tmp_path / "secrets" / "keys.json"
+    real.parent.mkdir()
+    link = tmp_path / "keys.json"
+    link.symlink_to(real)
+    add_key(link, "bob")
+    proc = keys("add", "Bob", "--file", str(link))
+    assert proc.returncode == 1 and "'Bob' already has a key" in proc.stderr, proc.stderr
+    assert link.is_symlink() and "bob" in real.read_text(), "the link was replaced by a plain file"
+    from proxy.backends.keys import parse
+    entry = json.loads(real.read_text())["keys"][0]
+    with pytest.raises(ValueError, match="appears twice"):
+        parse(json.dumps({"version": 1, "keys": [entry, {**entry, "name": "BOB"}]}))
+
+
+def test_a_state_file_deleted_while_the_proxy_runs_never_splits_the_workers(team, tmp_path):
+    import signal
+    keys = {"warm": add_key(team.keys_file, "warm"), "limited": add_key(team.keys_file, "limited", "--rpm", "4")}
+    proxy = team()
+    for _ in range(8):  # both workers have the file open
+        assert post(proxy, "/v1/chat/completions", chat(keys["warm"]))[0] == 200
+    for path in (tmp_path / "state").glob("state.sqlite3*"):  # the file, its -wal and its -shm
+        path.unlink()
+    before = set(proxy.workers())
+    os.kill(sorted(before)[0], signal.SIGKILL)  # gunicorn starts a worker in its place, which opens the path afresh
+    until(lambda: len(set(proxy.workers()) - before) == 1 and len(proxy.workers()) == 2)
+    time.sleep(1.0)  # the new worker is serving
+    statuses = [post(proxy, "/v1/chat/completions", chat(keys["limited"]))[0] for _ in range(16)]
+    assert statuses.count(200) <= 4, statuses  # one view of the key's 4 requests a minute, never one per file
+    assert set(statuses) <= {200, 429, 503}, statuses
+    assert "was deleted or replaced while the proxy ran: restart the proxy" in proxy.log_once("deleted or replaced")
+
+
+@pytest.mark.redis
+def test_a_request_refused_while_redis_stalled_is_not_counted_and_holds_no_slot(team, tmp_path):
+    import signal
+    key = add_key(team.keys_file, "stalled", "--concurrent", "1")
+    with RedisServer(tmp_path / "redis") as server:
+        proxy = team(STATE_URL=server.url)
+        assert post(proxy, "/v1/chat/completions", chat(key))[0] == 200
+        time.sleep(0.5)  # its usage recorded: nothing of it is left in flight
+        os.kill(server.proc.pid, signal.SIGSTOP)  # the store stalls: it takes the request's script and sits on it
+        try:
+            status, _, raw = post(proxy, "/v1/chat/completions", chat(key), timeout=30)
+            assert status == 503, raw  # the client's 5 s socket timeout: the store does not answer
+            time.sleep(3)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)  # 8 s later it runs the script after all
+        woke = time.monotonic()
+        answered = 1
+        while (status := post(proxy, "/v1/chat/completions", chat(key))[0]) != 200:
+            assert status == 429 and time.monotonic() - woke < 8, "a phantom request holds the key's one slot"
+            time.sleep(0.2)
+        answered += 1
+        time.sleep(0.3)
+        assert today(proxy, "stalled")["requests"] == answered, "the request refused with a 503 was counted"

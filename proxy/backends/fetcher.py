@@ -8,6 +8,7 @@ so tests/test_fetch.py checks those without a network, and the Fetcher against l
 """
 from __future__ import annotations
 
+import copy
 import ipaddress
 import logging
 import socket
@@ -171,6 +172,18 @@ class Fetcher:
         self.max_per_request = config.web_fetch_max_per_request
         self.observer = observer or FetchObserver()
 
+    scope = ""  # whose page cache this view reads and fills: "" is everyone's (see scoped)
+
+    def scoped(self, scope: str) -> Fetcher:
+        """This fetcher with a page cache of `scope`'s own (a person's key name): nobody learns from a hit, its
+        Retrieved time or its speed which pages another person read, and when. Pure."""
+        view = copy.copy(self)
+        view.scope = scope
+        return view
+
+    def _cache_key(self, url: str) -> str:
+        return f"{self.scope}\n{url}" if self.scope else url
+
     def fetch(self, url: str, *, max_tokens: int | None = None,
               allowed_domains: list[str] | None = None, blocked_domains: list[str] | None = None,
               cancel: Cancel | None = None) -> Page:
@@ -188,7 +201,7 @@ class Fetcher:
             target = self._target(url)
             host = target.host
             found = self.cache.get_or_compute(
-                target.url, lambda: self._fetched(target, started, cancel, allowed_domains, blocked_domains),
+                self._cache_key(target.url), lambda: self._fetched(target, started, cancel, allowed_domains, blocked_domains),
                 lambda _: True, wait=self.timeout + 2 * self.extractor.wall_seconds + 5)
             how = found.how
             if self.cache.enabled:
@@ -197,7 +210,7 @@ class Fetcher:
             if found.how == "miss":
                 status = str(found.value.status)
                 if page.url != target.url:
-                    self.cache.put(page.url, found.value)  # a later request for where it redirected
+                    self.cache.put(self._cache_key(page.url), found.value)  # a later request for where it redirected
             else:  # another request's download: this request's own domain filters still apply, to every hop
                 self._check_domains(found.value.hops, allowed_domains, blocked_domains)
                 status = "cached" if found.how == "hit" else "shared"

@@ -61,7 +61,8 @@ def check_name(name: str) -> str:
     if not NAME.fullmatch(name):
         raise ValueError(f"a key's name is 1-64 letters, digits, '.', '_' or '-' (starting with a letter or digit), "
                          f"not {name!r}")
-    if name == ADMIN:
+    # In any case: "Admin" beside "admin" in the usage and the metrics would pass for the admin's figures.
+    if name.casefold() == ADMIN:
         raise ValueError(f"{ADMIN!r} is the name of PROXY_API_KEY's keys; choose another")
     return name
 
@@ -88,9 +89,9 @@ def parse(text: str) -> list[Person]:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise ValueError("every entry needs a name")
         name = check_name(entry["name"])
-        if name in names:
-            raise ValueError(f"{name!r} appears twice")
-        names.add(name)
+        if name.casefold() in names:  # "Bob" and "bob" would read as one person in the usage
+            raise ValueError(f"{name!r} appears twice (names are compared ignoring case)")
+        names.add(name.casefold())
         sha = entry.get("sha256")
         if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
             raise ValueError(f"{name!r}: sha256 must be 64 lowercase hex digits")
@@ -122,45 +123,71 @@ def find(people: tuple[Person, ...], key: str) -> Person | None:
 class KeysFile:
     """PROXY_KEYS_FILE as the proxy reads it: parsed at first use and again when its stat (inode, size, mtime)
     changes, which scripts/keys.py's rename always does. One stat per request: a revoked key is refused at the
-    next request, with no restart. A file that turns unreadable or invalid keeps the last good table (logged once
-    per change), so a half-edited file never opens or closes the door for everyone."""
+    next request, with no restart. A file that turns invalid keeps the last good table (logged once per change),
+    so a half-edited file never opens or closes the door for everyone.
+
+    It fails closed. A file this worker has read that then goes missing keeps its last table, and the stack stays
+    behind keys (opening a shared stack takes a restart without PROXY_KEYS_FILE, never a deleted file). A file that
+    is there but cannot be read (permissions, a directory in its place, a symlink loop) may hold a revoke the proxy
+    cannot see, so no person's key works until it can be read again: their requests get a 503 saying so, the admin
+    key still works, and the log says it at every change."""
 
     def __init__(self, path: str):
         self.path = path
         self._stamp: tuple | None = None
         self._people: tuple[Person, ...] = ()
+        self._seen = False         # this worker has found the file once: from then on it never opens the stack
+        self.unreadable = False    # there, but not readable: no person's key works (Team.check's 503)
 
     def people(self) -> tuple[Person, ...]:
         try:
             st = os.stat(self.path)
             stamp: tuple = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            stamp = ("missing",)
         except OSError as e:
-            stamp = ("missing", e.errno)
+            stamp = ("unreadable", e.errno)
         if stamp != self._stamp:
             self._stamp = stamp
             self._reload(stamp)
-        return self._people
+        return () if self.unreadable else self._people
 
     def _reload(self, stamp: tuple) -> None:
         if stamp[0] == "missing":
-            log.info("PROXY_KEYS_FILE %s does not exist (yet): no people's keys, PROXY_API_KEY alone decides",
-                     self.path)
-            self._people = ()
+            if self._seen:
+                log.error("PROXY_KEYS_FILE %s is gone: keeping the %d keys read before, and a key is still needed "
+                          "(restart without PROXY_KEYS_FILE to open the stack)", self.path, len(self._people))
+            else:
+                log.info("PROXY_KEYS_FILE %s does not exist (yet): no people's keys, PROXY_API_KEY alone decides",
+                         self.path)
+            self.unreadable = False
             return
+        self._seen = True
         try:
+            if stamp[0] == "unreadable":
+                raise OSError(stamp[1], os.strerror(stamp[1]))
             with open(self.path, encoding="utf-8") as f:
-                people = parse(f.read())
-        except (OSError, ValueError) as e:
+                text = f.read()
+        except OSError as e:
+            self.unreadable = True
+            log.error("PROXY_KEYS_FILE %s cannot be read (%s): it may hold a revoke, so no person's key works until "
+                      "it can be read; the admin key (PROXY_API_KEY) does", self.path, e)
+            return
+        self.unreadable = False
+        try:
+            people = parse(text)
+        except ValueError as e:
             log.error("PROXY_KEYS_FILE %s: %s; keeping the %d keys read before", self.path, e, len(self._people))
             return
         self._people = tuple(people)
         log.info("PROXY_KEYS_FILE %s: %d keys (%d disabled)", self.path, len(people), sum(p.disabled for p in people))
 
     def exists(self) -> bool:
-        """Whether there is a keys file (perhaps with nobody left in it). A stack that never made one stays as it
-        was, open or behind PROXY_API_KEY; once it exists, a key is needed even after the last person is revoked."""
+        """Whether a key is needed: there is a keys file (perhaps with nobody left in it, perhaps unreadable), or
+        this worker has read one. A stack that never made one stays as it was, open or behind PROXY_API_KEY; once
+        it exists, a key is needed even after the last person is revoked or the file is deleted."""
         self.people()
-        return self._stamp is not None and self._stamp[0] != "missing"
+        return self._seen
 
     def find(self, key: str) -> Person | None:
         return find(self.people(), key)

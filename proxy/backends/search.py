@@ -160,6 +160,8 @@ class CachedSearch:
     (proxy/observe/metrics.py counts them).
     """
 
+    scope = ""  # whose cache this view reads and fills: "" is everyone's (see scoped)
+
     def __init__(self, inner: SearchBackend, cache: TTLCache[SearchOutcome],
                  on_lookup: Callable[[str, float | None], None] | None = None):
         self.inner = inner
@@ -179,6 +181,8 @@ class CachedSearch:
             return outcome
 
         key = search_key(query, language, limit or self.results, time_range)
+        if self.scope:
+            key = (self.scope, *key)
         # A waiter gives up a little after the first search's own timeout would have ended it.
         try:
             found = self.cache.get_or_compute(key, upstream, lambda o: o.status == "ok", wait=self.timeout + 5)
@@ -192,3 +196,10 @@ class CachedSearch:
         if found.how == "hit":
             outcome.cached_age = found.age
         return outcome
+
+    def scoped(self, scope: str) -> CachedSearch:
+        """This search with a cache of `scope`'s own (a person's key name): the same store and bound, keys of
+        its own, so nobody learns from a hit, its age or its speed what another person searched. Pure."""
+        view = copy.copy(self)
+        view.scope = scope
+        return view

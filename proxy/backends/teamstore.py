@@ -14,6 +14,7 @@ over, so a crash frees its places in LEASE seconds instead of holding them for e
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import logging
@@ -86,10 +87,30 @@ class Admitted:
 class Leases:
     """The live rows a worker's handle holds (requests in flight, queue tickets) carry leases that a background
     thread renews every LEASE/4 while the handle is open; a dead worker's rows lapse and the next writer drops them.
-    Both stores (SQLite here, Redis in teamstore_redis.py) renew this way; each says how in `_renew_once`."""
+    Both stores (SQLite here, Redis in teamstore_redis.py) renew this way; each says how in `_renew_once`.
+
+    Only the rows this worker still believes it holds are renewed (`_live`, by id), never "every row it owns": a
+    row is dropped from `_live` before the store is told it is over, so when that telling fails (a disk full, the
+    store down) the row lapses within LEASE instead of being renewed for as long as the worker lives."""
 
     _renewing = False
     _closed = False
+
+    def _init_live(self) -> None:
+        self._live: dict[str, str] = {}  # what this worker holds: request id -> key name (or "a"), ticket id -> "t"
+        self._live_lock = threading.Lock()
+
+    def _hold(self, id_: str, kind: str) -> None:
+        with self._live_lock:
+            self._live[id_] = kind
+
+    def _drop(self, id_: str) -> None:
+        with self._live_lock:
+            self._live.pop(id_, None)
+
+    def _held(self) -> dict[str, str]:
+        with self._live_lock:
+            return dict(self._live)
 
     def close(self) -> None:
         """Stop renewing leases (what this handle holds then lapses): for a handle that is not a worker's."""
@@ -119,8 +140,10 @@ class TeamStore(Leases):
         self.clock = clock
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._conn: sqlite3.Connection | None = None
+        self._inode = 0  # the file the connection opened (_same_file)
         self._pid = 0
         self._lock = threading.Lock()
+        self._init_live()
 
     # ---- plumbing ----------------------------------------------------------------------------------
 
@@ -132,8 +155,24 @@ class TeamStore(Leases):
             conn = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
             self._setup(conn)
             self._conn, self._pid = conn, os.getpid()
+            self._inode = os.stat(self.path).st_ino
             self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._same_file()
         return self._conn
+
+    def _same_file(self) -> None:
+        """The file this connection has open is still the one at the path. Deleted or replaced while the proxy ran,
+        a worker that opens the path afresh (a new worker, one respawned) would count in a new file while the others
+        count in the old one: two views of every quota. So a worker whose file is gone stops using it (its metered
+        requests get the store's 503, its queue fails open), and says to restart, which puts every worker on one
+        file again. Reopening on its own is no cure: the old file's -wal would be read into the new one."""
+        try:
+            same = os.stat(self.path).st_ino == self._inode
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise sqlite3.OperationalError(f"{self.path} was deleted or replaced while the proxy ran: restart the "
+                                           "proxy so that every worker uses one file")
 
     def _setup(self, conn: sqlite3.Connection) -> None:
         """WAL (readers never wait for the writer; switching to it takes the lock once) and the tables, retried
@@ -164,23 +203,35 @@ class TeamStore(Leases):
                 else:
                     try:
                         result = fn(conn, self.clock())
+                        conn.execute("COMMIT")
                     except BaseException:
-                        conn.execute("ROLLBACK")
+                        # A COMMIT that failed (disk full, an I/O error) may leave the transaction open, and
+                        # every later BEGIN of this connection would fail with it: roll back whatever is left.
+                        if conn.in_transaction:
+                            with contextlib.suppress(sqlite3.Error):
+                                conn.execute("ROLLBACK")
                         raise
-                    conn.execute("COMMIT")
                     return result
             runtime.sleep(0.001 * min(attempt + 1, 20))
         raise sqlite3.OperationalError(f"{self.path} stayed locked")
 
     def _renew_once(self) -> None:
+        held = self._held()
+        if not held:
+            return
         try:
-            self.transaction(self._renew)
+            self.transaction(functools.partial(self._renew, held=held))
         except sqlite3.Error as e:  # the next renewal tries again; the lease outlasts three misses
             log.warning("PROXY_STATE_DB %s: renewing leases failed: %s", self.path, e)
 
-    def _renew(self, conn: sqlite3.Connection, now: float) -> None:
-        conn.execute("UPDATE active SET lease = ? WHERE owner = ?", (now + LEASE, self.owner))
-        conn.execute("UPDATE tickets SET lease = ? WHERE owner = ?", (now + LEASE, self.owner))
+    @staticmethod
+    def _renew(conn: sqlite3.Connection, now: float, held: dict[str, str]) -> None:
+        for table, ids in (("active", [i for i, k in held.items() if k != "t"]),
+                           ("tickets", [i for i, k in held.items() if k == "t"])):
+            for start in range(0, len(ids), 500):  # SQLite's bound on a statement's parameters
+                part = ids[start:start + 500]
+                conn.execute(f"UPDATE {table} SET lease = ? WHERE id IN ({', '.join('?' * len(part))})",
+                             (now + LEASE, *part))
 
     # ---- quotas --------------------------------------------------------------------------------------
 
@@ -194,6 +245,8 @@ class TeamStore(Leases):
         while True:
             final = time.monotonic() >= deadline
             verdict = self.transaction(functools.partial(self._admit, name=name, limits=limits, final=final))
+            if isinstance(verdict, Admitted):
+                self._hold(verdict.id, "a")
             if not isinstance(verdict, Refusal) or verdict.limit != "concurrent" or final:
                 return verdict
             runtime.sleep(0.02)
@@ -238,6 +291,7 @@ class TeamStore(Leases):
         def fn(conn: sqlite3.Connection, now: float) -> None:
             conn.execute("DELETE FROM active WHERE id = ?", (admitted_id,))
             _add(conn, name, day_of(now), figures)
+        self._drop(admitted_id)  # first: if the store cannot be told, the row lapses
         self.transaction(fn)
 
     def add(self, name: str, figures: dict[str, float]) -> None:
@@ -258,13 +312,14 @@ class TeamStore(Leases):
     # ---- the fair queue ------------------------------------------------------------------------------
 
     def enqueue(self, name: str, resumed: bool) -> str:
-        """A ticket for one call to vLLM; `resumed` (a later turn of a request already served) goes ahead of
-        every first turn, so a tool round never sends a request to the back of the line."""
+        """A ticket for one call to vLLM; `resumed` (a later turn of a request already served) goes ahead of its
+        own key's first turns, so a tool round never sends a request behind its key's new ones."""
         self._ensure_renewing()
         tid = uuid.uuid4().hex
         self.transaction(lambda conn, now: conn.execute(
             "INSERT INTO tickets (id, name, owner, arrived, resumed, lease) VALUES (?, ?, ?, ?, ?, ?)",
             (tid, name, self.owner, now, int(resumed), now + LEASE)))
+        self._hold(tid, "t")
         return tid
 
     def admitted(self, ticket: str, seats: int, policy: str = "round_robin") -> bool | None:
@@ -272,7 +327,10 @@ class TeamStore(Leases):
         waits for its ticket's owner to look), and say whether `ticket` runs (None: it is gone)."""
         if self._seats_taken(ticket, seats):
             return False
-        return self.transaction(lambda conn, now: self._fill(conn, now, ticket, seats, policy))
+        state = self.transaction(lambda conn, now: self._fill(conn, now, ticket, seats, policy))
+        if state is None:
+            self._drop(ticket)
+        return state
 
     def _seats_taken(self, ticket: str, seats: int) -> bool:
         """A read (WAL readers take no lock) that spares the waiters' polls the write lock while every seat is
@@ -296,12 +354,14 @@ class TeamStore(Leases):
         conn.execute("DELETE FROM tickets WHERE lease < ?", (now,))
         running = conn.execute("SELECT COUNT(*) FROM tickets WHERE running = 1").fetchone()[0]
         while running < seats:
-            # Resumed turns first; then round-robin across keys (the key served longest ago, never served first) or,
-            # with QUEUE_POLICY=tokens, the key that used the fewest tokens today; then that key's oldest ticket.
+            # Round-robin across keys (the key served longest ago, never served first) or, with QUEUE_POLICY=tokens,
+            # the key that used the fewest tokens today; within the key, a resumed turn before its first turns, then
+            # the oldest. A resumed turn never jumps other keys: four search loops of one key then starved another's
+            # short question for 9 s; now it waits behind at most one turn of each other key.
             row = conn.execute(
                 "SELECT t.id, t.name FROM tickets t LEFT JOIN turns s ON s.name = t.name "
                 "LEFT JOIN usage u ON u.name = t.name AND u.day = ? WHERE t.running = 0 "
-                f"ORDER BY t.resumed DESC, {ORDER[policy]}, t.arrived LIMIT 1", (day_of(now),)).fetchone()
+                f"ORDER BY {ORDER[policy]}, t.resumed DESC, t.arrived LIMIT 1", (day_of(now),)).fetchone()
             if row is None:
                 break
             conn.execute("UPDATE tickets SET running = 1 WHERE id = ?", (row[0],))
@@ -313,6 +373,7 @@ class TeamStore(Leases):
 
     def release(self, ticket: str) -> None:
         """The ticket's call is over, or its client left while it waited: its seat or place is free."""
+        self._drop(ticket)  # first: if the store cannot be told, the ticket lapses within LEASE
         self.transaction(lambda conn, now: conn.execute("DELETE FROM tickets WHERE id = ?", (ticket,)))
 
     def queue_view(self) -> dict[str, int]:

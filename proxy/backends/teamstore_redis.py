@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 import urllib.parse
 import uuid
@@ -39,7 +38,9 @@ from proxy.runtime import concurrency as runtime
 log = logging.getLogger("proxy")
 
 PREFIX = "coding-stack:team:"
-DAYS_KEPT = 400 * 86400  # a day's usage expires after a year and a bit
+# A day's usage is dropped after a year and a bit, by usage() itself and never by a TTL: the team's keys carry none,
+# so a store whose memory is full evicts only what has one (the caches'; compose.scale.yaml's volatile-lru policy).
+DAYS_KEPT = 400 * 86400
 
 ADMIT = """
 local p, name, now, day = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
@@ -52,7 +53,7 @@ local function refuse(kind, allowed, retry)
   if final == '1' or kind ~= 'concurrent' then
     redis.call('HINCRBYFLOAT', usage, 'limited', 1)
     redis.call('SADD', p..'usage:index', name..'|'..day)
-    redis.call('EXPIRE', usage, ARGV[13])
+    redis.call('PERSIST', usage)
   end
   return {kind, allowed, tostring(retry)}
 end
@@ -68,18 +69,19 @@ if tpd > 0 then
 end
 if conc > 0 and redis.call('ZCARD', active) >= conc then return refuse('concurrent', conc, 1) end
 redis.call('ZADD', hits, now, id)
-redis.call('EXPIRE', hits, math.ceil(window) + 60)
+redis.call('PERSIST', hits)
 redis.call('ZADD', active, lease, id)
 redis.call('HINCRBYFLOAT', usage, 'requests', 1)
 redis.call('SADD', p..'usage:index', name..'|'..day)
-redis.call('EXPIRE', usage, ARGV[13])
+redis.call('PERSIST', usage)
 local remaining = -1
 if rpm > 0 then remaining = rpm - redis.call('ZCARD', hits) end
 return {'ok', remaining}
 """
 
 # The fair queue's choice, as teamstore.TeamStore._fill makes it: drop lapsed tickets, then while seats are free give
-# one to the resumed turn first, else the key served longest ago, else the oldest ticket; say whether ARGV[4] runs.
+# one to the key served longest ago (or that used the fewest tokens), within it a resumed turn first, else the oldest
+# ticket; say whether ARGV[4] runs.
 FILL = """
 local p, now, seats, mine, by_tokens, day = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4],
   ARGV[5] == 'tokens', ARGV[6]
@@ -105,8 +107,8 @@ while running < seats and #waiting > 0 do
   local bi = 1
   for i, w in ipairs(waiting) do
     local b = waiting[bi]
-    if w.resumed > b.resumed or (w.resumed == b.resumed and (w.used < b.used or (w.used == b.used and
-       (w.served < b.served or (w.served == b.served and w.arrived < b.arrived))))) then bi = i end
+    if w.used < b.used or (w.used == b.used and (w.served < b.served or (w.served == b.served and
+       (w.resumed > b.resumed or (w.resumed == b.resumed and w.arrived < b.arrived))))) then bi = i end
   end
   local best = table.remove(waiting, bi)
   redis.call('HSET', p..'ticket:'..best.id, 'running', '1')
@@ -118,6 +120,15 @@ end
 local state = redis.call('HGET', p..'ticket:'..mine, 'running')
 if not state then return -1 end
 return tonumber(state)
+"""
+
+# Undo an admission whose caller gave up waiting for it (a store that stalled past the socket timeout may run the
+# script afterwards): out of flight, out of the minute's window, and the request it counted taken back. 1 if it had run.
+UNDO = """
+local p, name, day, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local ran = redis.call('ZREM', p..'active:'..name, id) + redis.call('ZREM', p..'hits:'..name, id)
+if ran > 0 then redis.call('HINCRBYFLOAT', p..'usage:'..name..':'..day, 'requests', -1) end
+return ran
 """
 
 RENEW = """
@@ -162,12 +173,13 @@ class RedisTeamStore(Leases):
         self._admit = self.client.register_script(ADMIT)
         self._fill = self.client.register_script(FILL)
         self._renew = self.client.register_script(RENEW)
-        self._live: dict[str, str] = {}  # what this worker holds: request id -> key name, or ticket id -> "t"
-        self._lock = threading.Lock()
+        self._undo = self.client.register_script(UNDO)
+        self._orphans: dict[str, tuple[str, str, float]] = {}  # admissions given up on: id -> (name, day, given up)
+        self._init_live()  # request id -> key name, ticket id -> "t"
 
     def _renew_once(self) -> None:
-        with self._lock:
-            held = [x for id_, kind in self._live.items() for x in (kind, id_)]
+        self._sweep_orphans()
+        held = [x for id_, kind in self._held().items() for x in (kind, id_)]
         if not held:
             return
         try:
@@ -175,26 +187,36 @@ class RedisTeamStore(Leases):
         except redis.RedisError as e:  # the next renewal tries again; the lease outlasts three misses
             log.warning("STATE_URL %s: renewing leases failed: %s", self.path, e)
 
-    def _hold(self, id_: str, kind: str) -> None:
-        with self._lock:
-            self._live[id_] = kind
-
-    def _drop(self, id_: str) -> None:
-        with self._lock:
-            self._live.pop(id_, None)
+    def _sweep_orphans(self) -> None:
+        """Undo the admissions this worker gave up on once the store answers: a stall past the socket timeout gave
+        the client a 503, and the script, run late, would otherwise count that request and hold its concurrency
+        slot until its lease ran out. Tried at every renewal until it has run, or for LEASE (its row's own life)."""
+        for rid, (name, day, since) in list(self._orphans.items()):
+            try:
+                ran = self._undo(args=[self.prefix, name, day, rid])
+            except redis.RedisError:
+                return  # still not answering: the next renewal tries again
+            if ran or time.monotonic() - since > LEASE:
+                self._orphans.pop(rid, None)
 
     # ---- quotas and usage -------------------------------------------------------------------------------
 
     @_wrapped
     def admit(self, name: str, limits: Limits) -> Admitted | Refusal:
         self._ensure_renewing()
+        if self._orphans:
+            self._sweep_orphans()
         deadline = time.monotonic() + PATIENCE
         while True:
             final = time.monotonic() >= deadline
             now, rid = self.clock(), uuid.uuid4().hex
-            out = self._admit(args=[self.prefix, name, now, day_of(now), limits.rpm or 0, limits.tokens_per_day or 0,
-                                    limits.concurrent or 0, rid, now + LEASE, "1" if final else "0", WINDOW,
-                                    seconds_to_midnight(now), DAYS_KEPT])
+            try:
+                out = self._admit(args=[self.prefix, name, now, day_of(now), limits.rpm or 0,
+                                        limits.tokens_per_day or 0, limits.concurrent or 0, rid, now + LEASE,
+                                        "1" if final else "0", WINDOW, seconds_to_midnight(now)])
+            except redis.TimeoutError:  # sent, unanswered: it may run when the store wakes up (_sweep_orphans)
+                self._orphans[rid] = (name, day_of(now), time.monotonic())
+                raise
             kind = out[0].decode() if isinstance(out[0], bytes) else out[0]
             if kind == "ok":
                 self._hold(rid, name)
@@ -224,7 +246,7 @@ class RedisTeamStore(Leases):
             if figure in FIELDS and value:
                 pipe.hincrbyfloat(key, figure, value)
         pipe.sadd(f"{self.prefix}usage:index", f"{name}|{day}")
-        pipe.expire(key, DAYS_KEPT)
+        pipe.persist(key)  # a key an older proxy wrote with a TTL: no longer evictable
 
     @_wrapped
     def usage(self, days: int = 31) -> dict[str, dict[str, dict[str, float]]]:
@@ -232,7 +254,11 @@ class RedisTeamStore(Leases):
         entries = sorted((m.decode() if isinstance(m, bytes) else m).split("|", 1)
                          for m in self.client.smembers(f"{self.prefix}usage:index"))
         out: dict[str, dict[str, dict[str, float]]] = {}
+        dropped = day_of(self.clock() - DAYS_KEPT)
         for name, day in sorted(entries, key=lambda e: (e[0], e[1]), reverse=False):
+            if day < dropped:
+                self.client.delete(f"{self.prefix}usage:{name}:{day}")
+                self.client.srem(f"{self.prefix}usage:index", f"{name}|{day}")
             if day < since:
                 continue
             raw = self.client.hgetall(f"{self.prefix}usage:{name}:{day}")

@@ -96,6 +96,9 @@ class Config:
     read_timeout: float = setting("READ_TIMEOUT", 900.0, number, positive=True)
     # SSE comment cadence while a search runs.
     keepalive_interval: float = setting("KEEPALIVE_INTERVAL", 5.0, number, positive=True)
+    # Longest a client may take no bytes of its answer before the proxy hangs up on it (and frees its seat on the
+    # card): a stream nobody reads otherwise holds the seat until its socket closes (proxy/http/gunicorn_response.py).
+    client_write_timeout: float = setting("CLIENT_WRITE_TIMEOUT", 30.0, number, positive=True)
     # 64 MiB: a 253,952-token prompt is about 1 MB of JSON, so this is headroom, not a squeeze.
     max_body_bytes: int = setting("MAX_BODY_BYTES", 64 * 1024 * 1024, whole, positive=True)
     # Comma-separated keys clients must present; empty leaves the proxy open.

@@ -3,13 +3,17 @@ round-robin across keys rather than first come (the tickets and the choice live 
 shared by every worker). Exchange.call takes a seat for each call to vLLM of a generation request and gives it
 back when the call ends; the search loop waits for a later turn's seat with the stream's keep-alives.
 
-What queues: POSTs that make vLLM generate (chat completions, /v1/completions, /v1/messages, /v1/responses).
-What does not: /v1/models, count_tokens, tokenize, health and metrics, which take vLLM no time on the card and
-must answer at once (Claude Code asks count_tokens while another of its requests generates).
+What queues: every POST to vLLM but the few that take it no time on the card (NO_CARD: count_tokens, tokenize,
+detokenize, models, health, metrics, version), which must answer at once (Claude Code asks count_tokens while
+another of its requests generates). The list is of what does not queue, so a path vLLM generates on that the proxy
+does not know by name (/invocations, /inference/v1/generate, whatever a vLLM release adds) queues all the same; and
+the decision is on the path as vLLM will read it (percent-decoded, `//` folded: `POST /v1/%63hat/completions`
+generates in vLLM and queues here), the one decoded path the routing and the key check read too.
 
 A seat is held for one call, not for the whole request: while a request runs its searches and page reads the
-card serves someone else, and its next turn comes back as a resumed ticket, which goes ahead of every first turn
-(it keeps its place in the line instead of going to the back).
+card serves someone else, and its next turn comes back as a resumed ticket, which goes ahead of its own key's first
+turns (it keeps its place in its key's line instead of going to the back) but not ahead of other keys: fairness
+counts each search round's turn as a turn of its key, so one key's search loops cannot starve another's question.
 
 When the queue's store does not answer (Valkey or Redis with STATE_URL, which the scale overlay's replicas share;
 or the SQLite file failing), calls go straight to vLLM, as with MAX_NUM_SEQS=0: vLLM's own first-come queue
@@ -21,8 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
@@ -40,8 +46,13 @@ METERED = "proxy.metered"           # environ: the request's usage counts agains
 # environ: a usage object the client did not ask to see (a chat stream without stream_options.include_usage, asked
 # of vLLM for a metered request all the same, so its tokens count against the key's tokens per day)
 USAGE_UNSEEN = "proxy.usage_unseen"
+# environ: the prefix-cache salt of the request's key (proxy/http/team.py), set only with a keys file; every call to
+# vLLM's generation APIs carries it (exchange.salted), so one person's cached prefixes are no hit for another's prompt
+CACHE_SALT = "proxy.cache_salt"
 ANONYMOUS = "-"                     # every request of a proxy without keys: one key, so first come first served
-GENERATION = frozenset({routes.CHAT, routes.MESSAGES, routes.RESPONSES, "/v1/completions"})
+# POSTs that take vLLM no time on the card; every other POST queues (vLLM's decoded path, no trailing slash).
+NO_CARD = frozenset({routes.COUNT_TOKENS, "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics",
+                     "/version", "/ping"})
 POLL = 0.05                         # seconds between a waiter's looks at the queue
 RETRY = 5.0                         # seconds a store that did not answer is left alone before it is asked again
 QUEUE_USE = "queue"                 # the state metrics' label for the queue's store calls
@@ -50,9 +61,23 @@ DOWN = (StoreError, sqlite3.Error)  # what a store that does not answer raises (
 log = logging.getLogger("proxy")
 
 
+def vllm_path(target: str) -> str:
+    """The path of a request target as vLLM routes it: percent-decoded (Starlette decodes before routing), runs of
+    `/` folded and no trailing `/`. Pure."""
+    path = urllib.parse.unquote(target.split("?", 1)[0])
+    return re.sub(r"/{2,}", "/", path).rstrip("/") or "/"
+
+
+def owned(environ: dict, ident: str) -> str:
+    """An id a client chose (a Codex thread id, a Responses ws_ id) as the proxy keeps what it names: under the
+    request's key name, so a member who learns or guesses another's id opens nothing of theirs (key names never
+    hold ':'). "" stays "" (no id: nothing kept). Pure."""
+    return f"{environ.get(KEY_NAME) or ANONYMOUS}:{ident}" if ident else ""
+
+
 def queues(method: str, target: str) -> bool:
-    """Whether a call to vLLM goes through the fair queue: a generation POST. Pure."""
-    return method == "POST" and target.split("?", 1)[0] in GENERATION
+    """Whether a call to vLLM goes through the fair queue: any POST but those that take no card time. Pure."""
+    return method == "POST" and vllm_path(target) not in NO_CARD
 
 
 class Queue:

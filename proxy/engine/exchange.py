@@ -17,7 +17,7 @@ from proxy.core import codec
 from proxy.core.config import Config
 from proxy.core.errors import anthropic_error_bytes, as_anthropic_error, error_for_path, sse_error
 from proxy.core.routes import route_of
-from proxy.engine.admission import Seat, queues
+from proxy.engine.admission import ANONYMOUS, CACHE_SALT, KEY_NAME, Seat, queues, vllm_path
 from proxy.engine.events import BackendRetried, ClientLeft, Events, UrlRefused
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
@@ -256,7 +256,11 @@ class Exchange:
                                  else (max_pages, max_pages))
         # The watch starts after the dialect made its session (loop.run), so the session asks for it per call.
         # No ledger (a handler that gathered nothing) fetches nothing but search results: it fails closed.
-        return ToolSession(self.services.tool_backends, cfg.max_search_iter, per_turn, per_request,
+        # With people's keys, each searches and reads through caches of their own (Backends.scoped): a shared hit
+        # would tell one person what another searched or read, and when.
+        name = self.environ.get(KEY_NAME) or ANONYMOUS
+        backends = self.services.tool_backends.scoped("" if name == ANONYMOUS else name)
+        return ToolSession(backends, cfg.max_search_iter, per_turn, per_request,
                            watch=lambda: self.watch,
                            ledger=self.ledger if self.ledger is not None else self.new_ledger([]),
                            on_refused=lambda reason: self.emit(UrlRefused(reason)))
@@ -283,6 +287,9 @@ class Exchange:
         first failure). Never after the head is in: from then on the caller may have sent bytes to the client. The
         failed attempt's generation, if any began, was aborted with its connection, so the retry never doubles an
         answer the client sees. The retry keeps the seat: it is the same call to the card, not a new arrival."""
+        salt = self.environ.get(CACHE_SALT)
+        if salt and body and method == "POST" and vllm_path(target) in SALTED:
+            body = salted(body, salt)
         seat = self.queue_seat(method, target)
         if seat is not None:
             watch = self.watch
@@ -332,6 +339,22 @@ class Exchange:
             call.end()
             raise
         return call
+
+
+# vLLM 0.32's APIs that take a cache_salt (ChatCompletionRequest, CompletionRequest, ResponsesRequest, and its
+# Anthropic Messages request); count_tokens and tokenize keep nothing in the cache.
+SALTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"})
+
+
+def salted(body: bytes, salt: str) -> bytes:
+    """A JSON object's body with `"cache_salt": salt` as its last member, every byte before it as sent: a relay
+    stays the client's request, and the salt wins over one the client sent (the last of duplicate keys is the one
+    vLLM's JSON parser keeps), so nobody picks another's salt. Anything but an object goes as it is. Pure."""
+    text = body.strip()
+    if not (text.startswith(b"{") and text.endswith(b"}")):
+        return body
+    inner = text[:-1].rstrip()
+    return inner + (b"" if inner == b"{" else b",") + b'"cache_salt":"' + salt.encode() + b'"}'
 
 
 def response_headers(up: UpstreamResponse) -> list:

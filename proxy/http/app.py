@@ -24,7 +24,7 @@ from proxy.engine.exchange import Exchange
 from proxy.engine.services import Services
 from proxy.http import affinity
 from proxy.http.flow import RequestFlow
-from proxy.http.team import Team
+from proxy.http.team import BODY_BYTES, Team
 from proxy.http.wiring import build_services, build_store, observe_team
 from proxy.observe import metrics
 from proxy.transport.http1 import end_to_end_headers
@@ -176,6 +176,7 @@ def request_body(cfg: Config) -> bytes:
     """The whole body of the current request, or RequestEntityTooLarge (a 413): every route reads it here."""
     # get_data reads at most MAX_CONTENT_LENGTH bytes; a Content-Length over it raises 413.
     body = request.get_data(cache=False)
+    request.environ[BODY_BYTES] = len(body)  # a stream whose usage never comes is charged its prompt by it
     if len(body) >= cfg.max_body_bytes and request.content_length is None:
         # A chunked body is cut at the limit without an error (Werkzeug 3.1's LimitedStream),
         # and the cut body went to vLLM as if whole: one byte more means it was too large.

@@ -11,6 +11,7 @@ import datetime
 import hmac
 import logging
 import math
+import secrets
 import sqlite3
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ from proxy.backends.teamstore import Admitted, Refusal, StoreError, TeamStore
 from proxy.core import codec, routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
-from proxy.engine.admission import ANONYMOUS, KEY_NAME, METERED, QUEUED, USAGE_UNSEEN
+from proxy.engine.admission import ANONYMOUS, CACHE_SALT, KEY_NAME, METERED, QUEUED, USAGE_UNSEEN
 from proxy.engine.events import RequestEnded, RoundDone, UrlRefused
 from proxy.observe import metrics
 from proxy.observe.usage import UsageScan
@@ -35,8 +36,12 @@ log = logging.getLogger("proxy")
 ADMITTED = "proxy.admitted"   # environ: the request's row among those in flight (teamstore.Admitted)
 TALLY = "proxy.tally"         # environ: searches, page reads and refused fetches the request ran
 SCAN = "proxy.usage_scan"     # environ: the UsageScan reading its answer as it leaves (proxy/http/flow.py)
+BODY_BYTES = "proxy.body_bytes"  # environ: the size of the request's body (proxy/http/app.py's request_body)
 UNAUTHORIZED = ("Missing or invalid API key: send it as `Authorization: Bearer <key>` (or `x-api-key: <key>`) "
                 "with a key from PROXY_API_KEY or made by scripts/keys.py.")
+# With people's keys, what names every person's figures is the admin's alone: usage per key and day, and the
+# metrics (proxy_key_usage_total, proxy_key_limited and the queue's waits carry the key's name as a label).
+ADMIN_ONLY = frozenset({routes.PROXY_USAGE, routes.PROXY_METRICS})
 LIMIT_WORDS = {"rpm": "requests per minute", "tokens_per_day": "tokens per day (UTC)",
                "concurrent": "requests at once"}
 
@@ -87,6 +92,22 @@ def refused(path: str, name: str, refusal: Refusal, now: float) -> Response:
     return resp
 
 
+def charged_tokens(scan: UsageScan, unseen: object, body_bytes: int) -> dict[str, int]:
+    """The tokens a request is charged: the usage its answer carried, or the one the proxy kept from a stream that
+    did not ask for it; and for a stream whose usage never came (its client hung up first, or it was relayed as it
+    was without asking), at least every token its events carried and its prompt counted as a token per 4 bytes of
+    the request's body. Pure."""
+    tokens = scan.result()
+    if isinstance(unseen, dict):  # a stream whose usage the client did not ask for: the proxy kept it
+        tokens = {k: max(v, figures_of(unseen)[k]) for k, v in tokens.items()}
+    if scan.stream:
+        tokens["completion_tokens"] = max(tokens["completion_tokens"], scan.text_events)
+        if not scan.usage_seen and not isinstance(unseen, dict):
+            tokens["completion_tokens"] = max(tokens["completion_tokens"], scan.streamed_tokens())
+            tokens["prompt_tokens"] = max(tokens["prompt_tokens"], -(-body_bytes // 4))
+    return tokens
+
+
 class Team:
     """One worker's keys, quotas and usage."""
 
@@ -96,6 +117,15 @@ class Team:
         if self.keys is not None:
             self.keys.people()  # read at the worker's start: a file broken later keeps this table in every worker
         self.store = store
+        # SESSION_ID_SECRET (gunicorn.conf.py makes one for all workers when unset; replicas share the overlay's).
+        self._salt_key = (cfg.session_id_secret or secrets.token_hex(32)).encode()
+
+    def cache_salt(self, name: str) -> str:
+        """The key's salt for vLLM's prefix cache: vLLM keeps the cached blocks of different salts apart, so no
+        person can confirm a guess of another's prompt, block by block, from `cached_tokens` or from how fast the
+        answer began. Derived with a secret, so nobody can compute another's and send it; 32 hex digits (vLLM takes
+        up to 128 characters, none of '@', '/', backslash or NUL). Pure."""
+        return hmac.new(self._salt_key, b"cache_salt:" + name.encode(), "sha256").hexdigest()[:32]
 
     @property
     def guarded(self) -> bool:
@@ -119,11 +149,21 @@ class Team:
             return None
         if path in routes.OPEN_PATHS:
             return None
-        person = self.who(presented_key(headers))
+        key = presented_key(headers)
+        person = self.who(key)
+        if person is None and key is not None and self.keys is not None and self.keys.unreadable:
+            # Loud, not a quiet 401: the person's key may be fine, the proxy cannot tell (keys.KeysFile).
+            return error_for_path(path, 503, "The proxy cannot read its keys file (PROXY_KEYS_FILE), so no person's "
+                                             "key can be checked; see its log.")
         if person is None:
             return error_for_path(path, 401, UNAUTHORIZED, "authentication_error")
         # Without a keys file everyone is the one admin: a single key, as before, and one line in the queue.
         environ[KEY_NAME] = person.name if self.keys is not None else ANONYMOUS
+        if self.keys is not None and person.name != ADMIN and path in ADMIN_ONLY:
+            return error_for_path(path, 403, f"GET {path} needs the admin key (PROXY_API_KEY): it shows every "
+                                             "key's usage by name.", "permission_error")
+        if self.keys is not None:
+            environ[CACHE_SALT] = self.cache_salt(person.name)
         if self.keys is None or self.store is None or not metered(environ.get("REQUEST_METHOD", ""), path):
             return None
         try:
@@ -163,10 +203,7 @@ class Team:
             return
         name = environ[KEY_NAME]
         scan: UsageScan = environ[SCAN]
-        tokens = scan.result()
-        unseen = environ.get(USAGE_UNSEEN)
-        if isinstance(unseen, dict):  # a stream whose usage the client did not ask for: the proxy kept it
-            tokens = {k: max(v, figures_of(unseen)[k]) for k, v in tokens.items()}
+        tokens = charged_tokens(scan, environ.get(USAGE_UNSEEN), environ.get(BODY_BYTES, 0))
         figures: dict[str, float] = {**tokens, **environ[TALLY], "queued_seconds": environ.get(QUEUED, 0.0)}
         metrics.key_used(name, {"requests": 1, **figures})
         try:
@@ -175,7 +212,13 @@ class Team:
             log.error("usage store %s: usage of a request of %r not recorded: %s", self.store.path, name, e)
 
     def usage(self) -> Response:
-        """GET /proxy/usage: per key name, per UTC day, every figure (admin key only)."""
-        body = {"keys": self.store.usage() if self.store is not None else {},
-                "queue": self.store.queue_view() if self.store is not None and self.cfg.max_num_seqs else None}
+        """GET /proxy/usage: per key name, per UTC day, every figure (admin key only); a 503 while the store does
+        not answer."""
+        try:
+            body = {"keys": self.store.usage() if self.store is not None else {},
+                    "queue": self.store.queue_view() if self.store is not None and self.cfg.max_num_seqs else None}
+        except (sqlite3.Error, StoreError) as e:
+            log.error("usage store %s: %s", self.store.path if self.store is not None else "-", e)
+            return error_for_path(routes.PROXY_USAGE, 503, "The proxy cannot reach its usage store (PROXY_STATE_DB, "
+                                                           "or STATE_URL when set); see its log.")
         return Response(codec.dumps(body), mimetype="application/json")

@@ -44,6 +44,33 @@ def figures(usage: dict) -> dict[str, int]:
             or _int(usage.get("output_tokens")), "cached_tokens": cached}
 
 
+def generated_text(obj: Any) -> str:
+    """The generated text one stream event carries, in any API's shape: chat's choices[].delta (content, reasoning,
+    tool-call arguments; every choice, so n > 1 counts each), /v1/completions' choices[].text, Anthropic's
+    delta.text / thinking / partial_json, a Responses event's string delta. Pure."""
+    if not isinstance(obj, dict):
+        return ""
+    parts: list[str] = []
+    for choice in obj.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            parts += [v for k in ("content", "reasoning", "reasoning_content") if isinstance(v := delta.get(k), str)]
+            for call in delta.get("tool_calls") or []:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                    parts.append(function["arguments"])
+        if isinstance(choice.get("text"), str):
+            parts.append(choice["text"])
+    delta = obj.get("delta")
+    if isinstance(delta, str):
+        parts.append(delta)
+    elif isinstance(delta, dict):
+        parts += [v for k in ("text", "thinking", "partial_json") if isinstance(v := delta.get(k), str)]
+    return "".join(parts)
+
+
 class UsageScan:
     """Reads the usage out of one answer's bytes as they pass. A stream's usage comes in several events
     (Anthropic's message_start and message_delta; vLLM's continuous usage) and each figure only grows, so the
@@ -55,6 +82,9 @@ class UsageScan:
         self._body: list[bytes] = []
         self._size = 0
         self.found: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
+        self.usage_seen = False
+        self.text_events = 0   # stream events that carried generated text: at least one token each
+        self.text_chars = 0    # the characters they carried
 
     def headers(self, headers: list[tuple[str, str]]) -> None:
         kind = next((v for n, v in headers if n.lower() == "content-type"), "")
@@ -72,8 +102,21 @@ class UsageScan:
         carry = lines.pop()
         self._carry = carry if len(carry) <= MAX_LINE else b""
         for line in lines:
-            if b'"usage"' in line and line.startswith(b"data:"):
+            if not line.startswith(b"data:"):
+                continue
+            if b'"usage"' in line:
                 self._take(line[5:])
+            elif b'"delta"' in line or b'"text"' in line:
+                self._count(line[5:])
+
+    def _count(self, raw: bytes) -> None:
+        try:
+            text = generated_text(codec.loads(raw))
+        except (ValueError, RecursionError):
+            return
+        if text:
+            self.text_events += 1
+            self.text_chars += len(text)
 
     def _take(self, raw: bytes) -> None:
         try:
@@ -81,6 +124,7 @@ class UsageScan:
         except (ValueError, RecursionError):
             return
         if usage is not None:
+            self.usage_seen = True
             for name, value in figures(usage).items():
                 self.found[name] = max(self.found[name], value)
 
@@ -90,3 +134,10 @@ class UsageScan:
             self._take(b"".join(self._body))
             self._body = []
         return dict(self.found)
+
+    def streamed_tokens(self) -> int:
+        """At least how many tokens the stream's text events carried, for a stream whose usage never came (the
+        client hung up first, or it did not ask and the proxy relayed the stream as it was): one per event (vLLM
+        sends one token an event, or more with --stream-interval), or a token per 4 characters when that is more
+        (WEB_FETCH_MAX_TOKENS's measure)."""
+        return max(self.text_events, -(-self.text_chars // 4))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from proxy.backends.fetcher import Fetcher
-from proxy.backends.search import SearchBackend
+from proxy.backends.search import CachedSearch, SearchBackend
 from proxy.runtime.cancel import Cancel
 
 # The answer to a client's own tool call made in the same turn as one of the proxy's (the proxy runs only its
@@ -90,6 +90,13 @@ class Backends:
     fetcher. A tool needing another backend adds it here, in engine/services.py and in http/wiring.py."""
     search: SearchBackend
     fetcher: Fetcher
+
+    def scoped(self, scope: str) -> Backends:
+        """The backends with caches of `scope`'s own (a person's key name, with a keys file), or these ("")."""
+        if not scope:
+            return self
+        search = self.search.scoped(scope) if isinstance(self.search, CachedSearch) else self.search
+        return Backends(search, self.fetcher.scoped(scope))
 
 
 @dataclass

@@ -15,6 +15,7 @@ tests/data/codex-alpha-search.md.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -46,6 +47,7 @@ from proxy.apis.alpha_search.rules import (
 from proxy.apis.given import input_given
 from proxy.core import codec, routes
 from proxy.core.errors import error_response
+from proxy.engine.admission import owned
 from proxy.engine.events import RoundDone
 from proxy.engine.exchange import Exchange
 from proxy.engine.services import Services, StateDown
@@ -195,6 +197,8 @@ class AlphaSearch:
         is on the client's watch (ex.watch): a client that leaves stops what is under way and what was still to
         run. `input_` is the request's `input`, the conversation whose URLs open and find may read."""
         parsed, left = within_cap(parsed, self.cfg.alpha_search_max_pages)
+        # The thread's refs and ledger are its key's: another member's thread id opens none of them.
+        parsed = dataclasses.replace(parsed, session=owned(ex.environ, parsed.session))
         try:
             thread, refs_down = self.refs.thread(parsed.session), False
         except StateDown:  # counted by the store; this call's own refs still work, earlier ones are unavailable

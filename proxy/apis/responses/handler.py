@@ -33,6 +33,7 @@ from proxy.apis.responses.stream import ClientStream, ResponsesTurn
 from proxy.core import codec, routes
 from proxy.core.errors import error_response
 from proxy.engine import loop
+from proxy.engine.admission import owned
 from proxy.engine.exchange import Exchange
 
 PATH = routes.RESPONSES
@@ -49,7 +50,8 @@ def handle(ex: Exchange) -> Response:
     if problem:
         return error_response(400, problem[0], param=problem[1])
     plan = make_plan(body, ex.cfg.searxng_results, ex.cfg.inject_web_fetch)
-    request = first_request(body, plan, ex.services.kept.get)
+    # What the model read is kept by ws_ id under the key that ran it: another member's ids replay nothing.
+    request = first_request(body, plan, lambda id_: ex.services.kept.get(owned(ex.environ, id_)))
     if not plan.hosted:
         # History only: the model has no search tool this time, so vLLM's answer is final.
         return ex.relay(codec.dumps(request))
@@ -83,6 +85,7 @@ class _Responses:
         self.plan = plan
         self.usage: dict | None = None
         self.kept = ex.services.kept
+        self.environ = ex.environ
 
     def own_calls(self, turn) -> list:
         return internal_calls(turn.output, self.plan)
@@ -100,7 +103,7 @@ class _Responses:
         self.request = next_request(self.request, turn.output, self.plan, by_call, self.sources)
         # The client keeps only each call's action: what the model read is kept here for the turns that replay it.
         for key, record in kept_records(calls, self.request["input"]).items():
-            self.kept.put(key, record)
+            self.kept.put(owned(self.environ, key), record)
         return by_call
 
     def error_reply(self, status, message, type_=None) -> Response:
