@@ -370,6 +370,11 @@ def relay(ex: Exchange, body: bytes) -> Response:
             return gateway_error(e, method, ex.target)
         finally:
             watch.stop()
+        if up.status >= 400 and method != "HEAD" and route_of(ex.target.split("?", 1)[0]).errors == "anthropic":
+            # vLLM writes its errors in OpenAI's shape (or FastAPI's {"detail": ...}) on every path; an Anthropic
+            # route's clients parse only Anthropic's, whoever wrote the error. The status is vLLM's.
+            data = as_anthropic_error(up.status, data)
+            headers = [(n, v) for n, v in headers if n.lower() != "content-type"] + [("Content-Type", "application/json")]
         resp = Response(data, status=up.status, headers=headers)
         if method == "HEAD":
             # No body follows a HEAD answer, so vLLM's Content-Length (the GET's) is the one.
