@@ -219,6 +219,8 @@ FRAMING = [
     ("request line over 4094 bytes", b"GET /v1/models?" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
     ("on an Anthropic route", b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: x\r\n\r\n{}", 400),
     ("too many headers", b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 120 + b"\r\n", 431),
+    ("a transfer coding gunicorn does not implement",
+     b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: br, chunked\r\n\r\n0\r\n\r\n", 400),
     ("not HTTP at all", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400),
 ]
 

@@ -87,12 +87,13 @@ def is_encodable(text: str) -> bool:
 
 
 def input_items(value, param: str = "input") -> None:
-    """A Responses `input` (also Codex's alpha search's): a string, or an array of items whose `type` and `role`,
-    when present, are strings, since every reader of it looks them up in tables (apis/given.py)."""
+    """A Responses `input` (also Codex's alpha search's): a string, or an array of items whose `type`, `role`, `id`,
+    `call_id`, `name` and `status`, when present, are strings (as OpenAI's schema has them), since the readers look
+    them up in tables and match calls to outputs by them (apis/given.py, apis/responses/output.py)."""
     if value is None or isinstance(value, str):
         return
     for i, item in enumerate(objects(value, param)):
-        fields(item, f"{param}[{i}]", type=string, role=string)
+        fields(item, f"{param}[{i}]", type=string, role=string, id=string, call_id=string, name=string, status=string)
 
 
 def roles(messages: list, param: str, sep: str = "[") -> None:
