@@ -538,7 +538,8 @@ def test_the_known_places_are_in_the_valid_bodies(route):
 # FUZZ_MUTATIONS the budget per route (docs/testing.md, "Fuzzing").
 
 MUTATION_EXAMPLES = int(os.environ.get("FUZZ_MUTATIONS", "16"))
-MUTATION_SEED = os.environ.get("FUZZ_SEED")
+MUTATION_SEED = int(os.environ.get("FUZZ_SEED", "55"))  # fixed, so a run is reproducible; on the code before issue
+# 55 the default budget finds the alpha search's lone surrogate with it (FUZZ_SEED=2 also its traceback)
 COMPLETIONS_VALID = {"model": "foundation", "prompt": "say ok", "max_tokens": 5, "temperature": 0.5,
                      "stream_options": {"include_usage": True}}
 MUTATION_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
@@ -550,18 +551,19 @@ LOG_BAD = re.compile(r"Traceback|Exception on|Error handling request|Worker exit
 
 @st.composite
 def mutated(draw, route):
-    """(body, what changed): a valid body of the route with up to three mutations."""
+    """(body, what changed): a valid body of the route with one to three mutations."""
     if route == "/v1/completions":
         body = copy.deepcopy({**COMPLETIONS_VALID, "stream": draw(st.booleans())})
     else:
         body = draw(_valid(route))
     changed = []
-    for _ in range(draw(st.integers(0, 3))):
+    for _ in range(draw(st.integers(1, 3))):
         anywhere = list(places(body))
         if not anywhere:
             break
+        # Three times in four a place the proxy reads: a small budget must reach the fields that matter.
         known = [p for p in anywhere if ".".join(map(str, p)) in KNOWN[route]]
-        where = draw(st.sampled_from(known if known and draw(st.booleans()) else anywhere))
+        where = draw(st.sampled_from(known if known and draw(st.integers(0, 3)) else anywhere))
         *parent_path, key = where
         parent = body
         for step in parent_path:
@@ -614,9 +616,9 @@ def post(proxy, route: str, body) -> tuple[int, dict, bytes]:
 
 
 def _mutation_settings(test):
-    test = settings(max_examples=MUTATION_EXAMPLES, deadline=None, database=None, derandomize=MUTATION_SEED is None,
+    test = settings(max_examples=MUTATION_EXAMPLES, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(test)
-    return seed(int(MUTATION_SEED))(test) if MUTATION_SEED is not None else test
+    return seed(MUTATION_SEED)(test)
 
 
 @pytest.mark.parametrize("route", MUTATION_ROUTES)

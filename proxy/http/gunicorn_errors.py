@@ -28,8 +28,9 @@ def request_path(req, exc: BaseException) -> str:
     """The path of the request gunicorn failed on, or "" when it never read one. A header gunicorn refuses while
     building its Request (too large, too many) leaves that Request only in the traceback's frames."""
     for found in (req, getattr(exc, "req", None)):
-        if isinstance(getattr(found, "path", None), str):
-            return found.path
+        path = getattr(found, "path", None)
+        if isinstance(path, str):
+            return path
     tb = exc.__traceback__
     while tb is not None:
         candidate = tb.tb_frame.f_locals.get("self")
@@ -63,5 +64,5 @@ def write_error(sock, status_int, reason, mesg):
 
 def install():
     """Make every worker answer gunicorn's own errors as JSON (base.Worker.handle_error calls util.write_error)."""
-    base.Worker.handle_error = handle_error  # type: ignore[method-assign]
+    base.Worker.handle_error = handle_error
     util.write_error = write_error
