@@ -174,7 +174,7 @@ ANTHROPIC_RELAYED = [
     (MESSAGES, b'{"model": "foundation", "max_tokens": 5}', VLLM_400),
     (MESSAGES, b'{"model": "foundation", "max_tokens": 5, "stream": true}', VLLM_400),
     (COUNT, b'{"model": "foundation"}', VLLM_400),
-    (MESSAGES + "/", b'{"model": "foundation", "max_tokens": 5, "messages": []}', VLLM_404),
+    (MESSAGES + "/batches", b'{"model": "foundation", "max_tokens": 5, "messages": []}', VLLM_404),
     (MESSAGES + "?beta=true", b"{not json", VLLM_400),
     (MESSAGES, b'{"model": "foundation", "max_tokens": 5, "messages": []}', VLLM_401),
 ]
@@ -190,6 +190,26 @@ def test_vllms_errors_on_anthropic_routes_are_in_anthropics_shape(proxy, backend
     message = json.loads(data)["error"]["message"]
     assert message in answer.body.decode() or "Not Found" in message or "Unauthorized" in message
     assert len(backend.received) == 1  # vLLM judged it: the proxy only reshaped its answer
+
+
+def test_a_trailing_slash_is_redirected_back_through_the_proxy(proxy, backend):
+    """vLLM answers `POST /v1/messages/` with a 307 to its own address (tests/real_vllm/test_messages_real.py)."""
+    backend.script(Reply(status=307, body=b"", headers=[("Location", backend.url + "/v1/messages?beta=true")]))
+    status, headers, _ = raw_request(proxy.url, "POST", MESSAGES + "/", b"{}", {"Content-Type": "application/json"})
+    assert (status, headers["location"]) == (307, "/v1/messages?beta=true")
+
+
+@pytest.mark.parametrize("location, relayed", [
+    ("http://vllm:8000/v1/messages", "/v1/messages"),
+    ("http://vllm:8000/v1/messages?beta=true#x", "/v1/messages?beta=true#x"),
+    ("http://vllm:8000", "/"),
+    ("https://vllm:8000/v1/messages", "https://vllm:8000/v1/messages"),  # another origin: not vLLM's
+    ("https://elsewhere.example/x", "https://elsewhere.example/x"),
+    ("/v1/messages", "/v1/messages"),
+])
+def test_a_redirect_to_vllms_own_address_is_made_relative(location, relayed):
+    from proxy.engine.exchange import proxied_location
+    assert proxied_location([("Location", location), ("X", "y")], "http://vllm:8000") == [("Location", relayed), ("X", "y")]
 
 
 def test_an_error_of_vllm_on_an_openai_route_stays_as_vllm_wrote_it(proxy, backend):
