@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 from clients import anthropic
 from realvllm import FORCED_CALL, MODEL, QUERY
+from test_client_errors import shape_problem
 
 from proxy.apis.messages.presentation import server_blocks
 from proxy.apis.messages.request import rewrite
 from proxy.tools.web_search import QUERY_SCHEMA, TOOL_DESCRIPTION
+from standins.rawhttp import raw_request
 
 pytestmark = pytest.mark.real_vllm
 
@@ -203,9 +205,6 @@ REFUSED_BY_VLLM = [
 
 @pytest.mark.parametrize("target, body", REFUSED_BY_VLLM, ids=[f"{t}-{b[:16]!r}" for t, b in REFUSED_BY_VLLM])
 def test_vllms_own_errors_reach_claude_code_in_anthropics_shape(tapped, target, body):
-    from standins.rawhttp import raw_request
-    from test_client_errors import shape_problem
-
     proxy, tap = tapped
     status, _, data = raw_request(proxy.url, "POST", target, body, {"Content-Type": "application/json", **anthropic_headers()})
     assert [s for _, _, s, _ in tap.exchanges] == [status] and 400 <= status < 500, (status, data[:300])
@@ -216,8 +215,6 @@ def test_vllms_own_errors_reach_claude_code_in_anthropics_shape(tapped, target, 
 
 def test_a_trailing_slash_is_redirected_back_through_the_proxy(tapped):
     """vLLM redirects `POST /v1/messages/` to `/v1/messages` at its own address; the client must stay on the proxy."""
-    from standins.rawhttp import raw_request
-
     proxy, tap = tapped
     body = json.dumps({"model": MODEL, "max_tokens": 5, "messages": ASK}).encode()
     status, headers, _ = raw_request(proxy.url, "POST", MESSAGES + "/", body, {"Content-Type": "application/json"})
