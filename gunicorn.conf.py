@@ -65,6 +65,9 @@ def post_fork(server, worker):
     # before a streamed answer's first event (proxy/http/gunicorn_response.py has the figures).
     from proxy.http.gunicorn_response import install
     install()
+    # gunicorn's own errors (a request it cannot parse) as JSON in the route's shape, not its HTML page.
+    from proxy.http import gunicorn_errors
+    gunicorn_errors.install()
 
 
 def on_starting(server):

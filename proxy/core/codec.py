@@ -139,4 +139,4 @@ def raw_event(name: str, payload: bytes) -> bytes:
 
 def comment(text: str) -> bytes:
     """An SSE comment line: every client ignores it, and it keeps idle timeouts at bay."""
-    return b": " + text.replace("\n", " ").encode() + b"\n\n"
+    return b": " + text.replace("\n", " ").encode("utf-8", "replace") + b"\n\n"  # a query a model wrote may hold a lone surrogate

@@ -17,8 +17,13 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_fo
 
 
 def error_body(status: int, message: str, type_: str | None = None, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_ or TYPES.get(status, "server_error"),
+    return {"error": {"message": message, "type": type_ or default_type(status),
                       "param": param, "code": status}}
+
+
+def default_type(status: int) -> str:
+    """OpenAI's type for a status: every 4xx is the client's (a 405 or 414 too), every other the server's."""
+    return TYPES.get(status) or ("invalid_request_error" if 400 <= status < 500 else "server_error")
 
 
 def error_response(status: int, message: str, type_: str | None = None, param: str | None = None) -> Response:
@@ -37,8 +42,13 @@ ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 40
                    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 
 
+def anthropic_type(status: int) -> str:
+    """Anthropic's type for a status: `api_error` is its server's, so any other 4xx is `invalid_request_error`."""
+    return ANTHROPIC_TYPES.get(status) or ("invalid_request_error" if 400 <= status < 500 else "api_error")
+
+
 def anthropic_error_bytes(status: int, message: str, type_: str | None = None) -> bytes:
-    return codec.dumps({"type": "error", "error": {"type": type_ or ANTHROPIC_TYPES.get(status, "api_error"),
+    return codec.dumps({"type": "error", "error": {"type": type_ or anthropic_type(status),
                                                    "message": message}})
 
 
@@ -52,6 +62,8 @@ def as_anthropic_error(status: int, raw: bytes) -> bytes:
         return raw
     err = data.get("error") if isinstance(data, dict) else None
     message = err.get("message") if isinstance(err, dict) else (err if isinstance(err, str) else None)
+    if message is None and isinstance(data, dict) and data.get("detail"):  # FastAPI's own: an unknown path, a 405
+        message = data["detail"] if isinstance(data["detail"], str) else codec.dumps(data["detail"]).decode()
     return anthropic_error_bytes(status, str(message or raw.decode("utf-8", "replace"))[:4000])
 
 
@@ -63,6 +75,11 @@ def anthropic_error(status: int, message: str, type_: str | None = None) -> Resp
 def error_for_path(path: str, status: int, message: str, type_: str | None = None) -> Response:
     """The proxy's own error in the shape the route's clients parse: Anthropic's under
     /v1/messages (Claude Code, the Anthropic SDK), OpenAI's everywhere else."""
+    return Response(error_bytes_for_path(path, status, message, type_), status=status, mimetype="application/json")
+
+
+def error_bytes_for_path(path: str, status: int, message: str, type_: str | None = None) -> bytes:
+    """error_for_path's body, for a writer without Flask (gunicorn's own errors, proxy/http/gunicorn_errors.py)."""
     if route_of(path).errors == "anthropic":
-        return anthropic_error(status, message, type_ if type_ in ANTHROPIC_TYPES.values() else None)
-    return error_response(status, message, type_)
+        return anthropic_error_bytes(status, message, type_ if type_ in ANTHROPIC_TYPES.values() else None)
+    return codec.dumps(error_body(status, message, type_))

@@ -18,9 +18,9 @@ def type_name(value) -> str:
 class Invalid(ValueError):
     """A field of the wrong type: `param` is its path (`tools[0].function.name`), `problem` what it must be."""
 
-    def __init__(self, param: str, expected: str, value):
+    def __init__(self, param: str, expected: str, value, problem: str | None = None):
         self.param = param
-        self.problem = f"must be {expected}, not {type_name(value)}"
+        self.problem = problem or f"must be {expected}, not {type_name(value)}"
         super().__init__(self.openai_message)
 
     @property
@@ -66,6 +66,42 @@ def string(value, param: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise Invalid(param, "a string", value)
     return value
+
+
+def encodable(value, param: str) -> str | None:
+    """A string that UTF-8 can encode, or None for null/absent. JSON lets a client (and a model) write a lone
+    surrogate (`"\\ud800"`), which Python keeps in a str and no URL, header or log line can carry; text that goes
+    there is refused here, at the edge, rather than raising deep inside (issue 55)."""
+    if string(value, param) is not None and not is_encodable(value):
+        raise Invalid(param, "text", value, "must be valid Unicode text, not a lone surrogate (\\ud800-\\udfff)")
+    return value
+
+
+def is_encodable(text: str) -> bool:
+    """Whether UTF-8 can encode `text` (no lone surrogate in it). Pure."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def input_items(value, param: str = "input") -> None:
+    """A Responses `input` (also Codex's alpha search's): a string, or an array of items whose `type`, `role`, `id`,
+    `call_id`, `name` and `status`, when present, are strings (as OpenAI's schema has them), since the readers look
+    them up in tables and match calls to outputs by them (apis/given.py, apis/responses/output.py)."""
+    if value is None or isinstance(value, str):
+        return
+    for i, item in enumerate(objects(value, param)):
+        fields(item, f"{param}[{i}]", type=string, role=string, id=string, call_id=string, name=string, status=string)
+
+
+def roles(messages: list, param: str, sep: str = "[") -> None:
+    """Each message's `role` a string when present (each API's readers look it up in tables); `sep` "[" names the
+    field OpenAI's way (`messages[0].role`), "." Anthropic's (`messages.0.role`)."""
+    for i, msg in enumerate(messages):
+        if isinstance(msg, dict):
+            string(msg.get("role"), f"{param}[{i}].role" if sep == "[" else f"{param}.{i}.role")
 
 
 def strings(value, param: str) -> list[str]:

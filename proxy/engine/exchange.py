@@ -8,6 +8,7 @@ import logging
 import select
 import socket
 import threading
+import urllib.parse
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -383,7 +384,7 @@ def relay(ex: Exchange, body: bytes) -> Response:
             return error_for_path(ex.target, 499, "client closed the request")
         return gateway_error(e, method, ex.target)
     up = call.response
-    headers = response_headers(up)
+    headers = proxied_location(response_headers(up), ex.cfg.backend_url)
     if up.header("content-length") and not up.is_event_stream:
         try:
             data = call.read()
@@ -393,6 +394,11 @@ def relay(ex: Exchange, body: bytes) -> Response:
             return gateway_error(e, method, ex.target)
         finally:
             watch.stop()
+        if up.status >= 400 and method != "HEAD" and route_of(ex.target.split("?", 1)[0]).errors == "anthropic":
+            # vLLM writes its errors in OpenAI's shape (or FastAPI's {"detail": ...}) on every path; an Anthropic
+            # route's clients parse only Anthropic's, whoever wrote the error. The status is vLLM's.
+            data = as_anthropic_error(up.status, data)
+            headers = [(n, v) for n, v in headers if n.lower() != "content-type"] + [("Content-Type", "application/json")]
         resp = Response(data, status=up.status, headers=headers)
         if method == "HEAD":
             # No body follows a HEAD answer, so vLLM's Content-Length (the GET's) is the one.
@@ -418,6 +424,23 @@ def relay(ex: Exchange, body: bytes) -> Response:
             watch.stop()
             call.end()
     return _without_default_type(Response(stream(), status=up.status, headers=headers, direct_passthrough=True), up)
+
+
+def proxied_location(headers: list, backend_url: str) -> list:
+    """vLLM's headers with a redirect to its own address made relative. Pure.
+
+    vLLM (Starlette) answers `POST /v1/messages/` with a 307 to `/v1/messages`, as an absolute URL built from the Host
+    the proxy sent, which is vLLM's own address: a client following it would leave the proxy for an address it
+    cannot reach (or that has no web tools). Relative, it comes back here."""
+    origin = urllib.parse.urlsplit(backend_url)
+    out = []
+    for name, value in headers:
+        if name.lower() == "location":
+            there = urllib.parse.urlsplit(value)
+            if there.netloc and (there.scheme, there.netloc) == (origin.scheme, origin.netloc):
+                value = urllib.parse.urlunsplit(("", "", there.path or "/", there.query, there.fragment))
+        out.append((name, value))
+    return out
 
 
 QUEUED_HEADERS = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")]

@@ -9,7 +9,8 @@ import time
 import urllib.parse
 
 from flask import Flask, Response, request
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from gunicorn.http.errors import NoMoreData, ParseException
+from werkzeug.exceptions import BadRequest, HTTPException, RequestEntityTooLarge
 
 from proxy.apis.alpha_search import handler as alpha_search
 from proxy.apis.chat import handler as chat
@@ -174,14 +175,20 @@ def _install_guards(app: Flask, cfg: Config, team: Team) -> None:
 
 def request_body(cfg: Config) -> bytes:
     """The whole body of the current request, or RequestEntityTooLarge (a 413): every route reads it here."""
-    # get_data reads at most MAX_CONTENT_LENGTH bytes; a Content-Length over it raises 413.
-    body = request.get_data(cache=False)
+    try:
+        # get_data reads at most MAX_CONTENT_LENGTH bytes; a Content-Length over it raises 413.
+        body = request.get_data(cache=False)
+        if len(body) >= cfg.max_body_bytes and request.content_length is None:
+            # A chunked body is cut at the limit without an error (Werkzeug 3.1's LimitedStream),
+            # and the cut body went to vLLM as if whole: one byte more means it was too large.
+            if request.environ["wsgi.input"].read(1):
+                raise RequestEntityTooLarge()
+    except (ParseException, NoMoreData) as e:
+        # gunicorn parses the body as it is read, so a bad chunk size or a body cut short raises here, in the app: the
+        # client's framing, a 400 (gunicorn closes the connection after it, since where the next request starts is
+        # unknown), never a 500 with a traceback.
+        raise BadRequest(f"The request body could not be read: {e}.") from None
     request.environ[BODY_BYTES] = len(body)  # a stream whose usage never comes is charged its prompt by it
-    if len(body) >= cfg.max_body_bytes and request.content_length is None:
-        # A chunked body is cut at the limit without an error (Werkzeug 3.1's LimitedStream),
-        # and the cut body went to vLLM as if whole: one byte more means it was too large.
-        if request.environ["wsgi.input"].read(1):
-            raise RequestEntityTooLarge()
     return body
 
 

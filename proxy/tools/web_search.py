@@ -11,6 +11,7 @@ from typing import ClassVar
 # A search's outcome is the search backend's answer: the APIs take Hit and SearchOutcome from here, never backends/.
 from proxy.backends.search import Hit, SearchOutcome, filter_domains  # noqa: F401 (Hit: for the APIs)
 from proxy.core import codec
+from proxy.core.validate import is_encodable
 from proxy.tools.base import NO_LIMITS, Cited, Limits, RunContext
 
 # The web_search tool as every API describes it to the model; each API wraps these in its
@@ -40,6 +41,9 @@ def clean_query(raw) -> tuple[str | None, SearchOutcome | None]:
     query = " ".join(query.split())
     if not query:
         return None, SearchOutcome(raw, "failed", message="Search failed: the query is empty. Call web_search with a non-empty \"query\".", error_code="invalid_tool_input")
+    if not is_encodable(query):  # a lone surrogate: no URL can carry it, and the model can write it again without
+        return None, SearchOutcome(query.encode("utf-8", "replace").decode()[:80], "failed", error_code="invalid_tool_input",
+                                   message="Search failed: the query holds characters that cannot be encoded (a lone surrogate); write it again in plain text.")
     if len(query) > MAX_QUERY_CHARS:
         return None, SearchOutcome(query[:80] + "...", "failed", message=f"Search failed: the query is longer than {MAX_QUERY_CHARS} characters; use a few keywords.", error_code="query_too_long")
     return query, None

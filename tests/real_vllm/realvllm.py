@@ -524,12 +524,15 @@ class Tap(StandInServer):
             def _forward(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else None
-                body = json.loads(raw) if raw else None
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:  # a body vLLM must refuse: passed on as it is
+                    body = None
                 changed = tap.outgoing(body) if tap.outgoing and isinstance(body, dict) else None
                 sent = json.dumps(changed).encode() if changed is not None else raw
                 conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in ("host", "connection", "content-length")}
+                # The Host the proxy sent, so vLLM builds any absolute URL (a redirect's) from the proxy's BACKEND_URL.
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "content-length")}
                 if sent is not None:
                     headers["Content-Length"] = str(len(sent))
                 conn.request(self.command, self.path, body=sent, headers=headers)

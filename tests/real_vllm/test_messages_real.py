@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 from clients import anthropic
 from realvllm import FORCED_CALL, MODEL, QUERY
+from test_client_errors import shape_problem
 
 from proxy.apis.messages.presentation import server_blocks
 from proxy.apis.messages.request import rewrite
 from proxy.tools.web_search import QUERY_SCHEMA, TOOL_DESCRIPTION
+from standins.rawhttp import raw_request
 
 pytestmark = pytest.mark.real_vllm
 
@@ -185,3 +187,36 @@ def test_claude_code_webfetch_summary_is_relayed_to_vllm(real_vllm, tapped, http
     ((path, sent),) = tap.bodies(MESSAGES)
     assert path == MESSAGES + "?beta=true" and sent == body
     assert "Web page content:" in sent["messages"][0]["content"][0]["text"]
+
+
+# What the real vLLM answers on its Messages paths for a body it refuses (issue 55): OpenAI's shape (or FastAPI's
+# {"detail": ...}), which the proxy must hand Claude Code in Anthropic's, with vLLM's status.
+REFUSED_BY_VLLM = [
+    # (target, body)
+    (MESSAGES, b"[]"),
+    (MESSAGES, b'"text"'),
+    (MESSAGES, json.dumps({"model": MODEL, "max_tokens": 5}).encode()),
+    (MESSAGES, json.dumps({"model": MODEL, "max_tokens": 5, "stream": True}).encode()),
+    (MESSAGES + "/count_tokens", json.dumps({"model": MODEL}).encode()),
+    (MESSAGES + "/batches", json.dumps({"model": MODEL, "max_tokens": 5, "messages": ASK}).encode()),
+    (MESSAGES + "?beta=true", b"{not json"),
+]
+
+
+@pytest.mark.parametrize("target, body", REFUSED_BY_VLLM, ids=[f"{t}-{b[:16]!r}" for t, b in REFUSED_BY_VLLM])
+def test_vllms_own_errors_reach_claude_code_in_anthropics_shape(tapped, target, body):
+    proxy, tap = tapped
+    status, _, data = raw_request(proxy.url, "POST", target, body, {"Content-Type": "application/json", **anthropic_headers()})
+    assert [s for _, _, s, _ in tap.exchanges] == [status] and 400 <= status < 500, (status, data[:300])
+    vllm_wrote = tap.exchanges[0][3]
+    assert not vllm_wrote.startswith(b'{"type":"error"'), "vLLM wrote Anthropic's shape itself: the row tests nothing"
+    assert shape_problem(MESSAGES, status, data) is None, (shape_problem(MESSAGES, status, data), vllm_wrote[:300])
+
+
+def test_a_trailing_slash_is_redirected_back_through_the_proxy(tapped):
+    """vLLM redirects `POST /v1/messages/` to `/v1/messages` at its own address; the client must stay on the proxy."""
+    proxy, tap = tapped
+    body = json.dumps({"model": MODEL, "max_tokens": 5, "messages": ASK}).encode()
+    status, headers, _ = raw_request(proxy.url, "POST", MESSAGES + "/", body, {"Content-Type": "application/json"})
+    assert tap.exchanges[0][2] == status == 307
+    assert headers["location"] == MESSAGES

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from proxy.core import validate as V
 from proxy.engine.services import MemoryState, State
 from proxy.tools.web_fetch import Page, removed_note
 from proxy.tools.web_search import SearchOutcome
@@ -108,7 +109,10 @@ def _text(item: dict, key: str, param: str) -> str:
     value = item.get(key)
     if not isinstance(value, str):
         raise BadRequest(f"`{param}.{key}` must be a string.", f"{param}.{key}")
-    return value
+    try:
+        return V.encodable(value, f"{param}.{key}") or ""  # a query or URL that no URL could carry
+    except V.Invalid as e:
+        raise BadRequest(e.openai_message, e.param) from None
 
 
 def _whole(value, param: str, default=None):
@@ -123,6 +127,10 @@ def parse_request(body) -> Parsed:
     """The request Codex sends (tests/data/codex-alpha-search.md) -> Parsed, or BadRequest. Pure."""
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
+    try:
+        V.input_items(body.get("input"))  # the thread's ledger reads it (apis/given.py)
+    except V.Invalid as e:
+        raise BadRequest(e.openai_message, e.param) from None
     commands = body.get("commands")
     if not isinstance(commands, dict):
         raise BadRequest("`commands` must be an object such as {\"search_query\": [{\"q\": \"...\"}]}.", "commands")

@@ -38,6 +38,7 @@ def validate(body) -> tuple[str, str | None] | None:
     if "tool_choice" in body and not isinstance(body["tool_choice"], (str, dict, type(None))):
         return "`tool_choice` must be a string or an object.", "tool_choice"
     try:
+        V.roles(body["messages"], "messages")  # given() and the citations' reader look roles up
         # The names the proxy compares with its own tools' (tool_name, forced_tool).
         for i, tool in enumerate(body.get("tools") or []):
             V.string(tool.get("name"), f"tools[{i}].name")

@@ -76,6 +76,10 @@ def _check_types(body: dict) -> None:
     """The fields the rewrite reads (names, ids, domains, tool_choice, replayed server blocks) are of
     the JSON type it reads them as, or V.Invalid names the first that is not."""
     V.boolean(body.get("stream"), "stream")
+    V.roles(body["messages"], "messages", sep=".")  # given() looks roles up
+    sub = subrequest(body)
+    if sub is not None:  # Claude Code's query goes into SearXNG's URL as the client wrote it
+        V.encodable(sub[1], "messages.0.content" + (".0.text" if isinstance(body["messages"][0].get("content"), list) else ""))
     for i, tool in enumerate(body.get("tools") or []):
         V.fields(tool, f"tools.{i}", name=V.string, type=V.string)
         if is_server_tool(tool):

@@ -85,6 +85,7 @@ def validate(body) -> tuple[str, str | None] | None:
     if include is not None and not isinstance(include, list):
         return "`include` must be an array of strings.", "include"
     try:
+        V.input_items(body["input"])
         _check_types(body)
     except V.Invalid as e:
         return e.openai_message, e.param
