@@ -64,6 +64,8 @@ CPU_FLAG_CHANGES: dict[str, str] = {
     "--api-key": "drop",
     # The model comes from the test cache, not from the container's HF cache folder.
     "--download-dir": "drop",
+    # The container's mount of vllm-plugin/ is the repository's folder here.
+    "--tool-parser-plugin": str(REPO / "vllm-plugin" / "qwen3_stack_parser.py"),
 }
 # How each compose variable of the vllm service is treated here: None leaves it out, a string
 # replaces its value, anything else is passed through unchanged.
@@ -376,6 +378,7 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.reasoning import ReasoningParserManager
 from vllm.tool_parsers import ToolParserManager
 import vllm.envs as envs
+ToolParserManager.import_tool_parser(os.environ["STACK_TOOL_PARSER_PLUGIN"])
 result = {
     "help": help_out.getvalue(),
     "env_names": sorted(envs.environment_variables),
@@ -434,7 +437,8 @@ class Introspection:
         tmp.mkdir(parents=True, exist_ok=True)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
                "TMPDIR": str(tmp), "VLLM_CACHE_ROOT": str(cache_dir() / "vllm-cache"),
-               "HF_HOME": str(cache_dir() / "hf-home"), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+               "HF_HOME": str(cache_dir() / "hf-home"), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+               "STACK_TOOL_PARSER_PLUGIN": CPU_FLAG_CHANGES["--tool-parser-plugin"]}
         self._proc = subprocess.Popen([str(env_info.python), "-c", INTROSPECT, json.dumps(cases)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self._result: dict | None = None
