@@ -1,0 +1,120 @@
+"""The stack's qwen3_stack tool parser (vllm-plugin/) in the real vLLM server: awkward and normal Qwen3 outputs
+(tests/data/qwen3-tool-markup.json, each with its source) forced token for token with structured outputs, on chat
+completions and Responses, streaming and not, direct and through the proxy with its tools on; and vLLM's own
+qwen3_coder on the same texts in the same venv, so normal calls are shown byte-equal to it. Run with
+`tests/run.sh tests/real_vllm/test_tool_markup_real.py`."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from realvllm import MODEL, REPO
+
+pytestmark = pytest.mark.real_vllm
+
+DATA = json.loads((REPO / "tests" / "data" / "qwen3-tool-markup.json").read_text())
+CASES = DATA["cases"]
+TOOLS = [{"type": "function", "function": {"name": name, "description": f"The {name} tool.", "parameters": {
+    "type": "object", "properties": {key: {"type": "string"}}, "required": [key]}}}
+    for name, key in (("Grep", "query"), ("Bash", "command"))]
+RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
+
+
+def forcing(server, case: dict) -> dict:
+    bias = {str(server.token_id(t)): 100 for t in ("<tool_call>", "</tool_call>")}
+    return {"structured_outputs": {"regex": re.escape(case["text"])}, "logit_bias": bias,
+            "chat_template_kwargs": {"enable_thinking": False}}
+
+
+def chat_outcome(status: int, body: bytes, stream: bool) -> tuple:
+    assert status == 200, body[:500]
+    if not stream:
+        choice = json.loads(body)["choices"][0]
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls") or []]
+        return choice["message"].get("content") or None, calls, choice["finish_reason"]
+    content, calls, finish = "", {}, None
+    for line in body.decode().split("\n"):
+        if not line.startswith("data: {"):
+            continue
+        for choice in json.loads(line[6:]).get("choices", []):
+            content += choice["delta"].get("content") or ""
+            for c in choice["delta"].get("tool_calls") or []:
+                entry = calls.setdefault(c["index"], ["", ""])
+                entry[0] += (c.get("function") or {}).get("name") or ""
+                entry[1] += (c.get("function") or {}).get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    return content or None, [tuple(v) for _, v in sorted(calls.items())], finish
+
+
+def responses_outcome(status: int, body: bytes) -> tuple:
+    assert status == 200, body[:500]
+    if body.lstrip().startswith(b"{"):
+        response = json.loads(body)
+    else:
+        events = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")]
+        response = events[-1]["response"]
+    text = "".join(part.get("text", "") for item in response["output"] if item["type"] == "message"
+                   for part in item["content"])
+    calls = [(i["name"], i["arguments"]) for i in response["output"] if i["type"] == "function_call"]
+    return text or None, calls, response["status"]
+
+
+def expected(case: dict, stream: bool) -> tuple:
+    calls = case.get("stream_calls", case["calls"]) if stream else case["calls"]
+    return case["content"], [tuple(c) for c in calls], case["finish"]
+
+
+def strip_ws(content):
+    return content.strip() or None if content else None
+
+
+@pytest.fixture
+def through_proxy(start_proxy, real_vllm):
+    return start_proxy(BACKEND_URL=real_vllm.url)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("route", ["direct", "proxy"])
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_chat(real_vllm, through_proxy, http_client, case, route, stream):
+    base = real_vllm.url if route == "direct" else through_proxy.url
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Go."}], "tools": TOOLS,
+            "max_tokens": case.get("max_tokens", 200), "stream": stream, **forcing(real_vllm, case)}
+    reply = http_client.post(base + "/v1/chat/completions", body)
+    content, calls, finish = chat_outcome(reply.status, reply.body, stream)
+    want_content, want_calls, want_finish = expected(case, stream)
+    assert (strip_ws(content), calls, finish) == (strip_ws(want_content), want_calls, want_finish)
+    assert "<tool_call>" not in (content or "") or case["finish"] == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("route", ["direct", "proxy"])
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_responses(real_vllm, through_proxy, http_client, case, route, stream):
+    base = real_vllm.url if route == "direct" else through_proxy.url
+    body = {"model": MODEL, "input": "Go.", "tools": RESPONSES_TOOLS, "store": False, "stream": stream,
+            "max_output_tokens": case.get("max_tokens", 200), **forcing(real_vllm, case)}
+    reply = http_client.post(base + "/v1/responses", body)
+    text, calls, status = responses_outcome(reply.status, reply.body)
+    want_content, want_calls, want_finish = expected(case, stream)
+    want_status = "incomplete" if want_finish == "length" else "completed"
+    assert (strip_ws(text), calls, status) == (strip_ws(want_content), want_calls, want_status)
+
+
+HARNESS = Path(__file__).with_name("parser_harness.py")
+
+
+def test_normal_calls_are_byte_equal_to_qwen3_coder(real_vllm_env):
+    """Both parsers on the same texts in vLLM's own venv (whole and streamed per token): on every case vLLM's
+    qwen3_coder reads right, the arguments are the same bytes."""
+    good = [c["text"] for c in CASES if c["name"] in ("plain_call", "text_then_call")]
+    proc = subprocess.run([str(real_vllm_env.python), str(HARNESS), str(real_vllm_env.model_dir)],
+                          input=json.dumps(good), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for result in json.loads(proc.stdout.splitlines()[-1]):
+        for mode in ("whole", "stream"):
+            assert result[mode]["qwen3_stack"] == result[mode]["qwen3_coder"], (mode, result)
+            assert result[mode]["qwen3_stack"]["calls"], result
