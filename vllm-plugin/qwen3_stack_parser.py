@@ -13,8 +13,9 @@ text is left to qwen3_coder untouched, so its calls are byte-equal to vLLM's own
   argument conversion (schema types), in the canonical markup it reads exactly.
 
 Streaming, ordinary text flows at once except a `<` that could still become an opener (at most
-qwen3_markup.HOLD_BOUND characters); a call is sent as one delta (id, name, whole arguments) once `</function>` is
-written, so a cut never leaves a partial call behind.
+qwen3_markup.HOLD_BOUND characters, then, once an opener is complete, until it is decided as a call or text); the
+calls are sent whole (id, name, all arguments in one delta) when the answer ends, and not at all when it was cut,
+so a stream and a whole answer always tell the same thing and a cut never leaves a call, whole or partial, behind.
 """
 from __future__ import annotations
 
@@ -57,6 +58,10 @@ class Qwen3StackToolParser(Qwen3EngineToolParser):  # type: ignore[valid-type, m
         self._decided = 0
         self._scan = markup.ScanState()
         self._sent_pieces = 0
+        self._held_calls: list[markup.Call] = []
+        self._cut = False
+        self._pending_ws = ""
+        self._text_sent = False
 
     # -- non-streaming ---------------------------------------------------------------------------------------
     def extract_tool_calls(self, model_output: str, request) -> ExtractedToolCallInformation:
@@ -99,13 +104,23 @@ class Qwen3StackToolParser(Qwen3EngineToolParser):  # type: ignore[valid-type, m
         if request is None:
             return None
         self._decided = markup.scan(self._text, self._decided, self._scan, offered_names(request), final=True)
-        return self._delta(request)
+        return self._delta(request, final=True)
 
-    def _delta(self, request) -> DeltaMessage | None:
+    def _delta(self, request, final: bool = False) -> DeltaMessage | None:
+        """Text as soon as it is decided (whitespace alone waits for more, as qwen3_coder's does); calls only at
+        the end, and none when the answer was cut, so a stream tells what a whole answer tells."""
         new = self._scan.pieces[self._sent_pieces:]
         self._sent_pieces = len(self._scan.pieces)
-        text = "".join(p.text for p in new if isinstance(p, markup.Text))
-        calls = self._convert([p for p in new if isinstance(p, markup.Call)], request)
+        self._held_calls += [p for p in new if isinstance(p, markup.Call)]
+        self._cut = self._cut or any(isinstance(p, markup.Cut) for p in new)
+        text = self._pending_ws + "".join(p.text for p in new if isinstance(p, markup.Text))
+        self._pending_ws = ""
+        if not self._text_sent and not text.strip() and not final:
+            self._pending_ws, text = text, ""
+        calls = [] if not final or self._cut else self._convert(self._held_calls, request)
+        if calls and not self._text_sent and not text.strip():
+            text = ""
+        self._text_sent = self._text_sent or bool(text.strip())
         deltas = []
         for call in calls:
             index = len(self.prev_tool_call_arr)

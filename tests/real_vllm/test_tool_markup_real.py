@@ -63,7 +63,7 @@ def responses_outcome(status: int, body: bytes) -> tuple:
 
 
 def expected(case: dict, stream: bool) -> tuple:
-    calls = case.get("stream_calls", case["calls"]) if stream else case["calls"]
+    calls = case["calls"]
     return case["content"], [tuple(c) for c in calls], case["finish"]
 
 
@@ -118,3 +118,41 @@ def test_normal_calls_are_byte_equal_to_qwen3_coder(real_vllm_env):
         for mode in ("whole", "stream"):
             assert result[mode]["qwen3_stack"] == result[mode]["qwen3_coder"], (mode, result)
             assert result[mode]["qwen3_stack"]["calls"], result
+
+
+CUT_ARGS = '{"command": "ls -la /very/lo'
+REPLAYS = {
+    "/v1/chat/completions": {"model": MODEL, "max_tokens": 8, "tools": TOOLS, "messages": [
+        {"role": "user", "content": "list"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": CUT_ARGS}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "cut"}]},
+    "/v1/responses": {"model": MODEL, "max_output_tokens": 8, "tools": RESPONSES_TOOLS, "store": False, "input": [
+        {"type": "message", "role": "user", "content": "list"},
+        {"type": "function_call", "call_id": "c1", "name": "Bash", "arguments": CUT_ARGS},
+        {"type": "function_call_output", "call_id": "c1", "output": "cut"}]},
+    "/v1/messages": {"model": MODEL, "max_tokens": 8, "tools": [
+        {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS], "messages": [
+        {"role": "user", "content": "list"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "Bash", "input": CUT_ARGS}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "cut"}]}]},
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("path", list(REPLAYS))
+def test_broken_history_replays(real_vllm, tapped, http_client, path, stream):
+    """A history holding a cut call's arguments: the proxy answers vLLM's 200 and vLLM read the raw text."""
+    proxy, tap = tapped
+    body = {**REPLAYS[path], "stream": stream, "chat_template_kwargs": {"enable_thinking": False}}
+    reply = http_client.post(proxy.url + path, body)
+    assert reply.status == 200, reply.body[:500]
+    (sent_path, sent, status, _), *_ = tap.exchanges
+    assert (sent_path.split("?")[0], status) == (path, 200)
+    if path == "/v1/chat/completions":
+        args = json.loads(sent["messages"][1]["tool_calls"][0]["function"]["arguments"])
+    elif path == "/v1/responses":
+        args = json.loads(sent["input"][1]["arguments"])
+    else:
+        args = sent["messages"][1]["content"][0]["input"]
+    assert args == {"_unparsed": CUT_ARGS}
