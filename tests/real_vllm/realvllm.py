@@ -233,7 +233,8 @@ def _get(url: str, timeout: float = 2.0) -> int:
         return 0
 
 
-def start_server(env_info: RealVllmEnv, config: dict, name: str = "real_vllm") -> tuple[subprocess.Popen, RealVllm]:
+def start_server(env_info: RealVllmEnv, config: dict, name: str = "real_vllm", extra_args: tuple[str, ...] = (),
+                 extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, RealVllm]:
     """Starts `vllm serve` of the tiny model on a free loopback port with the compose file's
     flags; returns at once (the caller waits for /health with wait_healthy). `name`: its work folder's, so a
     second server (test_router_real.py's second worker) never empties the first's."""
@@ -244,7 +245,8 @@ def start_server(env_info: RealVllmEnv, config: dict, name: str = "real_vllm") -
     tmp = work / "tmp"
     tmp.mkdir(parents=True)
     port = free_port()
-    argv = [str(env_info.vllm), "serve", *cpu_serve_args(compose_vllm_command(config), env_info.model_dir, port)]
+    argv = [str(env_info.vllm), "serve", *cpu_serve_args(compose_vllm_command(config), env_info.model_dir, port),
+            *extra_args]
     compose_env = {}
     for key, value in compose_vllm_env(config).items():
         change = CPU_ENV_CHANGES.get(key, value)
@@ -272,6 +274,7 @@ def start_server(env_info: RealVllmEnv, config: dict, name: str = "real_vllm") -
         # stay on loopback.
         "VLLM_HOST_IP": "127.0.0.1",
         "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
     }
     log_path = work / "vllm.log"
     with open(log_path, "wb") as log:

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from realvllm import MODEL, REPO
+from realvllm import MODEL, REPO, locate_env, start_server, stop_server, wait_healthy
 
 pytestmark = pytest.mark.real_vllm
 
@@ -91,17 +91,92 @@ def test_chat(real_vllm, through_proxy, http_client, case, route, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-@pytest.mark.parametrize("route", ["direct", "proxy"])
+@pytest.mark.parametrize("route", ["direct", "proxy", "tools"])
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_responses(real_vllm, through_proxy, http_client, case, route, stream):
+    """`tools`: the hosted web_search tool too, so the proxy plays it (its loop reads the answer)."""
     base = real_vllm.url if route == "direct" else through_proxy.url
-    body = {"model": MODEL, "input": "Go.", "tools": RESPONSES_TOOLS, "store": False, "stream": stream,
+    hosted = [{"type": "web_search"}] if route == "tools" else []
+    body = {"model": MODEL, "input": "Go.", "tools": RESPONSES_TOOLS + hosted, "store": False, "stream": stream,
             "max_output_tokens": case.get("max_tokens", 200), **forcing(real_vllm, case)}
     reply = http_client.post(base + "/v1/responses", body)
     text, calls, status = responses_outcome(reply.status, reply.body)
     want_content, want_calls, want_finish = expected(case, stream)
     want_status = "incomplete" if want_finish == "length" else "completed"
     assert (strip_ws(text), calls, status) == (strip_ws(want_content), want_calls, want_status)
+
+
+FORCE_FILE = REPO / "tests" / ".work" / "forced-text.txt"
+MESSAGES_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                   "input_schema": t["function"]["parameters"]} for t in TOOLS]
+
+
+@pytest.fixture(scope="module")
+def forced_vllm(compose_vllm):
+    """A second vLLM with the stack's flags and tests/real_vllm/forcer.py: it writes FORCE_FILE's text on any API."""
+    FORCE_FILE.parent.mkdir(parents=True, exist_ok=True)
+    FORCE_FILE.write_text("")
+    proc, server = start_server(locate_env(), compose_vllm, name="forced",
+                                extra_args=("--logits-processors", "forcer:ForceText"),
+                                extra_env={"FORCE_TEXT_FILE": str(FORCE_FILE), "PYTHONPATH": str(Path(__file__).parent)})
+    try:
+        wait_healthy(proc, server)
+        yield server
+    finally:
+        stop_server(proc)
+        FORCE_FILE.unlink(missing_ok=True)
+
+
+def messages_outcome(status: int, body: bytes) -> tuple:
+    assert status == 200, body[:500]
+    if body.lstrip().startswith(b"{"):
+        message = json.loads(body)
+        blocks, stop = message["content"], message["stop_reason"]
+    else:
+        blocks, stop, inputs = [], None, {}
+        for line in body.decode().splitlines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event["type"] == "content_block_start":
+                blocks.append(dict(event["content_block"]))
+            elif event["type"] == "content_block_delta":
+                delta = event["delta"]
+                if delta["type"] == "text_delta":
+                    blocks[-1]["text"] = blocks[-1].get("text", "") + delta["text"]
+                elif delta["type"] == "input_json_delta":
+                    inputs[len(blocks) - 1] = inputs.get(len(blocks) - 1, "") + delta["partial_json"]
+            elif event["type"] == "message_delta":
+                stop = event["delta"].get("stop_reason") or stop
+        for index, raw in inputs.items():
+            blocks[index]["input"] = json.loads(raw or "{}")
+    text = "".join(b.get("text", "") for b in blocks if b["type"] == "text")
+    calls = [(b["name"], b["input"]) for b in blocks if b["type"] == "tool_use"]
+    return text or None, calls, stop
+
+
+STOP_REASON = {"length": "max_tokens", "tool_calls": "tool_use", "stop": "end_turn"}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("route", ["direct", "proxy", "tools"])
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_messages(forced_vllm, start_proxy, http_client, case, route, stream):
+    """`tools`: the web_search server tool too, so the proxy plays it (its loop reads the answer)."""
+    base = forced_vllm.url if route == "direct" else start_proxy(BACKEND_URL=forced_vllm.url).url
+    server = [{"type": "web_search_20250305", "name": "web_search"}] if route == "tools" else []
+    FORCE_FILE.write_text(case["text"])
+    body = {"model": MODEL, "max_tokens": case.get("max_tokens", 200), "tools": MESSAGES_TOOLS + server,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "Go."}], "chat_template_kwargs": {"enable_thinking": False}}
+    try:
+        reply = http_client.post(base + "/v1/messages", body)
+    finally:
+        FORCE_FILE.write_text("")
+    text, calls, stop = messages_outcome(reply.status, reply.body)
+    want_content, want_calls, want_finish = expected(case, stream)
+    want_calls = [(name, json.loads(args)) for name, args in want_calls]
+    assert (strip_ws(text), calls, stop) == (strip_ws(want_content), want_calls, STOP_REASON[want_finish])
 
 
 HARNESS = Path(__file__).with_name("parser_harness.py")
