@@ -185,7 +185,7 @@ HARNESS = Path(__file__).with_name("parser_harness.py")
 def test_normal_calls_are_byte_equal_to_qwen3_coder(real_vllm_env):
     """Both parsers on the same texts in vLLM's own venv (whole and streamed per token): on every case vLLM's
     qwen3_coder reads right, the arguments are the same bytes."""
-    good = [c["text"] for c in CASES if c["name"] in ("plain_call", "text_then_call")]
+    good = [c["text"] for c in CASES if c["finish"] == "tool_calls"]
     proc = subprocess.run([str(real_vllm_env.python), str(HARNESS), str(real_vllm_env.model_dir)],
                           input=json.dumps(good), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
