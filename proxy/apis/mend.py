@@ -11,13 +11,23 @@ from __future__ import annotations
 import json
 
 UNPARSED = "_unparsed"
+# Arguments already seen to parse: an agent resends its whole history every turn, and looking a string up costs a
+# hash, parsing it again a JSON decode (100 calls of 300 bytes: 255 us parsed, a tenth of that looked up). Bounded,
+# and emptied when full; per worker process.
+_SEEN_GOOD: dict[str, None] = {}
+SEEN_GOOD_MAX = 4096
 
 
 def mended_arguments(raw: object) -> str | None:
     """The arguments string to send instead of `raw`, or None when `raw` is already a JSON object's text."""
     if isinstance(raw, str):
+        if raw in _SEEN_GOOD:
+            return None
         try:
             if isinstance(json.loads(raw), dict):
+                if len(_SEEN_GOOD) >= SEEN_GOOD_MAX:
+                    _SEEN_GOOD.clear()
+                _SEEN_GOOD[raw] = None
                 return None
         except ValueError:
             pass
