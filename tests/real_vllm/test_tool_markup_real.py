@@ -236,3 +236,33 @@ def test_broken_history_replays(real_vllm, tapped, http_client, path, stream):
     else:
         args = sent["messages"][1]["content"][0]["input"]
     assert args == {"_unparsed": CUT_ARGS}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_tool_choice_none_yields_no_call(real_vllm, http_client, stream):
+    case = CASES[0]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Go."}], "tools": TOOLS, "tool_choice": "none",
+            "max_tokens": 200, "stream": stream, **forcing(real_vllm, case)}
+    reply = http_client.post(real_vllm.url + "/v1/chat/completions", body)
+    content, calls, finish = chat_outcome(reply.status, reply.body, stream)
+    assert (calls, finish) == ([], "stop")
+    assert "<function=" not in (content or "")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "Bash"}}],
+                         ids=["required", "named"])
+def test_forced_tool_choice_yields_a_call_or_a_truthful_cut(real_vllm, http_client, choice, stream):
+    """vLLM's grammar makes the random model call a tool; whatever it writes is a well-formed call to an offered tool
+    (the named one), or, cut by max_tokens, no call at all."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Go."}], "tools": TOOLS, "tool_choice": choice,
+            "max_tokens": 300, "stream": stream, "seed": 3, "chat_template_kwargs": {"enable_thinking": False}}
+    reply = http_client.post(real_vllm.url + "/v1/chat/completions", body)
+    content, calls, finish = chat_outcome(reply.status, reply.body, stream)
+    if finish == "length":
+        assert calls == [] or choice != "required", (content, calls)
+        return
+    assert calls, (content, finish)
+    names = {"Bash"} if isinstance(choice, dict) else {"Grep", "Bash"}
+    for name, args in calls:
+        assert name in names and isinstance(json.loads(args), dict), (name, args)
