@@ -64,6 +64,8 @@ CPU_FLAG_CHANGES: dict[str, str] = {
     "--api-key": "drop",
     # The model comes from the test cache, not from the container's HF cache folder.
     "--download-dir": "drop",
+    # The container's mount of vllm-plugin/ is the repository's folder here.
+    "--tool-parser-plugin": str(REPO / "vllm-plugin" / "qwen3_stack_parser.py"),
 }
 # How each compose variable of the vllm service is treated here: None leaves it out, a string
 # replaces its value, anything else is passed through unchanged.
@@ -231,7 +233,8 @@ def _get(url: str, timeout: float = 2.0) -> int:
         return 0
 
 
-def start_server(env_info: RealVllmEnv, config: dict, name: str = "real_vllm") -> tuple[subprocess.Popen, RealVllm]:
+def start_server(env_info: RealVllmEnv, config: dict, name: str = "real_vllm", extra_args: tuple[str, ...] = (),
+                 extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, RealVllm]:
     """Starts `vllm serve` of the tiny model on a free loopback port with the compose file's
     flags; returns at once (the caller waits for /health with wait_healthy). `name`: its work folder's, so a
     second server (test_router_real.py's second worker) never empties the first's."""
@@ -242,7 +245,8 @@ def start_server(env_info: RealVllmEnv, config: dict, name: str = "real_vllm") -
     tmp = work / "tmp"
     tmp.mkdir(parents=True)
     port = free_port()
-    argv = [str(env_info.vllm), "serve", *cpu_serve_args(compose_vllm_command(config), env_info.model_dir, port)]
+    argv = [str(env_info.vllm), "serve", *cpu_serve_args(compose_vllm_command(config), env_info.model_dir, port),
+            *extra_args]
     compose_env = {}
     for key, value in compose_vllm_env(config).items():
         change = CPU_ENV_CHANGES.get(key, value)
@@ -270,6 +274,7 @@ def start_server(env_info: RealVllmEnv, config: dict, name: str = "real_vllm") -
         # stay on loopback.
         "VLLM_HOST_IP": "127.0.0.1",
         "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
     }
     log_path = work / "vllm.log"
     with open(log_path, "wb") as log:
@@ -376,6 +381,7 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.reasoning import ReasoningParserManager
 from vllm.tool_parsers import ToolParserManager
 import vllm.envs as envs
+ToolParserManager.import_tool_parser(os.environ["STACK_TOOL_PARSER_PLUGIN"])
 result = {
     "help": help_out.getvalue(),
     "env_names": sorted(envs.environment_variables),
@@ -434,7 +440,8 @@ class Introspection:
         tmp.mkdir(parents=True, exist_ok=True)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
                "TMPDIR": str(tmp), "VLLM_CACHE_ROOT": str(cache_dir() / "vllm-cache"),
-               "HF_HOME": str(cache_dir() / "hf-home"), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+               "HF_HOME": str(cache_dir() / "hf-home"), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+               "STACK_TOOL_PARSER_PLUGIN": CPU_FLAG_CHANGES["--tool-parser-plugin"]}
         self._proc = subprocess.Popen([str(env_info.python), "-c", INTROSPECT, json.dumps(cases)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self._result: dict | None = None

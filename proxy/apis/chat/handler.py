@@ -13,7 +13,7 @@ import logging
 
 from flask import Response
 
-from proxy.apis import citations
+from proxy.apis import citations, mend
 from proxy.apis.chat.given import given
 from proxy.apis.chat.presentation import offered
 from proxy.apis.chat.rules import (
@@ -51,9 +51,11 @@ def handle(ex: Exchange) -> Response:
     problem = validate(body)
     if problem:
         return error_response(400, problem[0], param=problem[1])
+    mended = mend.chat(body)
+    body = mended or body
     ours = tools_to_inject(body, offered(ex.cfg))
     if not ours:
-        return ex.relay()
+        return ex.relay(codec.dumps(body)) if mended else ex.relay()
     ex.ledger = ex.new_ledger(given(body))
     body = with_tools(body, ours)
     if body.get("stream"):

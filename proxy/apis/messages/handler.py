@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from flask import Response
 
-from proxy.apis import citations
+from proxy.apis import citations, mend
 from proxy.apis.messages.blocks import add_usage, client_id, kept_text, server_use_block, turn_calls
 from proxy.apis.messages.given import given
 from proxy.apis.messages.presentation import SERVER_TOOLS, model_text, result_block, tool_results, with_counts
@@ -48,8 +48,10 @@ def handle(ex: Exchange) -> Response:
         model = served_model_for(body.get("model"), ex.services.models.get(lambda: _models(ex)))
         if model:
             body["model"], renamed = model, True
+    mended = mend.messages(body) if isinstance(body, dict) else None
+    body = mended or body
     if not needs_rewrite(body):
-        return ex.relay(codec.dumps(body)) if renamed else ex.relay()
+        return ex.relay(codec.dumps(body)) if renamed or mended else ex.relay()
     problem = validate(body)
     if problem:
         return anthropic_error(400, problem)

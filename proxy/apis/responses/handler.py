@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from flask import Response
 
-from proxy.apis import citations
+from proxy.apis import citations, mend
 from proxy.apis.responses.calls import internal_calls, next_request, tool_request
 from proxy.apis.responses.given import given
 from proxy.apis.responses.output import (
@@ -44,8 +44,10 @@ def handle(ex: Exchange) -> Response:
         body = codec.loads(ex.body)
     except (ValueError, UnicodeDecodeError):
         return ex.relay()  # not ours to judge: vLLM answers it in its own words
+    mended = mend.responses(body) if isinstance(body, dict) else None
+    body = mended or body
     if not isinstance(body, dict) or not needs_rewrite(body):
-        return ex.relay()
+        return ex.relay(codec.dumps(body)) if mended else ex.relay()
     problem = validate(body) or refusal(body)
     if problem:
         return error_response(400, problem[0], param=problem[1])
