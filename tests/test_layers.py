@@ -1,13 +1,15 @@
 """The proxy's layers as the tree shows them (proxy/__init__.py, docs/architecture.md): every module imports only its
 own layer and the ones below it, no API's package imports another API's, no API module imports backends/ or
 transport/ (they are reached through engine/ and tools/), a tool imports no API, and no modules import each other
-in a circle. Read from the source with ast, function-level imports included; no network.
+in a circle; and no module defines a name nothing uses. Read from the source with ast, function-level imports
+included; no network.
 
 Run: tests/run.sh tests/test_layers.py
 """
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,46 @@ def test_the_checks_see_what_they_check():
     assert "proxy.tools.registry" in GRAPH["proxy.tools.session"]
     assert "proxy.engine.exchange" in GRAPH["proxy.engine.loop"]
     assert len(MODULES) >= 40
+
+
+# ---- nothing defined that nothing uses ------------------------------------------------------------------------
+
+def python_sources() -> list[Path]:
+    """Every Python file of the repository that may use the proxy's names: the package, the entry points, the
+    stand-ins, the scripts, the tests (hidden folders and the tests' work folders aside)."""
+    return [p for p in ROOT.rglob("*.py") if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+            and "node_modules" not in p.parts]
+
+
+def unused_top_level_names(sources: dict[Path, str], package: list[Path]) -> list[str]:
+    """Each module-level function, class or constant of `package` whose name appears nowhere but where it is
+    defined: dead code a reader would study for nothing. A name written once in all `sources` is its definition.
+    Pure."""
+    words: dict[str, int] = {}
+    for text in sources.values():
+        for word in re.findall(r"\b[A-Za-z_]\w*\b", text):
+            words[word] = words.get(word, 0) + 1
+    unused = []
+    for path in package:
+        for node in ast.parse(sources[path]).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names = [node.target.id]
+            else:
+                names = []
+            unused += [f"{path.relative_to(ROOT)}:{name}" for name in names if words.get(name, 0) <= 1]
+    return unused
+
+
+def test_no_module_defines_what_nothing_uses():
+    sources = {p: p.read_text() for p in python_sources()}
+    assert unused_top_level_names(sources, sorted(PROXY.rglob("*.py"))) == []
+
+
+def test_the_unused_name_check_finds_one():
+    module = ROOT / "proxy" / "made_up.py"
+    sources = {module: 'PDF_TYPE = "application/pdf"\nUSED = 1\n\ndef is_pdf(b):\n    return USED\n'}
+    assert unused_top_level_names(sources, [module]) == ["proxy/made_up.py:PDF_TYPE", "proxy/made_up.py:is_pdf"]
