@@ -187,8 +187,9 @@ def test_a_bad_gunicorn_setting_stops_it_with_one_line_naming_it(tmp_path, name,
 
 def environment_reads(tree) -> list[tuple[int, str]]:
     """Each variable a module reads by name: os.environ.get/os.getenv/os.environ[...]/`in os.environ`. Pure."""
-    def is_environ(node) -> bool:
-        return isinstance(node, ast.Attribute) and node.attr == "environ"
+    def is_environ(node) -> bool:  # os.environ, not a WSGI request's environ
+        return (isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name)
+                and node.value.id == "os")
 
     def literal(node) -> str | None:
         return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
@@ -221,3 +222,10 @@ def test_the_environment_read_check_sees_each_way_of_reading():
     source = ('os.environ.get("A", "1")\nos.getenv("B")\nx = os.environ["C"]\n"D" in os.environ\n'
               'os.environ["E"] = "w"\nos.environ.pop("F", None)\n')
     assert environment_reads(ast.parse(source)) == [(1, "A"), (2, "B"), (3, "C"), (4, "D")]
+
+
+@pytest.mark.parametrize("path", sorted([*(ROOT / "proxy").rglob("*.py"), ROOT / "proxy-passthrough.py"]),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_of_the_proxy_reads_a_variable_itself(path):
+    """Each goes through Config.from_env (docs/architecture.md, Configuration)."""
+    assert environment_reads(ast.parse(path.read_text())) == []

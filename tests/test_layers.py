@@ -149,3 +149,65 @@ def test_the_unused_name_check_finds_one():
     module = ROOT / "proxy" / "made_up.py"
     sources = {module: 'PDF_TYPE = "application/pdf"\nUSED = 1\n\ndef is_pdf(b):\n    return USED\n'}
     assert unused_top_level_names(sources, [module]) == ["proxy/made_up.py:PDF_TYPE", "proxy/made_up.py:is_pdf"]
+
+
+# ---- docs/architecture.md names the tree as it is ---------------------------------------------------------------
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def named_paths(doc: str) -> list[str]:
+    """Each module path the page names in backticks (`http/team.py`, `proxy/tools/base.py`, `proxy.http.app`), as
+    written; paths inside the vLLM image (absolute) aside. Pure."""
+    found = []
+    for token in re.findall(r"`([^`\s]+)`", doc):
+        path = re.fullmatch(r"([\w./-]+\.py)(?:[:.]\w+)*", token)
+        if path and not path.group(1).startswith("/"):
+            found.append(path.group(1))
+        elif re.fullmatch(r"proxy(\.\w+)+", token):
+            found.append(token)
+    return found
+
+
+def exists(name: str) -> bool:
+    """Whether a path the page names is in the tree: from the repository, from proxy/ or from proxy/apis/ (the page
+    names `http/team.py` and `chat/rules.py`), a bare file name anywhere; a dotted name when a prefix of it is a module
+    (the rest its attributes)."""
+    if name.endswith(".py"):
+        if "/" not in name:
+            return any(p.name == name for p in python_sources())
+        return any((base / name).is_file() for base in (ROOT, PROXY, PROXY / "apis"))
+    parts = name.split(".")
+    return any(ROOT.joinpath(*parts[:k]).with_suffix(".py").is_file() or ROOT.joinpath(*parts[:k], "__init__.py").is_file()
+               for k in range(len(parts), 1, -1))
+
+
+def test_every_module_the_architecture_page_names_exists():
+    names = named_paths(ARCHITECTURE.read_text())
+    assert len(names) > 50  # the page names the tree throughout; a change of its style must not empty this test
+    assert sorted({n for n in names if not exists(n)}) == []
+
+
+def test_the_module_checks_see_a_missing_one():
+    doc = "`http/team.py`, `engine/gone.py`, `proxy.http.app.create_app`, `proxy.nowhere`, `/opt/x/plugin.py`"
+    assert named_paths(doc) == ["http/team.py", "engine/gone.py", "proxy.http.app.create_app", "proxy.nowhere"]
+    assert [n for n in named_paths(doc) if not exists(n)] == ["engine/gone.py", "proxy.nowhere"]
+
+
+def layer_rows(doc: str) -> list[tuple[str, set[str]]]:
+    """The layers table's rows: each layer and the modules its second column names. Pure."""
+    rows = []
+    for line in doc.splitlines():
+        row = re.match(r"\| `(\w+)/` \| (.*?) \| ", line)
+        if row:
+            rows.append((row.group(1), set(re.findall(r"`(\w+(?:\.py|/))`", row.group(2)))))
+    return rows
+
+
+def test_the_layers_table_lists_each_layer_in_order_with_exactly_its_modules():
+    rows = layer_rows(ARCHITECTURE.read_text())
+    assert tuple(layer for layer, _ in rows) == LAYERS
+    for layer, named in rows:
+        tree = {p.name + ("/" if p.is_dir() else "") for p in (PROXY / layer).iterdir()
+                if p.name not in ("__init__.py", "__pycache__")}
+        assert named == tree, f"{layer}/: the page names {sorted(named - tree)} the tree lacks, lacks {sorted(tree - named)}"
