@@ -60,9 +60,18 @@ def anthropic_error(status: int, message: str, type_: str | None = None) -> Resp
     return Response(anthropic_error_bytes(status, message, type_), status=status, mimetype="application/json")
 
 
+def jsonrpc_error(status: int, message: str, code: int = -32600) -> Response:
+    """An HTTP error as a JSON-RPC error object with no id, the shape an MCP client parses (the request it refuses
+    was never read as a JSON-RPC message, so it has no id to answer)."""
+    return Response(codec.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}),
+                    status=status, mimetype="application/json")
+
+
 def error_for_path(path: str, status: int, message: str, type_: str | None = None) -> Response:
     """The proxy's own error in the shape the route's clients parse: Anthropic's under
-    /v1/messages (Claude Code, the Anthropic SDK), OpenAI's everywhere else."""
+    /v1/messages (Claude Code, the Anthropic SDK), JSON-RPC's on /mcp, OpenAI's everywhere else."""
+    if route_of(path).errors == "jsonrpc":
+        return jsonrpc_error(status, message)
     if route_of(path).errors == "anthropic":
         return anthropic_error(status, message, type_ if type_ in ANTHROPIC_TYPES.values() else None)
     return error_response(status, message, type_)
