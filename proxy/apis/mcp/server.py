@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from mcp.types import CallToolResult, TextContent
 from pydantic import Field
 
+from proxy.apis.mcp.presentation import FETCH, MCP_TOOLS, SEARCH
 from proxy.apis.mcp.provenance import McpReads
 from proxy.core import routes
 from proxy.engine.events import RoundDone, UrlRefused
@@ -27,16 +28,8 @@ from proxy.tools.client_reads import client_of
 from proxy.tools.provenance import Ledger, Rules
 
 NAME = "coding-stack-web"
-INSTRUCTIONS = ("Web search and page reading run by the coding stack's proxy: web_search finds pages, web_fetch reads "
-                "one as Markdown. Read URLs that a search returned or the user gave; other URLs are rationed.")
-SEARCH_DESCRIPTION = registry.tool(registry.WEB_SEARCH).description + " " + registry.MCP_MARKER
-FETCH_DESCRIPTION = (registry.tool(registry.WEB_FETCH).description + " PDFs come as text. Hidden text is removed; "
-                     "private and cloud-metadata addresses are refused. " + registry.MCP_MARKER)
-# Both only read (a search, a GET of a public page) and reach the open web.
-ANNOTATIONS = {"web_search": ToolAnnotations(title="Web search", read_only_hint=True, destructive_hint=False,
-                                             idempotent_hint=True, open_world_hint=True),
-               "web_fetch": ToolAnnotations(title="Read a web page", read_only_hint=True, destructive_hint=False,
-                                            idempotent_hint=True, open_world_hint=True)}
+INSTRUCTIONS = ("Web search and page reading run by the coding stack's proxy: search to find pages, then read one as "
+                "Markdown. Read URLs that a search returned or the user gave; other URLs are rationed.")
 
 
 def result(outcome: Outcome) -> CallToolResult:
@@ -73,7 +66,7 @@ class Tools:
         ex.emit(RoundDone((outcome,), session.searches))
         return outcome
 
-    def web_search(self, query: Annotated[str, Field(description="The search query, a few keywords.")],
+    def search(self, query: Annotated[str, Field(description="The search query, a few keywords.")],
                    ctx: Context,
                    count: Annotated[int | None, Field(ge=1, le=20, description="How many results (default: the "
                                                       "proxy's SEARXNG_RESULTS).")] = None,
@@ -81,20 +74,20 @@ class Tools:
                                                               "(example.com covers its subdomains).")] = None,
                    ) -> CallToolResult:
         environ = environ_of(ctx)
-        request = registry.parse(registry.WEB_SEARCH, {"query": query},
+        request = registry.parse(SEARCH.tool, {"query": query},
                                  Limits(allowed_domains=tuple(domains or ()), results=count))
         outcome = self._run(environ, request, limit=count)
         self.provenance.searched(client_of(environ), getattr(request, "query", query), registry.sources(outcome))
         return result(outcome)
 
-    def web_fetch(self, url: Annotated[str, Field(description="The full http:// or https:// URL to read.")],
+    def fetch(self, url: Annotated[str, Field(description="The full http:// or https:// URL to read.")],
                   ctx: Context,
                   max_tokens: Annotated[int | None, Field(ge=1, description="Cut the page's text after about this "
                                                           "many tokens (4 characters each).")] = None,
                   ) -> CallToolResult:
         environ = environ_of(ctx)
         client = client_of(environ)
-        tool = registry.tool(registry.WEB_FETCH)
+        tool = registry.tool(FETCH.tool)
         request = tool.parse({"url": url}, Limits(max_tokens=max_tokens))
         ledger = self.provenance.ledger(client, request.shown) if request.early is None else None
         if ledger is not None and not isinstance(ledger, Ledger):
@@ -116,8 +109,7 @@ def build(services: Services) -> MCPServer:
     hands its model, the readable text."""
     server: MCPServer = MCPServer(NAME, instructions=INSTRUCTIONS)
     tools = Tools(services)
-    server.add_tool(tools.web_search, name="web_search", description=SEARCH_DESCRIPTION,
-                    annotations=ANNOTATIONS["web_search"], structured_output=False)
-    server.add_tool(tools.web_fetch, name="web_fetch", description=FETCH_DESCRIPTION,
-                    annotations=ANNOTATIONS["web_fetch"], structured_output=False)
+    for row in MCP_TOOLS:
+        server.add_tool(getattr(tools, row.method), name=row.tool, description=row.description,
+                        annotations=row.annotations, structured_output=False)
     return server
