@@ -17,7 +17,9 @@ from mcp.client.streamable_http import streamable_http_client
 from test_team import ADMIN_KEY, add_key, keys, today
 
 from proxy.apis.chat.rules import tools_to_inject
+from proxy.apis.responses.request import make_plan
 from proxy.http.mcp_bridge import origin_refusal
+from proxy.tools import registry
 from proxy.tools.registry import MCP_MARKER
 from standins import pdf_files
 from standins.searxng import result
@@ -324,3 +326,26 @@ def test_two_calls_in_one_worker_run_side_by_side(keyed, searxng):
     results = asyncio.run(both())
     assert all(not r.is_error for r in results) and time.monotonic() - started < 1.9
     assert sorted(searxng.queries) == ["first", "second"]
+
+
+@pytest.mark.parametrize("extra,reads_pages", [
+    ([], True),
+    ([{"type": "function", "name": "mcp__stack__web_fetch", "description": "Read. " + MCP_MARKER,
+       "parameters": {"type": "object"}}], False),                                     # Codex with the MCP server
+    ([{"type": "function", "name": "mcp__stack__web_search", "description": "Search.", "parameters": {}}], True),
+    ([{"type": "function", "name": "fetch_page", "description": "Mine.", "parameters": {}}], True),
+])
+def test_a_responses_request_offering_the_mcp_reader_gets_no_page_functions_of_the_proxys(extra, reads_pages):
+    plan = make_plan({"tools": [{"type": "web_search"}, *extra]}, 5)
+    assert plan.functions and any(registry.tool(t).reads_pages for t in plan.functions.values()) == reads_pages
+
+
+def test_no_session_is_pinned_to_a_worker(start_proxy, searxng):
+    """Two workers, each request on a connection of its own: calls made without an initialize on that worker are
+    answered by whichever worker takes them."""
+    proxy = start_proxy(PROXY_WORKERS="2")
+    assert len(proxy.workers()) == 2
+    answers = [post(proxy, call("web_search", {"query": f"query {i}"}, ident=i)) for i in range(8)]
+    assert [status for status, _ in answers] == [200] * 8
+    assert all(body["result"]["isError"] is False and body["id"] == i for i, (_, body) in enumerate(answers))
+    assert sorted(searxng.queries) == sorted(f"query {i}" for i in range(8))

@@ -188,6 +188,15 @@ def hosted_functions(tools, pages: bool) -> dict[str, str]:
     return out
 
 
+def offers_mcp_reader(tools) -> bool:
+    """Whether the client's tools include the page reader of the proxy's own MCP server (registry.mcp_copy). Pure."""
+    for t in tools if isinstance(tools, list) else ():
+        copy = registry.mcp_copy(t.get("name"), t.get("description")) if isinstance(t, dict) else None
+        if copy is not None and registry.tool(copy).reads_pages:
+            return True
+    return False
+
+
 def language_for(location) -> str | None:
     if not isinstance(location, dict) or not isinstance(location.get("country"), str):
         return None
@@ -205,7 +214,8 @@ def make_plan(body: dict, default_results: int, fetch: bool = True) -> Responses
     spec = hosted or {}
     filters = as_dict(spec.get("filters"))
     allowed = filters.get("allowed_domains") or ()
-    functions = hosted_functions(tools, fetch) if hosted is not None else {}
+    # A client that offers this stack's MCP page reader (Codex's mcp__<server>__web_fetch) already has one.
+    functions = hosted_functions(tools, fetch and not offers_mcp_reader(tools)) if hosted is not None else {}
     return ResponsesPlan(name=internal_name(tools), hosted=hosted is not None,
                 results=result_count(spec.get("search_context_size"), default_results),
                 language=language_for(spec.get("user_location")),
