@@ -332,6 +332,10 @@ def test_two_calls_in_one_worker_run_side_by_side(keyed, searxng):
     ([], True),
     ([{"type": "function", "name": "mcp__stack__web_fetch", "description": "Read. " + MCP_MARKER,
        "parameters": {"type": "object"}}], False),                                     # Codex with the MCP server
+    ([{"type": "namespace", "name": "mcp__stack", "description": "",                 # Codex 0.171.0's form
+       "tools": [{"type": "function", "name": "web_fetch", "description": "Read.", "parameters": {}}]}], False),
+    ([{"type": "namespace", "name": "docs", "description": "",
+       "tools": [{"type": "function", "name": "web_fetch", "description": "Read.", "parameters": {}}]}], True),
     ([{"type": "function", "name": "mcp__stack__web_search", "description": "Search.", "parameters": {}}], True),
     ([{"type": "function", "name": "fetch_page", "description": "Mine.", "parameters": {}}], True),
 ])

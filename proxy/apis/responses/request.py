@@ -189,11 +189,18 @@ def hosted_functions(tools, pages: bool) -> dict[str, str]:
 
 
 def offers_mcp_reader(tools) -> bool:
-    """Whether the client's tools include the page reader of the proxy's own MCP server (registry.mcp_copy). Pure."""
+    """Whether the client's tools include the page reader of the proxy's own MCP server (registry.mcp_copy), as a
+    function or inside a namespace (Codex 0.171.0 sends a server's tools as namespace `mcp__<server>`). Pure."""
     for t in tools if isinstance(tools, list) else ():
-        copy = registry.mcp_copy(t.get("name"), t.get("description")) if isinstance(t, dict) else None
-        if copy is not None and registry.tool(copy).reads_pages:
-            return True
+        if not isinstance(t, dict):
+            continue
+        namespaced = t.get("type") == "namespace" and isinstance(t.get("tools"), list)
+        inner = t["tools"] if namespaced else [t]
+        prefix = f"{t.get('name')}__" if namespaced else ""
+        for f in inner:
+            copy = registry.mcp_copy(prefix + str(f.get("name")), f.get("description")) if isinstance(f, dict) else None
+            if copy is not None and registry.tool(copy).reads_pages:
+                return True
     return False
 
 
