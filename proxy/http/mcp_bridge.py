@@ -18,18 +18,18 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from a2wsgi import ASGIMiddleware
 from flask import Response
-from mcp.server.transport_security import TransportSecuritySettings
 
-from proxy.apis.mcp import server as mcp_server
 from proxy.core import routes
 from proxy.core.config import Config
 from proxy.core.errors import jsonrpc_error
 from proxy.engine.events import tally
 from proxy.engine.services import Services
+
+if TYPE_CHECKING:  # the SDK and the bridge load at the first /mcp request (McpBridge._start)
+    from a2wsgi import ASGIMiddleware
 
 
 def origin_refusal(origin: str | None, allowed: tuple[str, ...]) -> Response | None:
@@ -60,6 +60,12 @@ class McpBridge:
             return self._wsgi
 
     def _start(self) -> ASGIMiddleware:
+        # Imported here: the SDK costs a worker 0.7 s and 39 MiB to load, which a proxy nobody asks for MCP keeps.
+        from a2wsgi import ASGIMiddleware
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        from proxy.apis.mcp import server as mcp_server
+
         # The SDK logs a line per request and per refused call at INFO; the proxy's access log already has one line
         # per request, and a tool's failure is its result. Its warnings and errors stay.
         logging.getLogger("mcp").setLevel(logging.WARNING)
