@@ -21,7 +21,8 @@ case "${1:-}" in
 esac
 
 here=$(cd "$(dirname "$0")" && pwd)
-HF_HUB_VERSION=2.4.0  # model/requirements.in pins the same (tests/test_model_service.py)
+# model/requirements.in pins the same (tests/test_model_service.py).
+HF_HUB_VERSION=2.4.0
 LOCK=$here/model/requirements.txt
 
 # The same MODEL_DIR docker compose uses: the environment first, then a MODEL_DIR= line in .env.

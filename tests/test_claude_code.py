@@ -293,3 +293,54 @@ def test_claude_code_webfetch_without_the_setting_fails_offline(start_proxy, bac
     assert tls_pages.requests == [] and "summary" not in model.shapes
     # The check never came to the proxy: no request but the model's own reached the backend.
     assert {r.path for r in backend.received} <= {"/v1/messages", "/v1/models", "/v1/messages/count_tokens"}
+
+
+# ---- the web tools over MCP (/mcp) ---------------------------------------------------------------------------------
+
+MCP_SEARCH = "mcp__stack__web_search"  # Claude Code's name for the server "stack"'s tool
+
+
+class McpModel(StandInModel):
+    """Searches through the stack's MCP server (loading the tool first when Claude Code defers it), then answers."""
+
+    def answer(self, body):
+        tools = [t.get("name") for t in body.get("tools") or []]
+        msgs = body.get("messages") or []
+        last = json.dumps(msgs[-1].get("content")) if msgs else ""
+        previous = json.dumps(msgs[-2].get("content")) if len(msgs) > 1 else ""
+        if MCP_SEARCH in tools:
+            if f'"{MCP_SEARCH}"' in previous and '"tool_result"' in last:
+                return "final", [W.text(ANSWER)]
+            return "call-mcp", [W.tool_use(MCP_SEARCH, {"query": QUERY})]
+        if "ToolSearch" in tools and "web" in json.dumps(msgs[0].get("content") if msgs else ""):
+            return "load-mcp", [W.tool_use("ToolSearch", {"query": f"select:{MCP_SEARCH}", "max_results": 1})]
+        return "background", [W.text("ok")]
+
+
+def test_claude_code_searches_through_the_mcp_server_and_its_model_reads_text(start_proxy, backend, searxng,
+                                                                               tmp_path):
+    proxy = start_proxy(ANTHROPIC_ANY_MODEL="1", KEEPALIVE_INTERVAL="0.2", PROXY_API_KEY="dummy-key")
+    backend.responder = McpModel()
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"stack": {
+        "type": "http", "url": proxy.url + "/mcp", "headers": {"Authorization": "Bearer dummy-key"}}}}))
+    lines = run_claude(proxy.url, "Search the web: what is new in vLLM 0.32?", allowed=MCP_SEARCH,
+                       args=("--mcp-config", str(config), "--strict-mcp-config"))
+    assert lines[-1]["type"] == "result" and lines[-1]["result"] == ANSWER, lines[-1]
+    assert searxng.queries == [QUERY]
+    # The call in Claude Code's own output, and its result as the text the proxy wrote.
+    calls = [b for ln in lines if ln.get("type") == "assistant" for b in ln["message"]["content"]
+             if b.get("type") == "tool_use" and b.get("name") == MCP_SEARCH]
+    assert [c["input"] for c in calls] == [{"query": QUERY}]
+    turns = [r.json() for r in backend.received if r.path == "/v1/messages"]
+    # The turn after the call (and any background request Claude Code sends with the same history).
+    after = [t for t in turns if len(t["messages"]) > 1 and isinstance(t["messages"][-2]["content"], list)
+             and any(b.get("name") == MCP_SEARCH for b in t["messages"][-2]["content"])]
+    assert after
+    for turn in after:
+        (block,) = [b for b in turn["messages"][-1]["content"] if b.get("type") == "tool_result"]
+        shown = block["content"] if isinstance(block["content"], str) else "".join(
+            p.get("text", "") for p in block["content"])
+        # Readable text, its line ends real: never the structured output's JSON with every newline escaped.
+        assert shown.startswith(f'Search results for "{QUERY}":\n') and "\nURL: https://example.org/" in shown
+        assert "\\n" not in shown and '{"result"' not in shown

@@ -191,3 +191,54 @@ def test_codex_standalone_search_is_served_by_the_proxy(start_proxy, backend, se
     assert "https://example.org/vllm-0.32-release-notes/1" in text
     assert "## open [turn0view0] vLLM 0.32 notes" in text and "PELICAN-7731" in text
     assert "POST /v1/alpha/search 200" in proxy.log_once("POST /v1/alpha/search 200")
+
+
+# ---- the web tools over MCP (/mcp) ----------------------------------------------------------------------------------
+
+def mcp_tool_of(request: dict) -> tuple[str, str | None] | None:
+    """(name, namespace) of the MCP server's web_search as Codex offers it to the model, or None."""
+    for t in request.get("tools") or []:
+        if t.get("type") == "namespace":
+            for inner in t.get("tools") or []:
+                if "Served by the coding stack" in (inner.get("description") or "") and "search" in inner.get("name", ""):
+                    return inner["name"], t.get("name")
+        elif "Served by the coding stack" in (t.get("description") or "") and "search" in t.get("name", ""):
+            return t["name"], None
+    return None
+
+
+def mcp_model(received):
+    """Search through the MCP server's tool; once its output is in the input, answer."""
+    if received.path != "/v1/responses":
+        return None
+    request = received.json()
+    searched = any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in request.get("input") or [])
+    found = mcp_tool_of(request)
+    if searched or found is None:
+        return w.answer(request, [w.message(ANSWER)])
+    name, namespace = found
+    return w.answer(request, [w.reasoning("I need to look this up."), w.call(name, {"query": QUERY}, namespace=namespace)])
+
+
+@needs_codex
+def test_codex_searches_through_the_mcp_server(start_proxy, backend, searxng, tmp_path):
+    proxy = start_proxy(PROXY_API_KEY="sk-local")
+    backend.responder = mcp_model
+    config = codex_config(proxy.url).replace('web_search = "cached"', 'web_search = "disabled"') + f"""
+[mcp_servers.stack]
+url = "{proxy.url}/mcp"
+bearer_token_env_var = "STACK_API_KEY"
+"""
+    proc, items, diagnostics = run_codex(proxy, tmp_path, "--ephemeral", "What changed in vLLM 0.32? Search the web.",
+                                         config=config)
+    sent = [r.json() for r in backend.received if r.path == "/v1/responses"]
+    assert proc.returncode == 0, diagnostics
+    assert sent and mcp_tool_of(sent[0]) is not None, json.dumps(sent[0]["tools"] if sent else None)[:3000]
+    calls = [i for i in items if i.get("type") == "mcp_tool_call"]
+    assert [(c.get("server"), c.get("tool"), c.get("status")) for c in calls] == [
+        ("stack", "web_search", "completed")], diagnostics
+    assert searxng.queries == [QUERY]
+    (output,) = [i for i in sent[-1]["input"] if i.get("type") == "function_call_output"]
+    shown = output["output"] if isinstance(output["output"], str) else json.dumps(output["output"])
+    assert f'Search results for \\"{QUERY}\\"' in shown or f'Search results for "{QUERY}"' in shown, shown[:2000]
+    assert [i.get("text") for i in items if i.get("type") == "agent_message"][-1] == ANSWER

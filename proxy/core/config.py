@@ -155,6 +155,12 @@ class Config:
     web_fetch_link_depth: int = setting("WEB_FETCH_LINK_DEPTH", 2, whole)
     web_fetch_link_budget: int = setting("WEB_FETCH_LINK_BUDGET", 2, whole)
     web_fetch_links_per_hour: int = setting("WEB_FETCH_LINKS_PER_HOUR", 24, whole)
+    # The MCP server at /mcp (docs/web-tools.md, "Web tools over MCP"). Browser origins allowed to call it (a request
+    # with any other Origin header gets a 403 and runs nothing: DNS rebinding); MCP clients send none. And the page
+    # reads per client and hour of URLs no search or page of that client gave (a person typed them, or the model
+    # wrote them): an MCP server does not see the conversation, so this budget stands in for "the URL was given".
+    mcp_allowed_origins: tuple[str, ...] = setting("MCP_ALLOWED_ORIGINS", (), keys)
+    mcp_unsourced_per_hour: int = setting("MCP_UNSOURCED_PER_HOUR", 30, whole)
     # Seconds a search answer with results is reused (agents repeat queries within minutes); 0 turns the cache off.
     search_cache_ttl: float = setting("SEARCH_CACHE_TTL", 600.0, number)
     # Bounds of the search cache, per gunicorn worker: answers kept, and their bytes (16 MiB).

@@ -72,14 +72,26 @@ def anthropic_error(status: int, message: str, type_: str | None = None) -> Resp
     return Response(anthropic_error_bytes(status, message, type_), status=status, mimetype="application/json")
 
 
+def jsonrpc_error_bytes(status: int, message: str, code: int = -32600) -> bytes:
+    """An HTTP error as a JSON-RPC error object with no id, the shape an MCP client parses (the request it refuses
+    was never read as a JSON-RPC message, so it has no id to answer)."""
+    return codec.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
+
+
+def jsonrpc_error(status: int, message: str, code: int = -32600) -> Response:
+    return Response(jsonrpc_error_bytes(status, message, code), status=status, mimetype="application/json")
+
+
 def error_for_path(path: str, status: int, message: str, type_: str | None = None) -> Response:
     """The proxy's own error in the shape the route's clients parse: Anthropic's under
-    /v1/messages (Claude Code, the Anthropic SDK), OpenAI's everywhere else."""
+    /v1/messages (Claude Code, the Anthropic SDK), JSON-RPC's on /mcp, OpenAI's everywhere else."""
     return Response(error_bytes_for_path(path, status, message, type_), status=status, mimetype="application/json")
 
 
 def error_bytes_for_path(path: str, status: int, message: str, type_: str | None = None) -> bytes:
     """error_for_path's body, for a writer without Flask (gunicorn's own errors, proxy/http/gunicorn_errors.py)."""
+    if route_of(path).errors == "jsonrpc":
+        return jsonrpc_error_bytes(status, message)
     if route_of(path).errors == "anthropic":
         return anthropic_error_bytes(status, message, type_ if type_ in ANTHROPIC_TYPES.values() else None)
     return codec.dumps(error_body(status, message, type_))

@@ -11,6 +11,7 @@ MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
 RESPONSES = "/v1/responses"
 ALPHA_SEARCH = "/v1/alpha/search"
+MCP = "/mcp"  # the web tools as an MCP server (streamable HTTP; proxy/apis/mcp/)
 PROXY_HEALTH = "/proxy/health"
 PROXY_METRICS = "/proxy/metrics"
 PROXY_SEARCH_HEALTH = "/proxy/search/health"  # the search failover's state; behind PROXY_API_KEY like the metrics
@@ -22,7 +23,7 @@ HEALTH = "/health"  # vLLM's, relayed; open like the proxy's own so a healthchec
 class Route:
     path: str
     api: str                 # the metrics' `api` label
-    errors: str = "openai"   # "openai" or "anthropic": the shape of the proxy's own errors on this path
+    errors: str = "openai"   # "openai", "anthropic" or "jsonrpc": the shape of the proxy's own errors on this path
     prefix: bool = False     # the path and everything under it
 
 
@@ -31,6 +32,7 @@ ROUTES = (
     Route(MESSAGES, "messages", "anthropic", prefix=True),  # count_tokens and any sub-path Anthropic adds
     Route(RESPONSES, "responses"),
     Route(ALPHA_SEARCH, "alpha_search"),
+    Route(MCP, "mcp", "jsonrpc"),
     Route("/proxy/", "proxy", prefix=True),  # its own health and metrics: a scrape every few seconds is not traffic
 )
 RELAY = Route("", "relay")  # every other path: vLLM's, relayed byte for byte

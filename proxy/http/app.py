@@ -30,6 +30,7 @@ from proxy.engine.exchange import Exchange
 from proxy.engine.services import Services
 from proxy.http import affinity
 from proxy.http.flow import RequestFlow
+from proxy.http.mcp_bridge import McpBridge
 from proxy.http.team import BODY_BYTES, Team
 from proxy.http.wiring import build_services, build_store, observe_team
 from proxy.observe import metrics
@@ -120,6 +121,13 @@ def create_app(cfg: Config) -> Flask:
     @app.route(routes.ALPHA_SEARCH, methods=["POST"])
     def alpha_web_search():
         return codex_search.handle(request_body(cfg), request.environ)
+
+    # The web tools as an MCP server (streamable HTTP), after the key check like every route.
+    mcp = McpBridge(services, cfg)
+
+    @app.route(routes.MCP, methods=["GET", "POST", "DELETE"])
+    def mcp_server():
+        return mcp(request.environ, request.headers.get("Origin"))
 
     @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
     @app.route("/<path:path>", methods=ALL_METHODS)

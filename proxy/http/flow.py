@@ -46,7 +46,7 @@ def _answers_from_the_model(environ: dict) -> bool:
     """A POST to vLLM's APIs (relayed, or the search loop's): not the proxy's own routes, nor a token count
     (Messages' count_tokens answers input_tokens too, for no prefill)."""
     path = environ.get("PATH_INFO", "")
-    return environ.get("REQUEST_METHOD") == "POST" and routes.api_of(path) not in ("proxy", "alpha_search") \
+    return environ.get("REQUEST_METHOD") == "POST" and routes.api_of(path) not in ("proxy", "alpha_search", "mcp") \
         and not path.endswith("/count_tokens")
 
 

@@ -16,6 +16,23 @@ FIND_IN_PAGE = find_in_page.TOOL.name
 
 TOOLS: dict[str, Tool] = {t.name: t for t in (web_search.TOOL, web_fetch.TOOL, find_in_page.TOOL)}
 
+# Ends the description of each tool the proxy's MCP server (/mcp) offers: a client passes it to the model with the
+# tool, so a request that already offers this stack's MCP tools is known by it, whatever name the client gave them.
+MCP_MARKER = "(Served by the coding stack's proxy over MCP.)"
+
+
+def mcp_copy(name, description) -> str | None:
+    """The proxy tool a client's tool stands for when it is this stack's MCP tool as the client offers it: its
+    description carries MCP_MARKER, or its name is Claude Code's and Codex's `mcp__<server>__<tool>`; else None.
+    Pure."""
+    if not isinstance(name, str):
+        return None
+    for ours in (WEB_SEARCH, WEB_FETCH):
+        if name.endswith(ours) and ((isinstance(description, str) and MCP_MARKER in description)
+                                    or (name.startswith("mcp__") and name.endswith("__" + ours))):
+            return ours
+    return None
+
 
 def tool(name: str) -> Tool:
     return TOOLS[name]

@@ -67,7 +67,16 @@ def tools_to_inject(body: dict, offered: tuple[str, ...] = tuple(CHAT_TOOLS)) ->
     if body.get("tool_choice") == "none" or (body.get("n") or 1) != 1:
         return ()
     theirs = {tool_name(t) for t in body.get("tools") or []}
+    # The same tools from the proxy's own MCP server, as the client offers them (mcp__stack__web_search): a second
+    # copy would only make the model choose between two names for one search.
+    theirs |= {registry.mcp_copy(tool_name(t), tool_description(t)) for t in body.get("tools") or []}
     return tuple(name for name in offered if name not in theirs)
+
+
+def tool_description(tool: dict) -> str | None:
+    """The description of one of the client's tool definitions (a function's, or a bare tool's)."""
+    fn = tool.get("function")
+    return fn.get("description") if isinstance(fn, dict) else tool.get("description")
 
 
 def with_tools(body: dict, names) -> dict:

@@ -190,6 +190,22 @@ def hosted_functions(tools, pages: bool) -> dict[str, str]:
     return out
 
 
+def offers_mcp_reader(tools) -> bool:
+    """Whether the client's tools include the page reader of the proxy's own MCP server (registry.mcp_copy), as a
+    function or inside a namespace (Codex 0.171.0 sends a server's tools as namespace `mcp__<server>`). Pure."""
+    for t in tools if isinstance(tools, list) else ():
+        if not isinstance(t, dict):
+            continue
+        namespaced = t.get("type") == "namespace" and isinstance(t.get("tools"), list)
+        inner = t["tools"] if namespaced else [t]
+        prefix = f"{t.get('name')}__" if namespaced else ""
+        for f in inner:
+            copy = registry.mcp_copy(prefix + str(f.get("name")), f.get("description")) if isinstance(f, dict) else None
+            if copy is not None and registry.tool(copy).kind == PAGE:
+                return True
+    return False
+
+
 def language_for(location) -> str | None:
     if not isinstance(location, dict) or not isinstance(location.get("country"), str):
         return None
@@ -207,7 +223,8 @@ def make_plan(body: dict, default_results: int, fetch: bool = True) -> Responses
     spec = hosted or {}
     filters = as_dict(spec.get("filters"))
     allowed = filters.get("allowed_domains") or ()
-    functions = hosted_functions(tools, fetch) if hosted is not None else {}
+    # A client that offers this stack's MCP page reader (Codex's mcp__<server>__web_fetch) already has one.
+    functions = hosted_functions(tools, fetch and not offers_mcp_reader(tools)) if hosted is not None else {}
     return ResponsesPlan(name=internal_name(tools), hosted=hosted is not None,
                 results=result_count(spec.get("search_context_size"), default_results),
                 language=language_for(spec.get("user_location")),

@@ -1,0 +1,1 @@
+"""The web tools as an MCP server at /mcp (streamable HTTP), answered by the proxy alone."""
