@@ -10,9 +10,8 @@ import shutil
 import sys
 import tempfile
 
-# gunicorn loads this file before it puts its --chdir on sys.path; the proxy package sits beside it.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from proxy.core.config import Config  # noqa: E402 (needs the path above)
+# gunicorn puts its --chdir (the working directory) on sys.path before it loads this file, as the app needs too.
+from proxy.core.config import Config
 
 try:
     CONFIG = Config.from_env(os.environ)
