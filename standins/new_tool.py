@@ -15,7 +15,7 @@ from proxy.apis.messages.presentation import SERVER_TOOLS, ServerTool
 from proxy.apis.responses.presentation import HOSTED_ACTIONS, HostedAction, arguments_of
 from proxy.core.codec import as_dict
 from proxy.tools import registry
-from proxy.tools.base import NO_LIMITS, Cited, Limits, RunContext
+from proxy.tools.base import NO_LIMITS, OTHER, Cited, Limits, RunContext
 
 NAME = "lookup_word"
 GLOSSARY = {"proxy": "a server that stands between a client and the server it talks to",
@@ -60,7 +60,7 @@ class LookupWord:
     name = NAME
     description = "Look up what a word means in the proxy's glossary."
     schema = {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}
-    reads_pages = False
+    kind = OTHER  # neither a search nor a page read: counted as neither
     broken = "Lookup failed: the proxy could not look this word up (an internal error)."
 
     def parse(self, arguments, limits: Limits = NO_LIMITS) -> LookupRequest:

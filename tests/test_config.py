@@ -3,6 +3,7 @@ variable (as gunicorn and `docker compose logs proxy` show it), and Config holds
 
 Run: tests/run.sh tests/test_config.py
 """
+import ast
 import ipaddress
 import os
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.core.config import Config, default_state_db
+from proxy.core.config import Config, default_state_db, variables
 
 ROOT = Path(__file__).resolve().parent.parent
 # Load the entry point as gunicorn does (it builds the app and serves nothing): a config error exits there.
@@ -141,3 +142,90 @@ def test_config_holds_networks_parsed_once():
 def test_config_refuses_values_that_cannot_work(fields, message):
     with pytest.raises(ValueError, match=message):
         Config(**fields)
+
+
+# ---- gunicorn.conf.py takes its settings from Config, never from the environment itself ------------------------
+
+def gunicorn_settings(tmp_path, **env) -> subprocess.CompletedProcess:
+    """gunicorn's settings as it resolves them with the shipped gunicorn.conf.py (--print-config serves nothing)."""
+    clean = {k: v for k, v in os.environ.items() if not k.isupper() or k in ("PATH", "HOME", "LANG")}
+    # a metrics folder given, so several workers make no private one to leave behind
+    env = {**clean, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), **env}
+    return subprocess.run([sys.executable, "-m", "gunicorn", "--config", "gunicorn.conf.py", "--print-config",
+                           "proxy-passthrough:app"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("env, settings", [
+    ({}, {"bind": "['0.0.0.0:11433']", "workers": "1", "worker_connections": "1000", "timeout": "120",
+          "loglevel": "info"}),
+    # empty is the default, as Config.from_env reads every variable
+    ({"PROXY_WORKERS": "", "PROXY_WORKER_TIMEOUT": ""}, {"workers": "1", "timeout": "120"}),
+    ({"PROXY_BIND": "127.0.0.1:0", "PROXY_WORKERS": "3", "PROXY_WORKER_CONNECTIONS": "64",
+      "PROXY_WORKER_TIMEOUT": " 7", "LOG_LEVEL": "DEBUG"},
+     {"bind": "['127.0.0.1:0']", "workers": "3", "worker_connections": "64", "timeout": "7", "loglevel": "debug"}),
+])
+def test_gunicorn_takes_its_settings_from_config(tmp_path, env, settings):
+    proc = gunicorn_settings(tmp_path, **env)
+    assert proc.returncode == 0, proc.stderr
+    printed = {name.strip(): value.strip() for name, _, value in
+               (line.partition(" = ") for line in proc.stdout.splitlines())}
+    assert {k: printed.get(k) for k in settings} == settings
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("PROXY_WORKERS", "two", "PROXY_WORKERS must be a whole number, not 'two'"),
+    ("PROXY_WORKERS", "0", "PROXY_WORKERS must be above 0, not 0"),
+    ("PROXY_WORKER_CONNECTIONS", "-5", "PROXY_WORKER_CONNECTIONS must be above 0, not -5"),
+    ("PROXY_WORKER_TIMEOUT", "2m", "PROXY_WORKER_TIMEOUT must be a whole number, not '2m'"),
+    ("SEARXNG_RESULTS", "five", "SEARXNG_RESULTS must be a whole number, not 'five'"),  # the master checks all of them
+])
+def test_a_bad_gunicorn_setting_stops_it_with_one_line_naming_it(tmp_path, name, value, message):
+    proc = gunicorn_settings(tmp_path, **{name: value})
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.strip() == f"gunicorn.conf.py: {message}", proc.stderr
+
+
+def environment_reads(tree) -> list[tuple[int, str]]:
+    """Each variable a module reads by name: os.environ.get/os.getenv/os.environ[...]/`in os.environ`. Pure."""
+    def is_environ(node) -> bool:  # os.environ, not a WSGI request's environ
+        return (isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name)
+                and node.value.id == "os")
+
+    def literal(node) -> str | None:
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+    reads = []
+    for node in ast.walk(tree):
+        name = None
+        if isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute):
+            if (node.func.attr == "get" and is_environ(node.func.value)) or node.func.attr == "getenv":
+                name = literal(node.args[0])
+        elif isinstance(node, ast.Subscript) and is_environ(node.value) and isinstance(node.ctx, ast.Load):
+            name = literal(node.slice)
+        elif isinstance(node, ast.Compare) and any(is_environ(c) for c in node.comparators):
+            name = literal(node.left)
+        if name:
+            reads.append((node.lineno, name))
+    return reads
+
+
+def test_gunicorn_conf_reads_no_variable_config_owns():
+    """Config.from_env is the one reader of the proxy's variables: gunicorn.conf.py takes bind, workers, timeouts
+    and the rest from it, and may only write the two variables its forked workers need (its comments say why)."""
+    owned = set(variables())
+    reads = environment_reads(ast.parse((ROOT / "gunicorn.conf.py").read_text()))
+    assert [(line, name) for line, name in reads if name in owned] == []
+
+
+def test_the_environment_read_check_sees_each_way_of_reading():
+    """The check above can fail: each form of a read is found."""
+    source = ('os.environ.get("A", "1")\nos.getenv("B")\nx = os.environ["C"]\n"D" in os.environ\n'
+              'os.environ["E"] = "w"\nos.environ.pop("F", None)\n')
+    assert environment_reads(ast.parse(source)) == [(1, "A"), (2, "B"), (3, "C"), (4, "D")]
+
+
+@pytest.mark.parametrize("path", sorted([*(ROOT / "proxy").rglob("*.py"), ROOT / "proxy-passthrough.py"]),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_of_the_proxy_reads_a_variable_itself(path):
+    """Each goes through Config.from_env (docs/architecture.md, Configuration)."""
+    assert environment_reads(ast.parse(path.read_text())) == []

@@ -1,13 +1,15 @@
 """The proxy's layers as the tree shows them (proxy/__init__.py, docs/architecture.md): every module imports only its
 own layer and the ones below it, no API's package imports another API's, no API module imports backends/ or
 transport/ (they are reached through engine/ and tools/), a tool imports no API, and no modules import each other
-in a circle. Read from the source with ast, function-level imports included; no network.
+in a circle; and no module defines a name nothing uses. Read from the source with ast, function-level imports
+included; no network.
 
 Run: tests/run.sh tests/test_layers.py
 """
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,108 @@ def test_the_checks_see_what_they_check():
     assert "proxy.tools.registry" in GRAPH["proxy.tools.session"]
     assert "proxy.engine.exchange" in GRAPH["proxy.engine.loop"]
     assert len(MODULES) >= 40
+
+
+# ---- nothing defined that nothing uses ------------------------------------------------------------------------
+
+def python_sources() -> list[Path]:
+    """Every Python file of the repository that may use the proxy's names: the package, the entry points, the
+    stand-ins, the scripts, the tests (hidden folders and the tests' work folders aside)."""
+    return [p for p in ROOT.rglob("*.py") if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+            and "node_modules" not in p.parts]
+
+
+def unused_top_level_names(sources: dict[Path, str], package: list[Path]) -> list[str]:
+    """Each module-level function, class or constant of `package` whose name appears nowhere but where it is
+    defined: dead code a reader would study for nothing. A name written once in all `sources` is its definition.
+    Pure."""
+    words: dict[str, int] = {}
+    for text in sources.values():
+        for word in re.findall(r"\b[A-Za-z_]\w*\b", text):
+            words[word] = words.get(word, 0) + 1
+    unused = []
+    for path in package:
+        for node in ast.parse(sources[path]).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names = [node.target.id]
+            else:
+                names = []
+            unused += [f"{path.relative_to(ROOT)}:{name}" for name in names if words.get(name, 0) <= 1]
+    return unused
+
+
+def test_no_module_defines_what_nothing_uses():
+    sources = {p: p.read_text() for p in python_sources()}
+    assert unused_top_level_names(sources, sorted(PROXY.rglob("*.py"))) == []
+
+
+def test_the_unused_name_check_finds_one():
+    module = ROOT / "proxy" / "made_up.py"
+    sources = {module: 'PDF_TYPE = "application/pdf"\nUSED = 1\n\ndef is_pdf(b):\n    return USED\n'}
+    assert unused_top_level_names(sources, [module]) == ["proxy/made_up.py:PDF_TYPE", "proxy/made_up.py:is_pdf"]
+
+
+# ---- docs/architecture.md names the tree as it is ---------------------------------------------------------------
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def named_paths(doc: str) -> list[str]:
+    """Each module path the page names in backticks (`http/team.py`, `proxy/tools/base.py`, `proxy.http.app`), as
+    written; paths inside the vLLM image (absolute) aside. Pure."""
+    found = []
+    for token in re.findall(r"`([^`\s]+)`", doc):
+        path = re.fullmatch(r"([\w./-]+\.py)(?:[:.]\w+)*", token)
+        if path and not path.group(1).startswith("/"):
+            found.append(path.group(1))
+        elif re.fullmatch(r"proxy(\.\w+)+", token):
+            found.append(token)
+    return found
+
+
+def exists(name: str) -> bool:
+    """Whether a path the page names is in the tree: from the repository, from proxy/ or from proxy/apis/ (the page
+    names `http/team.py` and `chat/rules.py`), a bare file name anywhere; a dotted name when a prefix of it is a module
+    (the rest its attributes)."""
+    if name.endswith(".py"):
+        if "/" not in name:
+            return any(p.name == name for p in python_sources())
+        return any((base / name).is_file() for base in (ROOT, PROXY, PROXY / "apis"))
+    parts = name.split(".")
+    return any(ROOT.joinpath(*parts[:k]).with_suffix(".py").is_file() or ROOT.joinpath(*parts[:k], "__init__.py").is_file()
+               for k in range(len(parts), 1, -1))
+
+
+def test_every_module_the_architecture_page_names_exists():
+    names = named_paths(ARCHITECTURE.read_text())
+    assert len(names) > 50  # the page names the tree throughout; a change of its style must not empty this test
+    assert sorted({n for n in names if not exists(n)}) == []
+
+
+def test_the_module_checks_see_a_missing_one():
+    doc = "`http/team.py`, `engine/gone.py`, `proxy.http.app.create_app`, `proxy.nowhere`, `/opt/x/plugin.py`"
+    assert named_paths(doc) == ["http/team.py", "engine/gone.py", "proxy.http.app.create_app", "proxy.nowhere"]
+    assert [n for n in named_paths(doc) if not exists(n)] == ["engine/gone.py", "proxy.nowhere"]
+
+
+def layer_rows(doc: str) -> list[tuple[str, set[str]]]:
+    """The layers table's rows: each layer and the modules its second column names. Pure."""
+    rows = []
+    for line in doc.splitlines():
+        row = re.match(r"\| `(\w+)/` \| (.*?) \| ", line)
+        if row:
+            rows.append((row.group(1), set(re.findall(r"`(\w+(?:\.py|/))`", row.group(2)))))
+    return rows
+
+
+def test_the_layers_table_lists_each_layer_in_order_with_exactly_its_modules():
+    rows = layer_rows(ARCHITECTURE.read_text())
+    assert tuple(layer for layer, _ in rows) == LAYERS
+    for layer, named in rows:
+        tree = {p.name + ("/" if p.is_dir() else "") for p in (PROXY / layer).iterdir()
+                if p.name not in ("__init__.py", "__pycache__")}
+        assert named == tree, f"{layer}/: the page names {sorted(named - tree)} the tree lacks, lacks {sorted(tree - named)}"

@@ -20,6 +20,7 @@ from proxy.apis.chat.rules import tools_to_inject
 from proxy.apis.responses.request import make_plan
 from proxy.http.mcp_bridge import origin_refusal
 from proxy.tools import registry
+from proxy.tools.base import PAGE
 from proxy.tools.registry import MCP_MARKER
 from standins import pdf_files
 from standins.searxng import result
@@ -342,7 +343,7 @@ def test_two_calls_in_one_worker_run_side_by_side(keyed, searxng):
 ])
 def test_a_responses_request_offering_the_mcp_reader_gets_no_page_functions_of_the_proxys(extra, reads_pages):
     plan = make_plan({"tools": [{"type": "web_search"}, *extra]}, 5)
-    assert plan.functions and any(registry.tool(t).reads_pages for t in plan.functions.values()) == reads_pages
+    assert plan.functions and any(registry.tool(t).kind == PAGE for t in plan.functions.values()) == reads_pages
 
 
 def test_no_session_is_pinned_to_a_worker(start_proxy, searxng):

@@ -10,6 +10,9 @@ from __future__ import annotations
 import ast
 import json
 import os
+import subprocess
+import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -131,3 +134,73 @@ def test_no_api_module_names_a_tool(path):
         elif isinstance(node, (ast.Name, ast.Attribute)) and (getattr(node, "id", None) or getattr(node, "attr", None)) in TOOL_NAMES:
             found.append(getattr(node, "id", None) or getattr(node, "attr", None))
     assert not found, f"{path.name} names tools: {sorted(set(found))}"
+
+
+# ---- counted by its kind, never by its name ------------------------------------------------------------------
+
+def test_its_calls_count_by_kind_in_the_keys_usage(tmp_path, _backend_server, _searxng_server, backend):
+    """lookup_word is of kind OTHER: its calls are neither searches nor page reads in the key's day (a count by name,
+    "every tool not named web_search reads a page", took each for a page read)."""
+    keys_file, admin = tmp_path / "keys.json", "admin-key-for-new-tool"
+    made = subprocess.run([sys.executable, str(ROOT / "scripts" / "keys.py"), "add", "reader", "--file", str(keys_file)],
+                          capture_output=True, text=True, timeout=30, check=True)
+    key = made.stdout.strip()
+    proxy = ProxyProcess({"BACKEND_URL": _backend_server.url, "SEARXNG_URL": _searxng_server.url,
+                          "PROXY_API_KEY": admin, "PROXY_KEYS_FILE": str(keys_file),
+                          "PROXY_STATE_DB": str(tmp_path / "state.sqlite3")},
+                         tmp_path / "proxy-kind.log", app="standins.new_tool:app")
+    try:
+        backend.script(json_reply(completion(tool_calls=[tool_call("lookup_word", {"word": "proxy"}),
+                                                         tool_call("lookup_word", {"word": "greenlet"})])),
+                       json_reply(completion(content="Both looked up.")))
+        req = urllib.request.Request(proxy.url + "/v1/chat/completions", method="POST", data=json.dumps(
+            {"model": "foundation", "messages": [{"role": "user", "content": "What are these?"}]}).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert json.loads(resp.read())["choices"][0]["message"]["content"] == "Both looked up."
+        deadline, day = time.monotonic() + 5, {}
+        while not day and time.monotonic() < deadline:  # the day is written as the request ends, after its bytes
+            got = urllib.request.urlopen(urllib.request.Request(
+                proxy.url + "/proxy/usage", headers={"Authorization": f"Bearer {admin}"}), timeout=10)
+            days = json.loads(got.read())["keys"].get("reader", {})
+            day = next(iter(days.values())) if days else {}
+            time.sleep(0.05)
+        assert {k: day.get(k) for k in ("requests", "searches", "page_reads")} == {
+            "requests": 1, "searches": 0, "page_reads": 0}, day
+    finally:
+        proxy.stop()
+
+
+# Outside the tools and the presentation tables nothing tells tools apart by name to count them: each counts by
+# `kind`. Allowed, with the reason: a wire's own word that happens to be a tool's name.
+WIRE_WORDS = {"proxy/apis/given.py": "Responses' web_search_call action.type 'find_in_page' (a page read earlier)"}
+
+
+def name_comparisons(tree) -> list[str]:
+    """The tool names (literal or the registry's constants) a module compares anything with. Pure."""
+    def names(node) -> list[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in TOOL_NAMES:
+            return [node.value]
+        if isinstance(node, (ast.Name, ast.Attribute)) and (getattr(node, "id", None) or node.attr) in TOOL_NAMES:
+            return [getattr(node, "id", None) or node.attr]
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return [n for e in node.elts for n in names(e)]
+        return []
+    return [n for node in ast.walk(tree) if isinstance(node, ast.Compare)
+            for operand in (node.left, *node.comparators) for n in names(operand)]
+
+
+@pytest.mark.parametrize("path", sorted(p for p in (ROOT / "proxy").rglob("*.py")
+                                        if "tools" not in p.relative_to(ROOT / "proxy").parts[:1]
+                                        and p.name != "presentation.py"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_nothing_outside_the_tools_counts_by_a_tools_name(path):
+    found = name_comparisons(ast.parse(path.read_text()))
+    if str(path.relative_to(ROOT)) in WIRE_WORDS:
+        found = [n for n in found if n != "find_in_page"]
+    assert not found, f"{path.relative_to(ROOT)} compares with tool names {sorted(set(found))}: count by kind"
+
+
+def test_the_name_comparison_scan_finds_each_form():
+    source = ('if o.tool != "web_search": pass\nif t in ("web_fetch", "x"): pass\nif n == registry.WEB_SEARCH: pass\n'
+              'PAGE = {"open": registry.WEB_FETCH}\n')
+    assert name_comparisons(ast.parse(source)) == ["web_search", "web_fetch", "WEB_SEARCH"]

@@ -16,6 +16,7 @@ import urllib.parse
 
 import pytest
 
+from proxy.engine.exchange import retry_reason
 from proxy.transport import vllm as upstream
 from proxy.transport.http1 import ProtocolError, body_framing, may_retry, request_head
 from proxy.transport.vllm import Backend, Connection, UpstreamError, gateway_status
@@ -424,30 +425,28 @@ def test_a_pooled_connection_idle_past_the_limit_is_not_used(keepalive_server, m
     assert not any(s.late for s in server.seen)
 
 
-# method, a first request pools the connection, the second request's outcome, times seen
+# method, a first request pools the connection -> the error says the connection was stale (a replay is harmless)
 DROPPED = [
-    ("POST", True, "unreachable", 1),
-    ("POST", False, "unreachable", 1),
-    ("GET", True, 200, 2),      # idempotent: one retry on a fresh connection (RFC 9112 §9.3.1)
-    ("GET", False, "unreachable", 1),
+    ("POST", True, False),
+    ("POST", False, False),
+    ("GET", True, True),      # idempotent: the policy may send it again on a fresh connection (RFC 9112 §9.3.1)
+    ("GET", False, False),    # a fresh connection that failed is no stale one
 ]
 
 
-@pytest.mark.parametrize("method, pooled_first, outcome, times", DROPPED)
-def test_a_request_the_server_read_and_dropped_is_not_replayed(keepalive_server, method, pooled_first, outcome, times):
+@pytest.mark.parametrize("method, pooled_first, stale", DROPPED)
+def test_a_request_the_server_read_and_dropped_is_not_replayed(keepalive_server, method, pooled_first, stale):
     """The server reads the request and closes without answering, as a vLLM that died while
-    generating would: a POST gets a 502 and was sent once; any replay would be answered."""
+    generating would: the transport sends it once (Exchange.call's policy decides on a retry), a 502,
+    stale only when a replay cannot be a second generation."""
     server = keepalive_server(*([OK, DROP] if pooled_first else [DROP]), default=OK)
     backend = Backend(server.url, connect_timeout=1, read_timeout=5)
     if pooled_first:
         assert backend.request("GET", "/v1/models", None, []).read() == b"{}"
-    if outcome == 200:
-        assert chat(backend, method).read() == b"{}"
-    else:
-        with pytest.raises(UpstreamError, match="closed the connection") as e:
-            chat(backend, method)
-        assert gateway_status(e.value)[0] == 502
-    assert [s.method for s in server.seen if s.path == "/v1/chat/completions"] == [method] * times
+    with pytest.raises(UpstreamError, match="closed the connection") as e:
+        chat(backend, method)
+    assert gateway_status(e.value)[0] == 502 and (e.value.stale, e.value.unanswered) == (stale, True)
+    assert [s.method for s in server.seen if s.path == "/v1/chat/completions"] == [method]
     if pooled_first:
         assert server.seen[1].connection == 0  # the dropped request did go on the pooled connection
 
@@ -468,22 +467,74 @@ class FailingSocket(QuietSocket):
         raise ConnectionResetError(104, "Connection reset by peer")
 
 
-@pytest.mark.parametrize("method, fail_on, retried", [
+@pytest.mark.parametrize("method, fail_on, stale", [
     ("POST", "send", True),    # the write did not complete: the server never had the request
-    ("POST", "read", False),   # sent whole: it may be generating, so never again
+    ("POST", "read", False),   # sent whole: it may be generating, so never again on this ground
     ("GET", "send", True),
     ("GET", "read", True),
 ])
-def test_a_reused_connection_failing_is_retried_only_when_that_is_safe(keepalive_server, method, fail_on, retried):
+def test_a_reused_connection_failing_is_stale_only_when_a_retry_is_safe(keepalive_server, method, fail_on, stale):
+    """One attempt, never a second connection in the transport; the error says whether a retry is safe."""
     server = keepalive_server()
     backend = pooled(FailingSocket(fail_on), url=server.url)
-    if retried:
-        assert chat(backend, method).read() == b"{}"
-        assert [s.method for s in server.seen] == [method]
-    else:
-        with pytest.raises(UpstreamError, match="reset by peer"):
-            chat(backend, method)
-        assert server.accepted == 0
+    with pytest.raises(UpstreamError, match="Broken pipe|reset by peer") as e:
+        chat(backend, method)
+    assert e.value.stale is stale and server.accepted == 0
+    # fresh: a retry's connection, never the pool's
+    assert chat(backend, method).read() == b"{}" and [s.method for s in server.seen] == [method]
+
+
+def failed(stale=False, unanswered=True, refused=False) -> UpstreamError:
+    return UpstreamError("unreachable", "x", refused=refused, unanswered=unanswered, stale=stale)
+
+
+# the attempt's failure (or a gateway's plain-text status), the retries spent -> why it goes again
+RETRY_POLICY = [
+    (failed(stale=True), set(), "stale"),                      # a pooled connection the server closed: quietly
+    (failed(stale=True), {"stale"}, "unreachable"),            # (cannot happen: retries use fresh connections)
+    (failed(), {"stale"}, "unreachable"),                      # then nothing answered on the fresh one: once more
+    (failed(), set(), "unreachable"),
+    (failed(unanswered=False, refused=True), set(), "unreachable"),  # refused: vLLM loading, or a router's worker
+    (failed(), {"failed"}, None),                              # never a third time
+    (failed(), {"stale", "failed"}, None),
+    (failed(unanswered=False), set(), None),                   # the head had begun: the server acted on it
+    (UpstreamError("timeout", "x"), set(), None),              # silent for READ_TIMEOUT: it may be generating
+    (502, set(), "502"),                                       # vllm-router: the worker it chose is gone
+    (503, {"stale"}, "503"),
+    (500, {"failed"}, None),
+    (None, set(), None),                                       # an answer
+]
+
+
+@pytest.mark.parametrize("failure, tried, reason", RETRY_POLICY)
+def test_the_one_retry_policy(failure, tried, reason):
+    error, gone = (failure, None) if isinstance(failure, UpstreamError) else (None, failure)
+    assert retry_reason(error, gone, set(tried)) == reason
+
+
+# vLLM's answers in order -> the client's status, (connection, path) of each request vLLM saw after the first GET
+THROUGH_THE_PROXY = [
+    # a pooled connection vLLM dropped: the idempotent GET goes again on a fresh one
+    ([OK, DROP], "GET", 200, [0, 1]),
+    # and if that fails before an answer too, once more: the stale retry and the one retry are each spent once
+    ([OK, DROP, DROP], "GET", 200, [0, 1, 2]),
+    ([OK, DROP, DROP, DROP], "GET", 502, [0, 1, 2]),
+    # a POST read and dropped on the pooled connection is no stale one: the one retry, on a fresh connection
+    ([OK, DROP], "POST", 200, [0, 1]),
+]
+
+
+@pytest.mark.parametrize("answers, method, status, connections", THROUGH_THE_PROXY)
+def test_through_the_proxy_retries_of_a_call_vllm_dropped(start_proxy, keepalive_server, answers, method, status,
+                                                          connections):
+    server = keepalive_server(*answers, default=OK)
+    p = start_proxy(BACKEND_URL=server.url)
+    assert raw_request(p.url, "GET", "/v1/models")[0] == 200
+    target = "/v1/models" if method == "GET" else "/v1/completions"
+    got = raw_request(p.url, method, target, b'{"model":"m","prompt":"x"}' if method == "POST" else None,
+                      {"Content-Type": "application/json"})[0]
+    assert got == status
+    assert [(s.connection, s.path) for s in server.seen[1:]] == [(c, target) for c in connections]
 
 
 @pytest.mark.parametrize("method, sent, answered, expected", [

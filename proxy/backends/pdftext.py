@@ -14,9 +14,6 @@ import logging
 import re
 import time
 
-PDF_TYPE = "application/pdf"
-MAGIC = b"%PDF-"
-
 
 class PdfRefused(Exception):
     """A PDF whose text cannot be read; `code` is Anthropic's web_fetch error code, `message` the model's sentence."""
@@ -25,11 +22,6 @@ class PdfRefused(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-def is_pdf(body: bytes) -> bool:
-    """Whether bytes are a PDF by their signature (readers accept it within the first KiB, after junk)."""
-    return MAGIC in body[:1024]
 
 
 def pdf_to_text(data: bytes, max_chars: int | None = None, cpu_budget: float | None = None,

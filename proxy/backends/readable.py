@@ -104,7 +104,6 @@ ARTICLE_HINT = re.compile(r"articlebody|article-body|article__body|article-conte
                           r"article-text|post-content|post-body|post_content|entry-content|story-body|storybody|"
                           r"story-content|body-text|rich-text|markdown-body|js-post-body|content-body")
 KEEP_XPATH = "boolean(self::table|.//h1|.//h2|.//h3|.//h4|.//h5|.//h6|.//table)"
-PARAGRAPHS = frozenset({"p", "pre", "td", "blockquote"})
 TAG_WEIGHT = {"div": 5, "article": 10, "main": 5, "section": 3, "pre": 3, "td": 3, "blockquote": 3, "address": -3,
               "ol": -3, "ul": -3, "dl": -3, "dd": -3, "dt": -3, "li": -3, "form": -3, "h1": -5, "h2": -5, "h3": -5,
               "h4": -5, "h5": -5, "h6": -5, "th": -5}

@@ -1,6 +1,6 @@
 """The proxy's settings as one immutable value, each named once here with its environment variable, its default
 and its reader: Config.from_env(os.environ) is the one place the environment is read (proxy-passthrough.py calls
-it), and Config(...) builds one for tests. Each value is checked and put in its working form once, in
+it, and gunicorn.conf.py for gunicorn's own settings), and Config(...) builds one for tests. Each value is checked and put in its working form once, in
 __post_init__ (URLs validated, networks parsed, the mode known), so no module parses a setting again; a bad value
 is a ValueError whose message names its variable, which proxy-passthrough.py prints as one line.
 """
@@ -200,8 +200,13 @@ class Config:
     # compose.scale.yaml shares one file between replicas).
     session_id_secret: str = setting("SESSION_ID_SECRET", "", secret=True)
     log_level: str = setting("LOG_LEVEL", "info")
-    # Where Flask's development server listens (`python proxy-passthrough.py`); gunicorn reads it too.
+    # Where Flask's development server listens (`python proxy-passthrough.py`); gunicorn.conf.py binds it too.
     bind: str = setting("PROXY_BIND", "0.0.0.0:11433")
+    # gunicorn's (gunicorn.conf.py takes them from here): worker processes, open connections per worker (each a
+    # greenlet), and seconds before a worker that stopped heartbeating is replaced (never a limit on a request).
+    workers: int = setting("PROXY_WORKERS", 1, whole, positive=True)
+    worker_connections: int = setting("PROXY_WORKER_CONNECTIONS", 1000, whole, positive=True)
+    worker_timeout: int = setting("PROXY_WORKER_TIMEOUT", 120, whole, positive=True)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Config:

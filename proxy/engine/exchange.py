@@ -44,6 +44,29 @@ def gateway_gone(up: UpstreamResponse) -> bool:
     return up.status in GATEWAY_GONE and up.header("content-type").lower().startswith("text/plain")
 
 
+STALE = "stale"
+
+
+def retry_reason(failure: UpstreamError | None, gone: int | None, tried: set[str]) -> str | None:
+    """The proxy's one retry policy for a call to vLLM (the transport tries each attempt once): why the attempt that
+    ended in `failure` (or in a gateway's plain-text `gone` status) goes again, or None; `tried` holds the retries
+    spent ("stale", "failed"). Every retry is on a new connection. Pure.
+
+    - "stale": a pooled keep-alive connection failed where the server cannot have acted on the request
+      (UpstreamError.stale, http1.may_retry): once, quietly, since it is the pool's hazard, not vLLM's failure.
+    - "unreachable": nothing of an answer came (refused, reset or closed before the head); or the gateway's status
+      (vllm-router: the worker it chose is gone): once, logged and counted (BackendRetried). Nothing has reached the
+      client yet, a failed attempt's generation was aborted with its connection (so the client never sees two
+      answers), and behind a router the second try finds a live worker (its circuit breaker opened on the first).
+    Never once the head is in: from then on the caller may have sent bytes to the client.
+    """
+    if failure is not None:
+        if failure.stale and STALE not in tried:
+            return STALE
+        return "unreachable" if failure.unanswered and "failed" not in tried else None
+    return str(gone) if gone is not None and "failed" not in tried else None
+
+
 class Abortable(Protocol):
     """What a watch can stop: a call to vLLM (Call), or a fetch or search (proxy.runtime.cancel.Cancel)."""
 
@@ -280,14 +303,9 @@ class Exchange:
         """Send one request to vLLM and wait for its head, the watch able to abort it
         throughout; raises UpstreamError. The caller ends the call when it is done with it.
         A generation call waits for its seat in the fair queue first (here, blocking, unless the loop waited
-        with a stream's keep-alives already); a client that leaves meanwhile gives up its place.
-
-        A call that failed before any byte of an answer (refused, reset or closed before the head), or that a
-        gateway answered 500/502/503 in plain text (vllm-router: the worker it chose is gone), goes once more: nothing has reached
-        the client yet, and behind a router the second try finds a live worker (its circuit breaker opened on the
-        first failure). Never after the head is in: from then on the caller may have sent bytes to the client. The
-        failed attempt's generation, if any began, was aborted with its connection, so the retry never doubles an
-        answer the client sees. The retry keeps the seat: it is the same call to the card, not a new arrival."""
+        with a stream's keep-alives already); a client that leaves meanwhile gives up its place. A failed attempt
+        goes again as retry_reason says (the proxy's one retry policy), keeping the seat: it is the same call to the
+        card, not a new arrival."""
         salt = self.environ.get(CACHE_SALT)
         if salt and body and method == "POST" and vllm_path(target) in SALTED:
             body = salted(body, salt)
@@ -297,29 +315,33 @@ class Exchange:
             if not seat.wait(lambda: watch is not None and watch.gone):
                 raise UpstreamError("unreachable", "the client left while queued for the model")
             self.seat, self.served = None, True
-        for attempt in (0, 1):
+        tried: set[str] = set()
+        while True:
             call = Call(self.watch, seat)
             try:
-                call._response = self.services.backend.request(method, target, body, headers, on_open=call.opened)
+                # every retry on a new connection: a pooled one may be the next stale one
+                call._response = self.services.backend.request(method, target, body, headers, on_open=call.opened,
+                                                               fresh=bool(tried))
             except UpstreamError as e:
-                if attempt == 0 and e.unanswered and not call.aborted:
-                    call.seat = None  # kept for the retry
+                reason = None if call.aborted else retry_reason(e, None, tried)
+                if reason is None:
                     call.end()
-                    self._retrying(method, target, str(e), "unreachable")
-                    continue
-                call.end()
-                raise
+                    raise
+                why = str(e)
             except BaseException:
                 call.end()
                 raise
-            if attempt == 0 and gateway_gone(call.response) and not call.aborted:
-                status = call.response.status
-                call.seat = None  # kept for the retry
-                call.end()  # not read: the connection closes, and the gateway's short error body goes with it
-                self._retrying(method, target, f"a gateway answered {status}", str(status))
-                continue
-            return call
-        raise AssertionError("unreachable")  # the loop returns or raises
+            else:
+                gone = call.response.status if gateway_gone(call.response) else None
+                reason = None if call.aborted else retry_reason(None, gone, tried)
+                if reason is None:
+                    return call
+                why = f"a gateway answered {gone}"
+            call.seat = None  # kept for the retry
+            call.end()  # a gateway's answer unread: the connection closes, and its short error body goes with it
+            tried.add(STALE if reason == STALE else "failed")
+            if reason != STALE:
+                self._retrying(method, target, why, reason)
 
     def _retrying(self, method: str, target: str, why: str, reason: str) -> None:
         log.warning("%s %s: %s; trying once more", method, target.split("?", 1)[0], why)

@@ -1,9 +1,10 @@
-"""The server-side search loop, written once for every API, plain and streamed: each API's
+"""The server-side tool loop, written once for every API, plain and streamed: each API's
 handler builds a dialect (proxy.apis.chat.handler, proxy.apis.messages.handler, proxy.apis.responses.handler) and calls run().
 
-The loop: vLLM answers a turn; when the turn calls the search tool, the searches run against
-SearXNG (a stream kept alive meanwhile), their results go into the conversation and vLLM is
-asked again; the first turn without a search is the client's answer, and MAX_SEARCH_ITER
+The loop: vLLM answers a turn; when the turn calls the proxy's own tools (proxy/tools/: searches, page reads), the
+round's calls run in the request's ToolSession (a stream kept alive meanwhile), their results go into the
+conversation and vLLM is asked again, on a seat taken again in the fair queue when there is one
+(engine/admission.py); the first turn that calls none of them is the client's answer, and MAX_SEARCH_ITER
 rounds end it with an error that names the limit. Every call to vLLM is on the client's
 watch while it lasts, so a client that leaves stops vLLM's work at once, and no turn starts
 for a client that has gone.

@@ -1,4 +1,9 @@
-"""The Flask app: routes, the transparent relay, auth, request limits and the access log.
+"""The Flask app (create_app): the route table's routes, each building the request's Exchange (the body read once
+within MAX_BODY_BYTES, the headers vLLM gets, the X-Session-ID) for its API's handler, and the relay
+(Exchange.relay, proxy/engine/exchange.py) for every other path; the proxy's own routes; and the guards before
+every route: the key check and quotas (http/team.py), and the proxy's errors in each path's API shape. The worker's
+services come from http/wiring.py; the timing, the access log and RequestEnded are http/flow.py's RequestFlow,
+wrapped around the app here.
 
 Built by create_app(config); proxy-passthrough.py reads the environment and serves it.
 """

@@ -27,6 +27,8 @@ from proxy.engine.events import RequestEnded, RoundDone, UrlRefused
 from proxy.observe import metrics
 from proxy.observe.usage import UsageScan
 from proxy.observe.usage import figures as figures_of
+from proxy.tools import registry
+from proxy.tools.base import PAGE
 
 if TYPE_CHECKING:  # only for annotations: redis-py loads only with STATE_URL (proxy/http/wiring.py)
     from proxy.backends.teamstore_redis import RedisTeamStore
@@ -188,7 +190,7 @@ class Team:
         tally = environ.get(TALLY)
         if tally is not None:
             tally["searches"] += done.searches
-            tally["page_reads"] += sum(1 for o in done.outcomes if o.tool != "web_search" and o.status == "ok")
+            tally["page_reads"] += sum(1 for o in done.outcomes if registry.tool(o.tool).kind == PAGE and o.status == "ok")
 
     @staticmethod
     def url_refused(environ: dict, _refused: UrlRefused) -> None:

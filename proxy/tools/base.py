@@ -18,6 +18,12 @@ from proxy.runtime.cancel import Cancel
 
 # The answer to a client's own tool call made in the same turn as one of the proxy's (the proxy runs only its
 # own), so the model asks again in a turn of its own instead of losing the call.
+# What a tool is, for everything that counts calls (the request's round cap, the access log, the team's usage, the
+# page caps): a search, a page read, or neither. Counted by kind, never by a tool's name, so a new tool of either
+# kind is counted the same way without a line outside its module.
+SEARCH, PAGE, OTHER = "search", "page", "other"
+KINDS = (SEARCH, PAGE, OTHER)
+
 NOT_EXECUTED = ("Not executed: this call was made in the same turn as a call of the proxy's own tools, and the "
                 "proxy only runs those. If it is still needed, call it again in a turn of its own.")
 
@@ -122,7 +128,8 @@ class Tool(Protocol):
     name: str            # the registry name, and the name the model calls unless a client tool took it
     description: str     # what the model is told the tool does
     schema: dict         # the JSON schema of its arguments
-    reads_pages: bool    # its calls count against WEB_FETCH_MAX_PER_TURN / _PER_REQUEST
+    kind: str            # SEARCH, PAGE or OTHER (above); a PAGE tool's calls count against WEB_FETCH_MAX_PER_TURN
+                         # and _PER_REQUEST and as page reads, a SEARCH tool's as searches
     broken: str          # the sentence the model reads when a call failed unexpectedly (a bug, a library's surprise)
 
     def parse(self, arguments: Any, limits: Limits = NO_LIMITS) -> Request:

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from proxy.core import codec
 from proxy.core.codec import as_dict
-from proxy.tools.base import NO_LIMITS, Cited, Limits, RunContext
+from proxy.tools.base import NO_LIMITS, PAGE, Cited, Limits, RunContext
 from proxy.tools.web_fetch import TOOL as WEB_FETCH
 from proxy.tools.web_fetch import FetchOutcome, FetchRequest
 
@@ -134,7 +134,7 @@ class FindInPage:
     name = FIND_IN_PAGE
     description = FIND_TOOL_DESCRIPTION
     schema = FIND_SCHEMA
-    reads_pages = True
+    kind = PAGE
     broken = WEB_FETCH.broken
 
     def parse(self, arguments, limits: Limits = NO_LIMITS) -> FindRequest:

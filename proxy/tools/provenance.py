@@ -45,7 +45,6 @@ LINK_DEPTH = "link_depth"
 LINK_BUDGET = "link_budget"
 REASONS = (NOT_GIVEN, LINK_DEPTH, LINK_BUDGET)
 
-MODES = ("given", "any")
 KEY_CHARS = 2048  # longer URLs still get a key (the fetcher refuses past its own limit, with its own sentence)
 
 _SCHEMED = re.compile(r"""https?://[^\s<>"'`\\^{|}]+""", re.IGNORECASE)

@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 from proxy.runtime.cancel import watched
 from proxy.runtime.concurrency import run_together
-from proxy.tools.base import Backends, Outcome, Request, RunContext
+from proxy.tools.base import PAGE, SEARCH, Backends, Outcome, Request, RunContext
 from proxy.tools.provenance import Ledger
-from proxy.tools.registry import TOOLS, WEB_SEARCH, sources
+from proxy.tools.registry import TOOLS, sources
 
 log = logging.getLogger("proxy.tools")
 
@@ -58,7 +58,7 @@ class ToolSession:
         for request in requests:
             tool = TOOLS[request.tool]
             refusal = None
-            if tool.reads_pages and request.early is None:
+            if tool.kind == PAGE and request.early is None:
                 if this_turn >= self.max_per_turn:
                     refusal = tool.failure(request, "max_uses_exceeded", (
                         f"Fetch failed: not fetched: one turn may fetch at most {self.max_per_turn} pages "
@@ -132,11 +132,12 @@ class ToolSession:
 
     def _count(self, outcomes: list[Outcome]) -> None:
         for o in outcomes:
-            if TOOLS[o.tool].reads_pages:
+            kind = TOOLS[o.tool].kind
+            if kind == PAGE:
                 self.fetches += 1
             elif o.repeated:
                 self.repeated += 1
-            elif o.tool == WEB_SEARCH:
+            elif kind == SEARCH:
                 self.searches += 1
                 self.empty += o.status == "empty"
                 self.failed += o.status == "failed"

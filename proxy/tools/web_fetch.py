@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from proxy.backends.fetcher import FetchError, Page
 from proxy.core import codec
-from proxy.tools.base import NO_LIMITS, Cited, Limits, RunContext
+from proxy.tools.base import NO_LIMITS, PAGE, Cited, Limits, RunContext
 
 FETCH_TOOL_DESCRIPTION = (
     "Fetch a web page by its URL and read its main text (HTML comes as Markdown without navigation; "
@@ -126,7 +126,7 @@ class WebFetch:
     name = "web_fetch"
     description = FETCH_TOOL_DESCRIPTION
     schema = URL_SCHEMA
-    reads_pages = True
+    kind = PAGE
     broken = "Fetch failed: the proxy could not read this page (an internal error)."
 
     def parse(self, arguments, limits: Limits = NO_LIMITS) -> FetchRequest:

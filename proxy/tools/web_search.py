@@ -12,7 +12,7 @@ from typing import ClassVar
 from proxy.backends.search import Hit, SearchOutcome, filter_domains  # noqa: F401 (Hit: for the APIs)
 from proxy.core import codec
 from proxy.core.validate import is_encodable
-from proxy.tools.base import NO_LIMITS, Cited, Limits, RunContext
+from proxy.tools.base import NO_LIMITS, SEARCH, Cited, Limits, RunContext
 
 # The web_search tool as every API describes it to the model; each API wraps these in its
 # own tool shape (chat function, Messages tool, Responses function).
@@ -119,7 +119,7 @@ class WebSearch:
     name = "web_search"
     description = TOOL_DESCRIPTION
     schema = QUERY_SCHEMA
-    reads_pages = False
+    kind = SEARCH
     broken = "Search failed: the proxy could not run this search (an internal error)."
 
     def parse(self, arguments, limits: Limits = NO_LIMITS) -> SearchRequest:

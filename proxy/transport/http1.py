@@ -90,7 +90,8 @@ def body_framing(method: str, status: int, headers) -> tuple[str, int]:
 
 
 def may_retry(method: str, sent: bool, answered: bool) -> bool:
-    """Whether a request that failed on a reused connection may go again on a fresh one. Pure.
+    """Whether a request that failed on a reused connection may go again on a fresh one (UpstreamError.stale, which
+    Exchange.call's retry policy reads). Pure.
 
     Only if the server cannot have acted on it, because a chat completion must never be
     generated twice. A send that failed proves it: that write did not complete, so the
@@ -100,10 +101,9 @@ def may_retry(method: str, sent: bool, answered: bool) -> bool:
     arrived, or read it, started generating and died. Only an idempotent request may take that
     chance (RFC 9112 §9.3.1). The idle limit and the readability check before reuse (_take)
     are what keep the first case rare, so a POST meets it only in a race of microseconds;
-    it then gets a 502 here, never a second generation on the same connection. (A level up, Exchange.call tries a
-    call that failed before any answer once more on a fresh connection: vLLM aborted the first attempt's sequence
-    when its connection closed, so the client still sees one answer; behind vllm-router that retry is what carries
-    a request past a worker lost mid-run.)
+    it then is no stale connection but a call that failed before any answer, which the policy tries once more
+    anyway, on a fresh connection: vLLM aborted the first attempt's sequence when its connection closed, so the
+    client still sees one answer; behind vllm-router that retry is what carries a request past a worker lost mid-run.
     """
     if answered:
         return False  # the server began its answer: it had the request

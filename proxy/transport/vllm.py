@@ -46,15 +46,18 @@ class UpstreamError(Exception):
 
     `kind` is "timeout" (maps to 504) or "unreachable" (502); `refused` says the port was
     closed, which for vLLM usually means it is still loading the model; `unanswered` says the
-    backend failed before a byte of its answer (refused, reset or closed before the head), the
-    one failure the proxy tries once more (proxy/engine/exchange.py's Exchange.call).
+    backend failed before a byte of its answer (refused, reset or closed before the head); `stale` says it failed on
+    a pooled keep-alive connection in a way that proves the server cannot have acted on the request (may_retry).
+    What goes again on those facts is the one retry policy, Exchange.call's (proxy/engine/exchange.py).
     """
 
-    def __init__(self, kind: str, message: str, refused: bool = False, unanswered: bool = False):
+    def __init__(self, kind: str, message: str, refused: bool = False, unanswered: bool = False,
+                 stale: bool = False):
         super().__init__(message)
         self.kind = kind
         self.refused = refused
         self.unanswered = unanswered or refused
+        self.stale = stale
 
 
 class Connection:
@@ -362,54 +365,49 @@ class Backend:
             conn.close()
 
     def request(self, method: str, path: str, body: bytes | None, headers: list[tuple[str, str]],
-                on_open=None) -> UpstreamResponse:
-        """Send one request and wait for the status line and headers.
+                on_open=None, fresh: bool = False) -> UpstreamResponse:
+        """Send one request and wait for the status line and headers: one attempt, on the newest fit pooled
+        connection, or on a new one when `fresh` (a retry's). Whether a failed attempt goes again is decided in one
+        place, Exchange.call (proxy/engine/exchange.py), from the UpstreamError's `unanswered` and `stale`.
 
         `on_open(conn)` is called once the connection's socket exists and before anything is
-        sent (again for a retry's fresh connection), so a watcher can shut it down while this
-        call blocks. A reused connection is retried once on a fresh one only when the failure
-        shows the server cannot have acted on the request (may_retry).
+        sent, so a watcher can shut it down while this call blocks.
         """
         head = request_head(method, self._prefix + path, self.host_header, headers,
                             None if body is None else len(body))
-        for attempt in (0, 1):
-            conn, reused = self._take() if attempt == 0 else (Connection(), False)
-            up = UpstreamResponse(self, conn, method)
-            sent = False
-            try:
-                sock = conn.sock if conn.sock is not None else self._connect(conn)
-                if on_open:
-                    on_open(conn)
-                if body is None:
-                    sock.sendall(head)
-                elif len(body) <= ONE_WRITE:
-                    sock.sendall(head + body)
-                else:
-                    sock.sendall(head)
-                    sock.sendall(body)
-                sent = True
-                up._read_head()
-                return up
-            except (_Closed, BrokenPipeError, ConnectionResetError) as e:
-                conn.close()
-                if reused and attempt == 0 and may_retry(method, sent, up._fed > 0):
-                    continue
-                raise UpstreamError("unreachable", f"{self.base_url} closed the connection: {e}",
-                                    unanswered=up._fed == 0) from e
-            except ConnectionRefusedError as e:
-                conn.close()
-                raise UpstreamError("unreachable", f"cannot connect to {self.base_url}: connection refused", refused=True) from e
-            except TimeoutError as e:
-                conn.close()
-                raise UpstreamError("timeout", f"{self.base_url} did not answer within {self.read_timeout:g} s") from e
-            except ProtocolError as e:
-                conn.close()
-                raise UpstreamError("unreachable", f"{self.base_url} sent a malformed response: {e}") from e
-            except OSError as e:
-                conn.close()
-                raise UpstreamError("unreachable", f"cannot reach {self.base_url}: {e}", unanswered=up._fed == 0) from e
-        raise AssertionError("unreachable")  # the loop returns or raises
-
+        conn, reused = (Connection(), False) if fresh else self._take()
+        up = UpstreamResponse(self, conn, method)
+        sent = False
+        try:
+            sock = conn.sock if conn.sock is not None else self._connect(conn)
+            if on_open:
+                on_open(conn)
+            if body is None:
+                sock.sendall(head)
+            elif len(body) <= ONE_WRITE:
+                sock.sendall(head + body)
+            else:
+                sock.sendall(head)
+                sock.sendall(body)
+            sent = True
+            up._read_head()
+            return up
+        except (_Closed, BrokenPipeError, ConnectionResetError) as e:
+            conn.close()
+            raise UpstreamError("unreachable", f"{self.base_url} closed the connection: {e}", unanswered=up._fed == 0,
+                                stale=reused and may_retry(method, sent, up._fed > 0)) from e
+        except ConnectionRefusedError as e:
+            conn.close()
+            raise UpstreamError("unreachable", f"cannot connect to {self.base_url}: connection refused", refused=True) from e
+        except TimeoutError as e:
+            conn.close()
+            raise UpstreamError("timeout", f"{self.base_url} did not answer within {self.read_timeout:g} s") from e
+        except ProtocolError as e:
+            conn.close()
+            raise UpstreamError("unreachable", f"{self.base_url} sent a malformed response: {e}") from e
+        except OSError as e:
+            conn.close()
+            raise UpstreamError("unreachable", f"cannot reach {self.base_url}: {e}", unanswered=up._fed == 0) from e
 
 def gateway_status(e: UpstreamError) -> tuple[int, str]:
     """Map a backend failure to the gateway status and the message the client reads."""

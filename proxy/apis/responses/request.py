@@ -12,6 +12,7 @@ from proxy.core import codec
 from proxy.core import validate as V
 from proxy.core.codec import as_dict
 from proxy.tools import registry
+from proxy.tools.base import PAGE
 
 # The hosted tool also opens pages and finds text in them (OpenAI's `open_page` and `find_in_page` actions): each
 # action is a proxy tool offered as a function beside the search (presentation.HOSTED_ACTIONS).
@@ -184,7 +185,7 @@ def hosted_functions(tools, pages: bool) -> dict[str, str]:
     taken, out = tool_names(tools), {}
     for row in HOSTED_ACTIONS.values():
         name = function_name(row.tool, taken)
-        if name is not None and (pages or not registry.tool(row.tool).reads_pages):
+        if name is not None and (pages or registry.tool(row.tool).kind != PAGE):
             out[name] = row.tool
     return out
 
@@ -200,7 +201,7 @@ def offers_mcp_reader(tools) -> bool:
         prefix = f"{t.get('name')}__" if namespaced else ""
         for f in inner:
             copy = registry.mcp_copy(prefix + str(f.get("name")), f.get("description")) if isinstance(f, dict) else None
-            if copy is not None and registry.tool(copy).reads_pages:
+            if copy is not None and registry.tool(copy).kind == PAGE:
                 return True
     return False
 
