@@ -103,6 +103,8 @@ def test_opencode_searches_through_the_mcp_server(start_proxy, backend, searxng,
     backend.responder = stand_in_model
     proc, events, diagnostics = run_opencode(proxy, tmp_path, "What changed in vLLM 0.32? Search the web.")
     assert proc.returncode == 0, diagnostics
+    # Offline: without its OPENCODE_DISABLE_* opencode logs an ERROR for the models.dev catalogue it could not fetch.
+    assert "level=ERROR" not in proc.stderr, diagnostics
     # opencode's own output: the MCP tool call, its input and the results it got, then the model's answer.
     calls = [e["part"] for e in events if e.get("type") == "tool_use"]
     assert [(c["tool"], c["state"]["status"], c["state"]["input"]) for c in calls] == [
