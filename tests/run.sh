@@ -34,7 +34,7 @@ mkdir -p "$CACHE"
 # new one and an unchanged tree reuses the old one (CI runs on a fresh clone, not a fresh cache).
 key=$(sha256sum tests/requirements.txt | cut -c1-12)
 VENV=$CACHE/venv-$key
-AGENTS=$CACHE/agents-claude-2.1.332-codex-0.171.0
+AGENTS=$CACHE/agents-claude-2.1.332-codex-0.171.0-opencode-1.18.33
 
 # The environments this tree names; any other of their kinds in the cache was built for an earlier lock. They are
 # reported, and removed only when asked: another checkout sharing the cache (an older branch) may still use one.
@@ -102,16 +102,17 @@ if $narrowed; then
 fi
 wants() { case " $TIERS " in *" $1 "*) return 0;; *) return 1;; esac; }
 
-# The real coding agents (each ships a native binary in its npm package), pinned to the
-# versions whose wire traffic tests/data describes (AGENTS above); tests find them via $AGENTS_BIN.
+# The real coding agents (each ships a native binary in its npm package), pinned (AGENTS above): Claude Code and
+# Codex at the versions whose wire traffic tests/data describes, opencode as a chat-completions agent on the MCP
+# server; tests find them via $AGENTS_BIN.
 if ! wants agents; then
-  echo "run.sh: no agent tests selected; Claude Code and Codex not needed" >&2
+  echo "run.sh: no agent tests selected; Claude Code, Codex and opencode not needed" >&2
 elif [ ! -e "$AGENTS/.complete" ]; then
-  command -v npm >/dev/null || die "npm not found (needed for the Claude Code and Codex tests)"
-  echo "run.sh: installing Claude Code and Codex into $AGENTS" >&2
+  command -v npm >/dev/null || die "npm not found (needed for the Claude Code, Codex and opencode tests)"
+  echo "run.sh: installing Claude Code, Codex and opencode into $AGENTS" >&2
   rm -rf "$AGENTS" && mkdir -p "$AGENTS"
   npm install --prefix "$AGENTS" --no-audit --no-fund --loglevel=error \
-    @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 >&2
+    @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 opencode-ai@1.18.33 >&2
   touch "$AGENTS/.complete"
 else
   echo "run.sh: coding agents already installed: $AGENTS" >&2

@@ -161,6 +161,15 @@ def test_codex_standalone_search_switches_in_the_readme_are_the_tested_ones():
     assert tested["model_providers"]["stack"]["supports_standalone_web_search"] is True
 
 
+def test_opencode_config_in_the_readme_is_the_one_the_opencode_test_runs():
+    import json
+
+    from test_opencode import opencode_config
+    (block,) = [b for b in re.findall(r"```json\n(.*?)```", section("Pointing clients at it"), re.S)
+                if "opencode.ai" in b]
+    assert json.loads(block) == opencode_config("http://localhost:11433")
+
+
 @pytest.mark.parametrize("name", ["ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_MODEL",
                                   "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_ANY_MODEL"])
 def test_claude_code_variables_in_the_readme_are_the_tested_ones(name):

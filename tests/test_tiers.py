@@ -21,7 +21,7 @@ from _pytest.mark.expression import Expression
 REPO = Path(__file__).resolve().parent.parent
 # Where each tier's tests live; a test there without its tier's marker would run without its environment.
 NEEDS_VLLM = ("tests/real_vllm/", "tests/container/")
-AGENT_MODULES = ("tests/test_claude_code.py", "tests/test_codex.py")
+AGENT_MODULES = ("tests/test_claude_code.py", "tests/test_codex.py", "tests/test_opencode.py")
 QUICK = "not real_vllm and not agents"
 # Under `-n N` the module's whole-suite collection is made once, on one worker, not once per worker.
 pytestmark = [pytest.mark.xdist_group("collect"),
