@@ -25,7 +25,9 @@ RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
 
 def forcing(server, case: dict) -> dict:
     bias = {str(server.token_id(t)): 100 for t in ("<tool_call>", "</tool_call>")}
-    return {"structured_outputs": {"regex": re.escape(case["text"])}, "logit_bias": bias,
+    # Greedy: the regex admits many tokenizations of one text, and a sampled one moved where max_tokens cut it from run
+    # to run (once exactly between two calls, which is no cut inside a call), so a case's outcome was a draw.
+    return {"structured_outputs": {"regex": re.escape(case["text"])}, "logit_bias": bias, "temperature": 0,
             "chat_template_kwargs": {"enable_thinking": False}}
 
 
