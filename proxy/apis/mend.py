@@ -37,19 +37,25 @@ def mended_arguments(raw: object) -> str | None:
     return json.dumps({UNPARSED: json.dumps(raw, ensure_ascii=False)}, ensure_ascii=False)
 
 
-def chat(body: dict) -> dict | None:
-    """A chat request with its assistant messages' tool_calls mended, or None when none needed it."""
+def _mend_messages(body: dict, field: str, broken, mend) -> dict | None:
+    """`body` with every message whose list `field` holds an item `broken` says is broken rebuilt with `mend` applied
+    to each item, or None when no message needed it (the caller then sends the client's bytes unchanged)."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None
     out, changed = [], False
     for message in messages:
-        calls = message.get("tool_calls") if isinstance(message, dict) else None
-        if isinstance(calls, list) and any(_chat_call_broken(c) for c in calls):
-            message = {**message, "tool_calls": [_chat_call(c) for c in calls]}
+        items = message.get(field) if isinstance(message, dict) else None
+        if isinstance(items, list) and any(broken(item) for item in items):
+            message = {**message, field: [mend(item) for item in items]}
             changed = True
         out.append(message)
     return {**body, "messages": out} if changed else None
+
+
+def chat(body: dict) -> dict | None:
+    """A chat request with its assistant messages' tool_calls mended, or None when none needed it."""
+    return _mend_messages(body, "tool_calls", _chat_call_broken, _chat_call)
 
 
 def _chat_call_broken(call: object) -> bool:
@@ -83,17 +89,7 @@ def responses(body: dict) -> dict | None:
 def messages(body: dict) -> dict | None:
     """A Messages request whose tool_use blocks' `input` is not an object (a string a client replayed as it got
     it), mended; None when none needed it. A string holding a JSON object is that object."""
-    history = body.get("messages")
-    if not isinstance(history, list):
-        return None
-    out, changed = [], False
-    for message in history:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list) and any(_tool_use_broken(b) for b in content):
-            message = {**message, "content": [_tool_use(b) for b in content]}
-            changed = True
-        out.append(message)
-    return {**body, "messages": out} if changed else None
+    return _mend_messages(body, "content", _tool_use_broken, _tool_use)
 
 
 def _tool_use_broken(block: object) -> bool:
