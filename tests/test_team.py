@@ -756,6 +756,9 @@ def test_the_metrics_name_every_persons_usage_so_only_the_admin_reads_them(team,
     bob = add_key(team.keys_file, "bob")
     proxy = team()
     assert post(proxy, "/v1/chat/completions", chat(bob))[0] == 200
+    # The request's usage is recorded when it ends, a moment after the client has its answer: wait for that end.
+    proxy.log_once(" key=bob")
+    until(lambda: "bob" in usage(proxy)["keys"])
     key = {"admin": ADMIN_KEY, "bob": bob, None: None}[who]
     for path in ("/proxy/metrics", "/proxy/%6detrics", "/proxy/usage"):
         got, _, raw = raw_request(proxy.url, "GET", path, headers={"Authorization": f"Bearer {key}"} if key else {})
