@@ -500,7 +500,7 @@ def forced_call_request(server, **extra) -> dict:
     bias = {str(server.token_id(t)): 100 for t in ("<tool_call>", "</tool_call>")}
     return chat(
         tools=[WEB_SEARCH],
-        max_tokens=64,
+        max_tokens=len(FORCED_CALL) + 16,  # the grammar fixes the text, not its tokens: room for one a character
         structured_outputs={"regex": re.escape(FORCED_CALL)},
         logit_bias=bias,
         chat_template_kwargs={"enable_thinking": False},

@@ -92,6 +92,7 @@ def forced(real_vllm, function: str, parameter: str, value: str, said: str | Non
             "</tool_call>")
     body = forced_call_request(real_vllm)
     body["structured_outputs"] = {"regex": re.escape(call)}
+    body["max_tokens"] = len(call) + 16  # as forced_call_request's: a call cut by max_tokens is no call
     del body["tools"]  # the client sends none: the call is to the tool the proxy adds
     if said:
         body["messages"] = [{"role": "user", "content": f"Say something about {said}"}]
@@ -155,6 +156,11 @@ def people_traffic(http: Http, proxy_url: str, alice: str, capped: str) -> None:
     assert 429 in statuses, statuses
 
 
+def last_answer(tap: Tap) -> str:
+    """vLLM's last answer as the proxy received it (its finish_reason tells a cut call from a refused one)."""
+    return tap.exchanges[-1][3][-1500:].decode(errors="replace") if tap.exchanges else ""
+
+
 def proxy_sample(http: Http, proxy_url: str, name: str) -> float:
     text = http.get(proxy_url + "/proxy/metrics", headers=AUTH).body.decode()
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
@@ -206,6 +212,14 @@ def monitored(real_vllm, _proxies, _searxng_server, tmp_path_factory):
             for i, body in enumerate(requests):
                 reply = http.post(proxy.url + CHAT, body, headers=AUTH)
                 assert reply.status == 200, (round_, i, reply.body[:500])
+            # The premise of the Refused fetches panel, read from the proxy itself: in a CI run the random model
+            # once spelled the forced call out in more tokens than max_tokens allowed, the cut call was (rightly)
+            # dropped, and Prometheus had no refusal to show.
+            deadline = time.monotonic() + 30
+            while proxy_sample(http, proxy.url, "proxy_url_refusals_total") < round_:
+                assert time.monotonic() < deadline, ("the built URL was not refused by provenance", round_,
+                                                     last_answer(tap))
+                time.sleep(0.2)
             reply = http.post(proxy.url + CHAT, chat(stream=True, chat_template_kwargs={"enable_thinking": False}),
                               headers=AUTH)
             assert reply.status == 200 and reply.body.rstrip().endswith(b"data: [DONE]")

@@ -120,16 +120,18 @@ def sse_chunks(events: list[str]) -> list:
 def stream_summary(events: list[str]) -> tuple[dict, list]:
     """(the streamed text by field, every other event). How vLLM splits text into events
     depends on its own timing (a step that finds two tokens waiting sends them as one
-    delta), so two runs of one request can differ there and nowhere else."""
+    delta, and the last token may come with the finish_reason or before it), so two runs of one request can differ
+    there and nowhere else."""
     text, other = {"content": "", "reasoning": ""}, []
     for c in sse_chunks(events):
         choice = c["choices"][0] if c["choices"] else {}
         delta = choice.get("delta") or {}
-        if delta and set(delta) <= set(text) and choice.get("finish_reason") is None:
-            for k in text:
-                text[k] += delta.get(k) or ""
-        else:
-            other.append(c)
+        for k in text:
+            text[k] += delta.get(k) or ""
+        rest = {k: v for k, v in delta.items() if k not in text}
+        if rest or not delta or choice.get("finish_reason") is not None:
+            # The event without its text: what must match event for event (ids, roles, finish reasons, usage).
+            other.append({**c, "choices": [{**choice, "delta": rest}]} if c["choices"] else c)
     return text, other
 
 
