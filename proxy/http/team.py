@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 from flask import Response
 
-from proxy.backends.keys import ADMIN, KeysFile, Limits, Person
-from proxy.backends.teamstore import Admitted, Refusal, StoreError, TeamStore
+from proxy.backends.state.keys import ADMIN, KeysFile, Limits, Person
+from proxy.backends.state.teamstore import Admitted, Refusal, StoreError, TeamStore
 from proxy.core import codec, routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
@@ -31,7 +31,7 @@ from proxy.tools import registry
 from proxy.tools.base import PAGE
 
 if TYPE_CHECKING:  # only for annotations: redis-py loads only with STATE_URL (proxy/http/wiring.py)
-    from proxy.backends.teamstore_redis import RedisTeamStore
+    from proxy.backends.state.teamstore_redis import RedisTeamStore
 
 log = logging.getLogger("proxy")
 

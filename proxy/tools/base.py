@@ -12,8 +12,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from proxy.backends.fetcher import Fetcher
-from proxy.backends.search import CachedSearch, SearchBackend
+from proxy.backends.pages.fetcher import Fetcher
+from proxy.backends.search.search import CachedSearch, SearchBackend
 from proxy.runtime.cancel import Cancel
 
 # The answer to a client's own tool call made in the same turn as one of the proxy's (the proxy runs only its

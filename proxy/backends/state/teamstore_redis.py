@@ -1,5 +1,5 @@
 """The team's shared state in Redis or Valkey (STATE_URL=redis://...), for replicas on several hosts: the same usage
-per key and day, quota windows, requests in flight and fair-queue tickets as proxy/backends/teamstore.py keeps in
+per key and day, quota windows, requests in flight and fair-queue tickets as proxy/backends/state/teamstore.py keeps in
 SQLite, with the same methods, so proxy/http/wiring.py picks one and nothing above it knows which.
 
 Exact across every worker of every replica: each check-and-update is one Lua script, which Redis runs atomically
@@ -20,8 +20,8 @@ from typing import Any
 
 import redis
 
-from proxy.backends.keys import Limits
-from proxy.backends.teamstore import (
+from proxy.backends.state.keys import Limits
+from proxy.backends.state.teamstore import (
     FIELDS,
     LEASE,
     PATIENCE,

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.backends.keys import Limits
+from proxy.backends.state.keys import Limits
 from proxy.runtime import concurrency as runtime
 
 log = logging.getLogger("proxy")
