@@ -30,15 +30,11 @@ import sqlite3
 import time
 import urllib.parse
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING
 
 from proxy.backends.state.state import Circuit
-from proxy.backends.state.teamstore import StoreError, TeamStore
+from proxy.backends.state.teamstore import StoreError, TeamStorage
 from proxy.core import routes
 from proxy.runtime import concurrency as runtime
-
-if TYPE_CHECKING:  # only for annotations: redis-py loads only with STATE_URL (proxy/http/wiring.py)
-    from proxy.backends.state.teamstore_redis import RedisTeamStore
 
 KEY_NAME = "proxy.key"              # environ: the name of the request's key (proxy/http/team.py); "-" when open
 QUEUED = "proxy.queued_seconds"     # environ: seconds the request waited for seats, over all its calls
@@ -83,7 +79,7 @@ def queues(method: str, target: str) -> bool:
 class Queue:
     """One worker's view of the shared queue."""
 
-    def __init__(self, store: TeamStore | RedisTeamStore, seats: int, policy: str = "round_robin",
+    def __init__(self, store: TeamStorage, seats: int, policy: str = "round_robin",
                  on_wait: Callable[[dict, float], None] | None = None,
                  on_error: Callable[[str, str], None] | None = None, clock: Callable[[], float] = time.monotonic):
         self.store = store

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from proxy.backends.pages.fetcher import Fetcher
+from proxy.backends.pages.fetcher import PageFetcher
 from proxy.backends.search.search import SearchBackend
 from proxy.backends.state.cache import TTLCache
 from proxy.backends.state.state import MemoryState, State, StateDown  # noqa: F401 (MemoryState: for the APIs)
@@ -104,7 +104,7 @@ class Services:
     cfg: Config
     backend: Backend        # vLLM
     search: SearchBackend   # SearXNG behind the search cache (and the meters, with PROXY_METRICS)
-    fetcher: Fetcher        # its page cache is shared by all the worker's requests, alpha search's too
+    fetcher: PageFetcher    # its page cache is shared by all the worker's requests, alpha search's too
     events: Events = field(default_factory=Events)
     models: ServedModels = field(default_factory=ServedModels)
     # What the model read of the proxy's calls on /v1/responses, for the turns that replay them (off by default here;

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING
 
 from proxy.apis.alpha_search import handler as alpha_search
 from proxy.apis.responses import presentation as responses_presentation
@@ -26,7 +25,7 @@ from proxy.backends.search.search import (
 from proxy.backends.search.searxng import SearXNG
 from proxy.backends.state.cache import SharedTier, TTLCache
 from proxy.backends.state.state import open_state
-from proxy.backends.state.teamstore import TeamStore
+from proxy.backends.state.teamstore import TeamStorage, TeamStore
 from proxy.core.config import Config, masked_url
 from proxy.engine.admission import Queue
 from proxy.engine.events import Events, RequestEnded, RoundDone, UrlRefused
@@ -36,10 +35,6 @@ from proxy.http.team import Team
 from proxy.observe import metrics
 from proxy.tools.client_reads import ClientReads, Reads, SharedReads
 from proxy.transport.vllm import Backend
-
-if TYPE_CHECKING:  # only for the annotation: redis-py loads only with STATE_URL
-    from proxy.backends.state.teamstore_redis import RedisTeamStore
-
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +99,7 @@ def observe_team(events: Events, team: Team) -> None:
     events.subscribe(UrlRefused, team.url_refused)
 
 
-def build_store(cfg: Config) -> TeamStore | RedisTeamStore | None:
+def build_store(cfg: Config) -> TeamStorage | None:
     """The shared store, when keys or the fair queue need it: Redis with STATE_URL, else the SQLite file
     PROXY_STATE_DB (Config.from_env always names one that lasts), whose place is logged: a person looking for
     yesterday's usage must find it."""

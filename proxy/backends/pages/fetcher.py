@@ -16,6 +16,7 @@ import time
 import urllib.parse
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
+from typing import Protocol
 
 from proxy.backends.pages import netguard
 from proxy.backends.pages.extract import ExtractError, ExtractPool
@@ -145,6 +146,20 @@ class FetchObserver:
 
     def read(self, nbytes: int) -> None:
         """Body bytes read from a web server (after decompression)."""
+
+
+class PageFetcher(Protocol):
+    """What the tools read pages by (proxy/tools/base.py's Backends): Fetcher, or a test's stand-in."""
+
+    def fetch(self, url: str, *, max_tokens: int | None = None, allowed_domains: list[str] | None = None,
+              blocked_domains: list[str] | None = None, cancel: Cancel | None = None) -> Page:
+        """The page at `url`, its text cut to `max_tokens` (or the fetcher's own budget) and read only from allowed
+        domains; every failure raises FetchError, nothing else. `cancel` stops it when the client leaves."""
+        ...
+
+    def scoped(self, scope: str) -> PageFetcher:
+        """This fetcher with a page cache of `scope`'s own (a person's key name)."""
+        ...
 
 
 class Fetcher:

@@ -16,7 +16,7 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import redis
 
@@ -145,10 +145,15 @@ return 0
 """
 
 
-def _wrapped(fn):
-    """Redis's failures as StoreError, which the callers handle for either store."""
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _wrapped(fn: Callable[P, R]) -> Callable[P, R]:
+    """Redis's failures as StoreError, which the callers handle for either store; the signature kept, so that mypy
+    checks RedisTeamStore against the TeamStorage protocol as it checks TeamStore."""
     @functools.wraps(fn)
-    def call(*args, **kwargs):
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except redis.RedisError as e:
