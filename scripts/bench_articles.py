@@ -25,10 +25,10 @@ The sets and their scoring:
   over pages, F1 from the two averages.
 
 Every engine reads the same str: the page's bytes decoded as the proxy decodes a download without a charset header
-(proxy/backends/pagetext.py decode_text: a byte-order mark, then <meta charset>, then UTF-8). "links as text" reads
+(proxy/backends/pages/pagetext.py decode_text: a byte-order mark, then <meta charset>, then UTF-8). "links as text" reads
 the proxy's Markdown as plain text, as the other engines write it (links_as_text: link targets, `[n]` marks and the
 list of link URLs gone, labels without brackets, no heading, bullet, quote or table marks). An empty output is one with
-no `\\w` word. The proxy's time includes its hidden-element pass (proxy/backends/invisible.py's drop_hidden, run by
+no `\\w` word. The proxy's time includes its hidden-element pass (proxy/backends/pages/invisible.py's drop_hidden, run by
 extract_page). `--against DIR` adds the proxy of another checkout, run in a child process beside this one. Time is the CPU time of one extraction in this process (time.process_time: on a shared
 machine wall time measures the neighbours), after a warm-up page, the engines taking turns page by page (the order
 rotating) so what drift remains falls on all of them alike.
@@ -159,7 +159,7 @@ def snippet_score(pages: list[Page], outputs: list[str]) -> float:
 # -- loading ---------------------------------------------------------------------------------------
 
 def _decode(raw: bytes) -> str:
-    from proxy.backends.pagetext import decode_text
+    from proxy.backends.pages.pagetext import decode_text
     return decode_text(raw, None, html=True)
 
 
@@ -258,7 +258,7 @@ NO_TEXT_PREFIX = "(The page has no readable text:"
 def engines() -> dict[str, Callable[[str, str], str]]:
     import logging
     logging.disable(logging.CRITICAL)  # readability logs every page
-    from proxy.backends import readable
+    from proxy.backends.pages import readable
 
     def proxy(html: str, url: str) -> str:
         text = readable.extract_page(html, url).text
@@ -276,7 +276,7 @@ def engines() -> dict[str, Callable[[str, str], str]]:
         return run
 
     def trafilatura_written(html: str, url: str) -> str:
-        from proxy.backends.markdown import MarkdownWriter
+        from proxy.backends.pages.markdown import MarkdownWriter
         content = readable.second_opinion(readable._visible_root(html), url)
         return links_as_text(MarkdownWriter(url).write(content)) if content is not None else ""
 
@@ -309,7 +309,10 @@ AGAINST_CHILD = r"""
 import json, logging, sys, time
 sys.path.insert(0, sys.argv[1])
 logging.disable(logging.CRITICAL)
-from proxy.backends import readable
+try:
+    from proxy.backends.pages import readable
+except ImportError:  # a checkout from before backends/ was split into rooms
+    from proxy.backends import readable
 try:  # before the hidden-element pass moved into extract_page
     from proxy.backends.invisible import visible_html
 except ImportError:
@@ -329,8 +332,8 @@ class Against:
 
     def __init__(self, checkout: Path):
         import subprocess
-        if not (checkout / "proxy" / "backends" / "readable.py").is_file():
-            sys.exit(f"bench_articles: {checkout} is not a checkout of this repository (no proxy/backends/readable.py)")
+        if not any((checkout / "proxy" / "backends" / room / "readable.py").is_file() for room in ("pages", "")):
+            sys.exit(f"bench_articles: {checkout} is not a checkout of this repository (no proxy/backends/pages/readable.py)")
         self.proc = subprocess.Popen([sys.executable, "-c", AGAINST_CHILD, str(checkout)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, encoding="utf-8")
         self.ms = 0.0

@@ -1,4 +1,4 @@
-"""Measures HTML-to-text extractors (speed, main text kept, navigation dropped) on documentation pages found offline on this machine, or with --big on 1-5 MB pages built from them (with the proxy's own paths and a selectolax one); run: python scripts/bench_extract.py [--per-corpus N | --big] in a venv with trafilatura, readability-lxml, html2text and markdownify (plus orjson and lxml for proxy.backends.extract, and selectolax for --big).
+"""Measures HTML-to-text extractors (speed, main text kept, navigation dropped) on documentation pages found offline on this machine, or with --big on 1-5 MB pages built from them (with the proxy's own paths and a selectolax one); run: python scripts/bench_extract.py [--per-corpus N | --big] in a venv with trafilatura, readability-lxml, html2text and markdownify (plus orjson and lxml for proxy.backends.pages.extract, and selectolax for --big).
 
 How it judges a page: each corpus is a documentation generator whose markup names its main
 content and its navigation (mdBook's <main> and sidebar, rustdoc, Node's API docs, npm's docs,
@@ -8,11 +8,11 @@ extractor keeps a paragraph (or code block) when its first 8 words appear, in or
 extractor's output; it leaks a navigation item when that item's words appear there. Speed is
 wall time of one extraction, after one warm-up page, on one core.
 
---big: the pages the proxy's fast path exists for (over proxy.backends.readable.FAST_PATH_CHARS). For each of
+--big: the pages the proxy's fast path exists for (over proxy.backends.pages.readable.FAST_PATH_CHARS). For each of
 three corpora, one page's shell (head, navigation, footer) with the main content of the corpus's pages,
 in file order, appended into its main element until the page reaches 1, 2 and 5 MB; judged by the
 same rules, except that a navigation item is a run of 3 consecutive links. It times the proxy's
-scoring path (proxy.backends.readable.extract_page with the threshold raised), the
+scoring path (proxy.backends.pages.readable.extract_page with the threshold raised), the
 proxy's fast path (extract_page itself, on the whole text and with the max_chars the proxy passes),
 trafilatura, and a selectolax (lexbor) pipeline written here; each time is the median of --runs
 extractions, reported as seconds per MB (MiB) of HTML.
@@ -97,9 +97,9 @@ def extractors():
         return h.handle(html)
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from proxy.backends import readable as extract
+    from proxy.backends.pages import readable as extract
     return {
-        "proxy (proxy.backends.readable)": lambda html: extract.extract_page(html, "https://docs.example/")[1],
+        "proxy (proxy.backends.pages.readable)": lambda html: extract.extract_page(html, "https://docs.example/")[1],
         "trafilatura(txt)": lambda html: trafilatura.extract(html, output_format="txt", include_tables=True,
                                                              include_comments=False, favor_recall=True) or "",
         "trafilatura(md)": lambda html: trafilatura.extract(html, output_format="markdown", include_tables=True,
@@ -114,8 +114,8 @@ def extractors():
 # --big: corpora big enough to fill 5 MB of main content without repeating a page, and the page sizes.
 BIG_CORPORA = ("mdbook-ref", "nodejs", "rustdoc")
 BIG_SIZES_MB = (1, 2, 5)
-MB = 1024 * 1024  # as proxy.backends.readable.FAST_PATH_CHARS counts
-# The elements a page's text never comes from (the proxy's fast path drops the same list: proxy.backends.readable.NOT_CONTENT).
+MB = 1024 * 1024  # as proxy.backends.pages.readable.FAST_PATH_CHARS counts
+# The elements a page's text never comes from (the proxy's fast path drops the same list: proxy.backends.pages.readable.NOT_CONTENT).
 LEXBOR_DROP = "script, style, nav, header, footer, aside, form, noscript, template, iframe, svg, button"
 LEXBOR_BLOCKS = "p, li, dd, dt, pre, h1, h2, h3, h4, h5, h6, div, section, tr, table, blockquote"
 
@@ -146,8 +146,8 @@ def big_page(name: str, pattern: str, main_xp: str, size: int) -> str:
 def big_extractors() -> dict[str, Callable[[str], str]]:
     """The proxy's two paths (its own code), trafilatura, and selectolax's lexbor if installed."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from proxy.backends import readable as extract
-    from proxy.backends.pagetext import CHARS_PER_TOKEN
+    from proxy.backends.pages import readable as extract
+    from proxy.backends.pages.pagetext import CHARS_PER_TOKEN
     from proxy.core.config import Config
     served = Config.web_fetch_max_tokens * CHARS_PER_TOKEN
 

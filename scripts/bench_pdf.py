@@ -1,6 +1,6 @@
-"""Compares PDF text extractors (pdfminer.six as proxy/backends/pdftext.py uses it, pypdf, and PyMuPDF for reference only: it is
+"""Compares PDF text extractors (pdfminer.six as proxy/backends/pages/pdftext.py uses it, pypdf, and PyMuPDF for reference only: it is
 AGPL) on speed and reading order; run: python scripts/bench_pdf.py [FILE.pdf ...] in a venv with pdfminer.six, pypdf and
-pymupdf (and orjson for proxy.backends.extract's imports).
+pymupdf (and orjson for proxy.backends.pages.extract's imports).
 
 Reading order is judged on a generated two-column page whose content stream draws the columns row by row (left line,
 right line, ...), as table-driven generators do: an extractor reads it in order when every left-column line comes
@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def engines() -> dict[str, Callable[[bytes], str]]:
-    from proxy.backends.pdftext import pdf_to_text
-    out: dict[str, Callable[[bytes], str]] = {"pdfminer.six (proxy.backends.pdftext)": lambda data: pdf_to_text(data)[1]}
+    from proxy.backends.pages.pdftext import pdf_to_text
+    out: dict[str, Callable[[bytes], str]] = {"pdfminer.six (proxy.backends.pages.pdftext)": lambda data: pdf_to_text(data)[1]}
     try:
         import pypdf
         out["pypdf"] = lambda data: "\n".join(p.extract_text() or "" for p in pypdf.PdfReader(io.BytesIO(data)).pages)

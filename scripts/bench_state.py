@@ -1,4 +1,4 @@
-"""Benchmark of the shared state (proxy/backends/state.py) against the in-process default, side by side in one run;
+"""Benchmark of the shared state (proxy/backends/state/state.py) against the in-process default, side by side in one run;
 run `~/.cache/coding-stack-tests/venv-*/bin/python -m scripts.bench_state` from the repository root (it starts
 Debian's redis-server on a free loopback port, as tests/test_state.py does, and stops it by its pid).
 
@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from proxy.backends.cache import SharedTier, TTLCache
-from proxy.backends.fetcher import Fetched, Page, fetched_from_json, fetched_json, fetched_size
-from proxy.backends.search import Hit, SearchOutcome, outcome_from_json, outcome_json, outcome_size, search_key
-from proxy.backends.state import RedisState
+from proxy.backends.pages.fetcher import Fetched, Page, fetched_from_json, fetched_json, fetched_size
+from proxy.backends.search.search import Hit, SearchOutcome, outcome_from_json, outcome_json, outcome_size, search_key
+from proxy.backends.state.cache import SharedTier, TTLCache
+from proxy.backends.state.state import RedisState
 from standins.redis_server import RedisServer
 
 OUTCOME = SearchOutcome("vllm release notes", "ok",

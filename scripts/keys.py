@@ -19,7 +19,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from proxy.backends.keys import Limits, Person, check_name, digest, dump, new_key, parse  # noqa: E402
+from proxy.backends.state.keys import Limits, Person, check_name, digest, dump, new_key, parse  # noqa: E402
 
 
 class Failure(Exception):

@@ -475,7 +475,7 @@ def record_search_loop(backend, searxng_url: str, searches: int):
     """The exact wire exchanges the proxy makes for one search loop, built once with the proxy's
     own pure functions, so the direct replay times wire + stand-ins and nothing else."""
     from proxy.apis.chat import rules as chat_wire  # noqa: PLC0415 (only the benchmark's client needs these)
-    from proxy.backends import searxng  # noqa: PLC0415
+    from proxy.backends.search import searxng  # noqa: PLC0415
     from proxy.tools import web_search  # noqa: PLC0415
     body = chat_wire.with_tools(SMALL, ("web_search",))
     messages = list(body["messages"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.backends.state import MemoryState
+from proxy.backends.state.state import MemoryState
 from proxy.http.affinity import Secret, conversation_start, session_key
 from standins.keepalive_server import DROP, OK, KeepAliveServer
 from standins.rawhttp import raw_request

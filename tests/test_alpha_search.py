@@ -18,9 +18,9 @@ import pytest
 
 from proxy.apis.alpha_search import rules as W
 from proxy.apis.alpha_search.handler import PATH
-from proxy.backends.fetcher import Fetcher
-from proxy.backends.search import Hit, SearchOutcome
-from proxy.backends.searxng import SearXNG
+from proxy.backends.pages.fetcher import Fetcher
+from proxy.backends.search.search import Hit, SearchOutcome
+from proxy.backends.search.searxng import SearXNG
 from proxy.core.config import Config
 from proxy.tools.web_fetch import FetchError, Page
 from standins import pdf_files

@@ -1,4 +1,4 @@
-"""proxy/backends/brave.py, the keyed fallback: its request and answer reading without a network, then real searches
+"""proxy/backends/search/brave.py, the keyed fallback: its request and answer reading without a network, then real searches
 against standins/brave.py (built from Brave's documented Web Search API), asserting what the proxy's backend got and
 what the stand-in received; the key is checked to reach that one header and no message, log line or repr.
 
@@ -10,7 +10,7 @@ import urllib.parse
 
 import pytest
 
-from proxy.backends.brave import SOURCE, BraveSearch, outcome_from_response, request_url
+from proxy.backends.search.brave import SOURCE, BraveSearch, outcome_from_response, request_url
 from standins.brave import KEY, BraveStandIn, error, web_result
 
 API = "https://api.search.brave.com/res/v1/web/search"

@@ -1,4 +1,4 @@
-"""proxy/backends/cache.py's TTLCache without a network: time to live, both bounds, least recently used
+"""proxy/backends/state/cache.py's TTLCache without a network: time to live, both bounds, least recently used
 out first, the off switch, and one computation in flight per key (threads; the proxy-level
 tests in tests/test_metrics.py run it under gunicorn's gevent worker).
 
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from proxy.backends.cache import TTLCache
-from proxy.backends.search import Hit, SearchOutcome, outcome_size, search_key
+from proxy.backends.search.search import Hit, SearchOutcome, outcome_size, search_key
+from proxy.backends.state.cache import TTLCache
 
 
 class Clock:

@@ -14,7 +14,7 @@ from clients import anthropic, openai
 from test_sdk_types import post, sse_data, strict, strict_event
 
 from proxy.apis import citations as C
-from proxy.backends.search import Hit, SearchOutcome
+from proxy.backends.search.search import Hit, SearchOutcome
 from proxy.tools import sources as S
 from proxy.tools.web_search import format_for_model
 from standins import anthropic_wire as W

@@ -1,7 +1,7 @@
 """What the model reads of the pages coding agents fetch most (a GitHub README, a Stack Overflow question, API docs with a
 <div> sidebar, a package page, a changelog, a man page, a blog with widgets), judged by hand, and the Markdown form
 itself (headings, lists, code with its language, tables, links as numbered references); pure, in-process, through
-proxy.backends.readable.extract_page. Run: tests/run.sh tests/test_extract.py
+proxy.backends.pages.readable.extract_page. Run: tests/run.sh tests/test_extract.py
 """
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from proxy.backends.pagetext import decode_text
-from proxy.backends.readable import extract_page
+from proxy.backends.pages.pagetext import decode_text
+from proxy.backends.pages.readable import extract_page
 
 PROSE = ("The scheduler admits a request only when the key-value cache has room for its whole prompt, "
          "so a long prompt waits rather than evicting the sequences that are already running.")
@@ -470,7 +470,7 @@ def test_a_page_without_readable_text_says_why(page, why):
 def test_the_class_word_patterns_are_lower_case_as_the_names_they_read(name):
     """readable._has lowers the names and the patterns are compiled without re.I (for speed): an upper-case letter in
     a pattern would never match."""
-    from proxy.backends import readable
+    from proxy.backends.pages import readable
     pattern = getattr(readable, name)
     assert pattern.pattern == pattern.pattern.lower() and not pattern.flags & re.IGNORECASE
     assert readable._has(pattern, pattern.pattern.split("|")[0].replace("^", "").replace("$", "").upper())

@@ -1,4 +1,4 @@
-"""The web_fetch core (proxy/backends/fetcher.py, proxy/backends/netguard.py): SSRF refusals table by table, and the
+"""The web_fetch core (proxy/backends/pages/fetcher.py, proxy/backends/pages/netguard.py): SSRF refusals table by table, and the
 Fetcher against real HTTP(S) servers on 127.0.0.1, checking what it returned and what the server got.
 
 Run: tests/run.sh tests/test_fetch.py
@@ -16,10 +16,10 @@ import zlib
 
 import pytest
 
-from proxy.backends.cache import TTLCache
-from proxy.backends.fetcher import Fetched, Fetcher, fetched_size
-from proxy.backends.netguard import address_refusal, domain_matches, parse_url
-from proxy.backends.readable import extract_page
+from proxy.backends.pages.fetcher import Fetched, Fetcher, fetched_size
+from proxy.backends.pages.netguard import address_refusal, domain_matches, parse_url
+from proxy.backends.pages.readable import extract_page
+from proxy.backends.state.cache import TTLCache
 from proxy.core.config import Config, parse_networks
 from proxy.runtime.concurrency import run_together
 from proxy.tools.web_fetch import FETCH_TOOL_DESCRIPTION, URL_SCHEMA, FetchError, Page
@@ -493,7 +493,7 @@ def test_domain_matches(target, domains, matches):
     ("https://evil.com/?q=example.com", ["example.com"], False),
 ])
 def test_search_filters_use_the_fetch_rule(target, domains, kept):
-    from proxy.backends.search import Hit, SearchOutcome, filter_domains
+    from proxy.backends.search.search import Hit, SearchOutcome, filter_domains
     outcome = filter_domains(SearchOutcome("q", "ok", hits=[Hit("t", target)]), allowed=domains)
     assert bool(outcome.hits) is kept is domain_matches(target, domains)
 
@@ -702,7 +702,7 @@ def test_a_comment_where_a_big_page_is_cut_does_not_let_its_navigation_through()
 def test_the_whole_text_fallback_leaves_scripts_out(monkeypatch):
     """When the extraction fails on a page (here the Markdown writer, made to), the model reads the page's words, not
     its script source."""
-    from proxy.backends import markdown
+    from proxy.backends.pages import markdown
 
     def broken(*args, **kwargs):
         raise RuntimeError("a surprise on a hostile page")
@@ -714,7 +714,7 @@ def test_the_whole_text_fallback_leaves_scripts_out(monkeypatch):
 
 @pytest.mark.parametrize("size", [200 * 1024, 2 * 1024 * 1024])  # scoring, and the fast rule past 512 Ki characters
 def test_extraction_keeps_code_and_drops_navigation_on_small_and_big_pages(size):
-    from proxy.backends.readable import extract_page
+    from proxy.backends.pages.readable import extract_page
     from standins.hostile_web import big_page
     title, text, cut, _ = extract_page(big_page(size).decode(), "http://x/", max_chars=80_000)
     assert title == "Scheduler notes" and "def admit(request):" in text and "the key-value cache has room" in text

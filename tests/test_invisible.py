@@ -1,13 +1,13 @@
 """Text a person does not see never reaches the model (issue 33): invisible code points and hidden elements, in
-proxy/backends/invisible.py, extraction and the page's head line. Run: tests/run.sh tests/test_invisible.py -q"""
+proxy/backends/pages/invisible.py, extraction and the page's head line. Run: tests/run.sh tests/test_invisible.py -q"""
 from __future__ import annotations
 
 import re
 
 import pytest
 
-from proxy.backends.invisible import hiding, strip_invisible
-from proxy.backends.readable import extract_page
+from proxy.backends.pages.invisible import hiding, strip_invisible
+from proxy.backends.pages.readable import extract_page
 from proxy.tools.web_fetch import FetchOutcome, Page, format_page_for_model
 
 
@@ -104,7 +104,7 @@ HIDDEN = [
 @pytest.mark.parametrize("snippet, dropped", HIDDEN)
 def test_hidden_elements_never_reach_the_text(snippet, dropped, fast, monkeypatch):
     if fast:
-        monkeypatch.setattr("proxy.backends.readable.FAST_PATH_CHARS", 10)
+        monkeypatch.setattr("proxy.backends.pages.readable.FAST_PATH_CHARS", 10)
     html = f"<html><head><title>T</title></head><body><article>{BODY}{snippet}{BODY}</article></body></html>"
     _, text, _, n = extract_page(html, "http://x.test/")
     assert n == dropped

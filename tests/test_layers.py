@@ -1,7 +1,8 @@
 """The proxy's layers as the tree shows them (proxy/__init__.py, docs/architecture.md): every module imports only its
 own layer and the ones below it, no API's package imports another API's, no API module imports backends/ or
-transport/ (they are reached through engine/ and tools/), a tool imports no API, and no modules import each other
-in a circle; and no module defines a name nothing uses. Read from the source with ast, function-level imports
+transport/ (they are reached through engine/ and tools/), a tool imports no API, backends/'s rooms (search, pages,
+state) import only downward too, and no modules import each other in a circle; and no module defines a name nothing
+uses. Read from the source with ast, function-level imports
 included; no network.
 
 Run: tests/run.sh tests/test_layers.py
@@ -78,6 +79,28 @@ def test_apis_reach_backends_and_transport_only_through_engine_and_tools(module)
     assert not reached, f"{module} imports {reached}: use the façade in proxy/engine or proxy/tools"
 
 
+# backends/ is three rooms, top to bottom: a room imports its own modules and those of the rooms after it (search
+# reads the domain filters in pages and caches in state; pages caches in state; state stands on neither).
+ROOMS = ("search", "pages", "state")
+
+
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "backends" else None
+
+
+def test_every_backends_module_lives_in_a_room():
+    loose = sorted(m for m in MODULES if layer_of(m) == "backends" and m != "proxy.backends" and room_of(m) not in ROOMS)
+    assert not loose, f"backends modules outside the rooms {ROOMS}: {loose}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if room_of(m)))
+def test_rooms_import_only_their_own_and_the_rooms_below(module):
+    mine = ROOMS.index(room_of(module))
+    upward = sorted(i for i in GRAPH[module] if room_of(i) and ROOMS.index(room_of(i)) < mine)
+    assert not upward, f"{module} (backends/{ROOMS[mine]}/) imports a room above it: {upward}"
+
+
 def test_no_import_cycles():
     """Depth-first search over the module graph; a back edge is a circle."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -105,6 +128,7 @@ def test_the_checks_see_what_they_check():
     """The graph is read at all: a known downward import is in it, so the tests above can fail."""
     assert "proxy.tools.registry" in GRAPH["proxy.tools.session"]
     assert "proxy.engine.exchange" in GRAPH["proxy.engine.loop"]
+    assert "proxy.backends.state.cache" in GRAPH["proxy.backends.search.search"]  # a downward import between rooms
     assert len(MODULES) >= 40
 
 
@@ -211,3 +235,22 @@ def test_the_layers_table_lists_each_layer_in_order_with_exactly_its_modules():
         tree = {p.name + ("/" if p.is_dir() else "") for p in (PROXY / layer).iterdir()
                 if p.name not in ("__init__.py", "__pycache__")}
         assert named == tree, f"{layer}/: the page names {sorted(named - tree)} the tree lacks, lacks {sorted(tree - named)}"
+
+
+def room_rows(doc: str) -> list[tuple[str, set[str]]]:
+    """The backends rooms table's rows (`backends/search/` ...): each room and the modules its second column names.
+    Pure."""
+    rows = []
+    for line in doc.splitlines():
+        row = re.match(r"\| `backends/(\w+)/` \| (.*?) \| ", line)
+        if row:
+            rows.append((row.group(1), set(re.findall(r"`(\w+\.py)`", row.group(2)))))
+    return rows
+
+
+def test_the_rooms_table_lists_each_backends_room_in_order_with_exactly_its_modules():
+    rows = room_rows(ARCHITECTURE.read_text())
+    assert tuple(room for room, _ in rows) == ROOMS
+    for room, named in rows:
+        tree = {p.name for p in (PROXY / "backends" / room).glob("*.py") if p.name != "__init__.py"}
+        assert named == tree, f"backends/{room}/: the page names {sorted(named - tree)} the tree lacks, lacks {sorted(tree - named)}"

@@ -36,7 +36,7 @@ from proxy.apis.messages.request import (
     subrequest_query,
     validate,
 )
-from proxy.backends.search import Hit, SearchOutcome
+from proxy.backends.search.search import Hit, SearchOutcome
 from proxy.core.errors import as_anthropic_error
 from proxy.tools.sources import Sources, numbered
 from proxy.tools.web_search import QUERY_SCHEMA, TOOL_DESCRIPTION, format_for_model

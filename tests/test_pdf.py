@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.backends.fetcher import Fetcher
-from proxy.backends.pagetext import sniff_type
-from proxy.backends.pdftext import PdfRefused, pdf_to_text
+from proxy.backends.pages.fetcher import Fetcher
+from proxy.backends.pages.pagetext import sniff_type
+from proxy.backends.pages.pdftext import PdfRefused, pdf_to_text
 from proxy.tools.web_fetch import FetchError
 from standins import pdf_files as P
 from tests.test_fetch import code_of, make, url

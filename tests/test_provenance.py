@@ -10,7 +10,7 @@ from proxy.apis.chat.given import given as chat_given
 from proxy.apis.given import summary_at
 from proxy.apis.messages.given import given as messages_given
 from proxy.apis.responses.given import given as responses_given
-from proxy.backends.netguard import parse_url
+from proxy.backends.pages.netguard import parse_url
 from proxy.tools.client_reads import ClientReads
 from proxy.tools.provenance import (
     LINK,

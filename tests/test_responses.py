@@ -26,7 +26,7 @@ from proxy.apis.responses.request import (
     replay,
     rewrite_tool_choice,
 )
-from proxy.backends.search import Hit, SearchOutcome
+from proxy.backends.search.search import Hit, SearchOutcome
 from proxy.tools.base import NOT_EXECUTED
 from proxy.tools.web_search import shaped
 from standins import responses_wire as w

@@ -24,7 +24,7 @@ from proxy.apis.responses.request import (
     replay,
     rewrite_tool_choice,
 )
-from proxy.backends.search import SearchOutcome
+from proxy.backends.search.search import SearchOutcome
 from proxy.tools.find_in_page import FIND_MATCHES, FIND_USAGE, FindRequest, FindResult, find_in_text
 from proxy.tools.registry import text as tool_output
 from proxy.tools.web_fetch import FetchOutcome, FetchRequest, Page

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from proxy.apis.chat import rules as chat_rules
-from proxy.backends.search import Hit, SearchOutcome, filter_domains
-from proxy.backends.searxng import outcome_from_response, search_url
+from proxy.backends.search.search import Hit, SearchOutcome, filter_domains
+from proxy.backends.search.searxng import outcome_from_response, search_url
 from proxy.core.codec import data_of, event_and_data, iter_frame_batches, iter_frames
 from proxy.core.config import Config
 from proxy.http.app import outbound_headers
@@ -201,7 +201,7 @@ def test_filter_domains(allowed, blocked, urls, status):
 
 
 class FakeSearxng:
-    """A search backend (proxy/backends/search.py's protocol) that counts calls; stands in for the HTTP side of
+    """A search backend (proxy/backends/search/search.py's protocol) that counts calls; stands in for the HTTP side of
     SearXNG in session bookkeeping tests."""
     base_url = "http://s"
     results, timeout = 5, 1.0
@@ -358,7 +358,7 @@ class Pages:
         self.text = text
 
     def fetch(self, url, **kw):
-        from proxy.backends.fetcher import Page
+        from proxy.backends.pages.fetcher import Page
         self.asked.append(url)
         return Page(url, "T", self.text, "text/html", "2026-12-04T20:00:00Z", False)
 

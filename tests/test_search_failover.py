@@ -1,4 +1,4 @@
-"""proxy/backends/failover.py against real stand-ins on loopback: several SearXNG instances (standins/searxng.py) asked
+"""proxy/backends/search/failover.py against real stand-ins on loopback: several SearXNG instances (standins/searxng.py) asked
 in order within one deadline, a failed one cooling down (on a fake clock, so nothing waits), a dead and a slow one,
 the one retry of an all-engines-failed search, the keyed fallback against standins/brave.py, and the engine
 bookkeeping and health view. Each test asserts what the search gave and what each stand-in received.
@@ -14,10 +14,10 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.backends.brave import BraveSearch
-from proxy.backends.failover import DEVELOPER_ENGINES, FailoverSearch
-from proxy.backends.search_health import COOL_DOWN_FIRST
-from proxy.backends.searxng import SearXNG
+from proxy.backends.search.brave import BraveSearch
+from proxy.backends.search.failover import DEVELOPER_ENGINES, FailoverSearch
+from proxy.backends.search.search_health import COOL_DOWN_FIRST
+from proxy.backends.search.searxng import SearXNG
 from proxy.runtime.cancel import Cancel
 from standins.brave import KEY
 from standins.rawhttp import raw_request

@@ -1,11 +1,11 @@
-"""proxy/backends/search_health.py without a network or waiting: the instances' order, cool-down and back-off on a
+"""proxy/backends/search/search_health.py without a network or waiting: the instances' order, cool-down and back-off on a
 fake clock, and which engines each instance reports failing (by reason) and when they stop.
 
 Run: tests/run.sh tests/test_search_health.py
 """
 import pytest
 
-from proxy.backends.search_health import (
+from proxy.backends.search.search_health import (
     COOL_DOWN_FIRST,
     COOL_DOWN_MAX,
     MAX_ENGINES,

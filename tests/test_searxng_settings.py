@@ -64,7 +64,7 @@ def test_timeouts_fit_an_agent_waiting_on_a_tool():
 
 def test_a_late_answer_leaves_room_for_a_second_instance():
     # SearXNG answers within max_request_timeout (its slowest engine's wait), so the proxy's one search deadline
-    # still holds a second instance's answer after it (the failover in proxy/backends/failover.py).
+    # still holds a second instance's answer after it (the failover in proxy/backends/search/failover.py).
     assert SETTINGS["outgoing"]["max_request_timeout"] <= Config().searxng_timeout / 2
 
 

@@ -1,4 +1,4 @@
-"""Tests for the state interface (proxy/backends/state.py): one table of calls run against both implementations,
+"""Tests for the state interface (proxy/backends/state/state.py): one table of calls run against both implementations,
 MemoryState and RedisState on a real redis-server (standins/redis_server.py); what lands in redis (namespaced keys,
 every one with a TTL); hostile values a store may hand back; the one deadline and the circuit over a store that is
 gone or hangs; and the users of the interface on it: the caches' shared tier, Codex's RefStore, the SearXNG
@@ -20,11 +20,11 @@ import orjson
 import pytest
 
 from proxy.apis.alpha_search.rules import REFS_USE, TURN, RefStore
-from proxy.backends.cache import SharedTier, TTLCache, shared_key
-from proxy.backends.fetcher import Fetched, Page, fetched_from_json, fetched_json
-from proxy.backends.search import Hit, SearchOutcome, outcome_from_json, outcome_json, outcome_size, search_key
-from proxy.backends.search_health import HEALTH_USE, Instances
-from proxy.backends.state import MAX_VALUE_BYTES, MemoryState, RedisState, StateDown, Stored, key_of
+from proxy.backends.pages.fetcher import Fetched, Page, fetched_from_json, fetched_json
+from proxy.backends.search.search import Hit, SearchOutcome, outcome_from_json, outcome_json, outcome_size, search_key
+from proxy.backends.search.search_health import HEALTH_USE, Instances
+from proxy.backends.state.cache import SharedTier, TTLCache, shared_key
+from proxy.backends.state.state import MAX_VALUE_BYTES, MemoryState, RedisState, StateDown, Stored, key_of
 from proxy.tools.client_reads import (
     CHARGES_USE,
     DOWN,
@@ -347,7 +347,7 @@ def test_a_cool_down_of_the_wrong_shape_is_ignored(store, doc):
 
 def test_a_hostile_cool_down_is_capped():
     """A store claiming an instance cools down for a year: it is asked last for COOL_DOWN_MAX at most."""
-    from proxy.backends.search_health import COOL_DOWN_MAX, shared_cool_down
+    from proxy.backends.search.search_health import COOL_DOWN_MAX, shared_cool_down
     found = shared_cool_down({"failures": 3, "until": 1e12, "error": "x\n\x1b[31m", "at": 1.0}, 1000.0)
     assert found is not None and found[1] == COOL_DOWN_MAX and found[2] == "x [31m"
 

@@ -406,8 +406,8 @@ def admitted_order(store, tickets: dict[str, str], seats: int = 1) -> list[str]:
 @pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 def stores(request, tmp_path):
     """stores(clock) -> a new handle on one shared store (each a worker's), SQLite's or Redis's."""
-    from proxy.backends.teamstore import TeamStore
-    from proxy.backends.teamstore_redis import RedisTeamStore
+    from proxy.backends.state.teamstore import TeamStore
+    from proxy.backends.state.teamstore_redis import RedisTeamStore
     made: list = []
     url = request.getfixturevalue("redis_url") if request.param == "redis" else ""
 
@@ -460,7 +460,7 @@ def test_with_queue_policy_tokens_the_key_that_used_fewest_tokens_today_goes_fir
 
 
 def test_a_dead_workers_seat_is_reclaimed_when_its_lease_runs_out(stores):
-    from proxy.backends.teamstore import LEASE
+    from proxy.backends.state.teamstore import LEASE
     clock = Clock()
     dead, alive = stores(clock), stores(clock)
     held = dead.enqueue("x", resumed=False)
@@ -722,7 +722,7 @@ def limit_file_size(pids: list[int], size: int | None) -> None:
 
 
 def test_a_release_the_sqlite_store_could_not_write_frees_the_seat_and_the_slot_within_the_lease(team, paced, tmp_path):
-    from proxy.backends.teamstore import LEASE
+    from proxy.backends.state.teamstore import LEASE
     from proxy.engine.admission import RETRY
     keys = {"owner": add_key(team.keys_file, "owner", "--concurrent", "1"), "other": add_key(team.keys_file, "other")}
     events = tmp_path / "events.jsonl"
@@ -967,7 +967,7 @@ def test_keys_script_keeps_names_apart_ignoring_case_and_writes_through_a_symlin
     proc = keys("add", "Bob", "--file", str(link))
     assert proc.returncode == 1 and "'Bob' already has a key" in proc.stderr, proc.stderr
     assert link.is_symlink() and "bob" in real.read_text(), "the link was replaced by a plain file"
-    from proxy.backends.keys import parse
+    from proxy.backends.state.keys import parse
     entry = json.loads(real.read_text())["keys"][0]
     with pytest.raises(ValueError, match="appears twice"):
         parse(json.dumps({"version": 1, "keys": [entry, {**entry, "name": "BOB"}]}))

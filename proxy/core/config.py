@@ -18,7 +18,7 @@ STREAM_SEARCH_MODES = ("server", "client")
 WEB_FETCH_URL_MODES = ("given", "any")  # proxy/tools/provenance.py: only URLs the conversation gave, or any URL
 # When the Brave Search API is asked (BRAVE_SEARCH_MODE): only after every SearXNG instance failed, or first.
 BRAVE_SEARCH_MODES = ("fallback", "always")
-QUEUE_POLICIES = ("round_robin", "tokens")  # proxy/backends/teamstore.py: the fair queue's choice between keys
+QUEUE_POLICIES = ("round_robin", "tokens")  # proxy/backends/state/teamstore.py: the fair queue's choice between keys
 
 
 # ---- readers: one environment string to a value, or a ValueError naming the variable -------------------
@@ -76,7 +76,7 @@ class Config:
     # Sent to vLLM as `Authorization: Bearer ...` when vLLM runs with --api-key.
     backend_api_key: str = setting("BACKEND_API_KEY", "")
     # The SearXNG instances the searches go to, comma- or space-separated, asked in this order (the next when one
-    # fails: proxy/backends/failover.py); each must allow format=json.
+    # fails: proxy/backends/search/failover.py); each must allow format=json.
     searxng_url: str = setting("SEARXNG_URL", "http://host.docker.internal:8889")
     searxng_results: int = setting("SEARXNG_RESULTS", 5, whole, positive=True)
     searxng_timeout: float = setting("SEARXNG_TIMEOUT", 15.0, number, positive=True)
@@ -103,7 +103,7 @@ class Config:
     max_body_bytes: int = setting("MAX_BODY_BYTES", 64 * 1024 * 1024, whole, positive=True)
     # Comma-separated keys clients must present; empty leaves the proxy open.
     proxy_api_keys: tuple[str, ...] = setting("PROXY_API_KEY", (), keys)
-    # A keys file of people's keys (scripts/keys.py writes it; proxy/backends/keys.py reads it, again whenever it
+    # A keys file of people's keys (scripts/keys.py writes it; proxy/backends/state/keys.py reads it, again whenever it
     # changes): each a name, a SHA-256 of the key, optional limits. Beside PROXY_API_KEY, which stays the admin key.
     proxy_keys_file: str = setting("PROXY_KEYS_FILE", "")
     # The SQLite file of usage per key, quota windows and the fair queue's tickets, shared by every worker and kept
@@ -179,7 +179,7 @@ class Config:
     # multiprocess mode reads the same variable at import); the image sets it, and gunicorn.conf.py makes a
     # private one when several workers run without it. Empty: one process's own metrics.
     metrics_dir: str = setting("PROMETHEUS_MULTIPROC_DIR", "")
-    # A Brave Search API key turns on the keyed fallback search (proxy/backends/brave.py); empty: SearXNG only.
+    # A Brave Search API key turns on the keyed fallback search (proxy/backends/search/brave.py); empty: SearXNG only.
     # Sent to Brave and nowhere else: never logged, never in a repr.
     brave_search_api_key: str = setting("BRAVE_SEARCH_API_KEY", "", secret=True)
     # "fallback": Brave is asked only when every SearXNG instance failed; "always": Brave first, SearXNG when it fails.
@@ -192,7 +192,7 @@ class Config:
     # Secret: the URL may carry the server's password.
     state_url: str = setting("STATE_URL", "", secret=True)
     # Seconds one call to the state store may take (connect, or send and answer); a store on the same host or LAN
-    # answers in a millisecond, and a store that does not is left alone for a while (proxy/backends/state.py).
+    # answers in a millisecond, and a store that does not is left alone for a while (proxy/backends/state/state.py).
     state_timeout: float = setting("STATE_TIMEOUT", 0.25, number, positive=True)
     # The key of the X-Session-ID hash (proxy/http/affinity.py): every proxy behind one router must share it, or one
     # session's turns get different ids and land on different workers. Empty: one random key in STATE_URL's store

@@ -1,5 +1,5 @@
 """The fair queue in front of the card: at most MAX_NUM_SEQS generation calls in vLLM at once, the next seat given
-round-robin across keys rather than first come (the tickets and the choice live in proxy/backends/teamstore.py,
+round-robin across keys rather than first come (the tickets and the choice live in proxy/backends/state/teamstore.py,
 shared by every worker). Exchange.call takes a seat for each call to vLLM of a generation request and gives it
 back when the call ends; the search loop waits for a later turn's seat with the stream's keep-alives.
 
@@ -30,15 +30,11 @@ import sqlite3
 import time
 import urllib.parse
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING
 
-from proxy.backends.state import Circuit
-from proxy.backends.teamstore import StoreError, TeamStore
+from proxy.backends.state.state import Circuit
+from proxy.backends.state.teamstore import StoreError, TeamStorage
 from proxy.core import routes
 from proxy.runtime import concurrency as runtime
-
-if TYPE_CHECKING:  # only for annotations: redis-py loads only with STATE_URL (proxy/http/wiring.py)
-    from proxy.backends.teamstore_redis import RedisTeamStore
 
 KEY_NAME = "proxy.key"              # environ: the name of the request's key (proxy/http/team.py); "-" when open
 QUEUED = "proxy.queued_seconds"     # environ: seconds the request waited for seats, over all its calls
@@ -83,7 +79,7 @@ def queues(method: str, target: str) -> bool:
 class Queue:
     """One worker's view of the shared queue."""
 
-    def __init__(self, store: TeamStore | RedisTeamStore, seats: int, policy: str = "round_robin",
+    def __init__(self, store: TeamStorage, seats: int, policy: str = "round_robin",
                  on_wait: Callable[[dict, float], None] | None = None,
                  on_error: Callable[[str, str], None] | None = None, clock: Callable[[], float] = time.monotonic):
         self.store = store

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from proxy.backends.cache import TTLCache
-from proxy.backends.fetcher import Fetcher
-from proxy.backends.search import SearchBackend
-from proxy.backends.state import MemoryState, State, StateDown  # noqa: F401 (MemoryState: for the APIs)
+from proxy.backends.pages.fetcher import PageFetcher
+from proxy.backends.search.search import SearchBackend
+from proxy.backends.state.cache import TTLCache
+from proxy.backends.state.state import MemoryState, State, StateDown  # noqa: F401 (MemoryState: for the APIs)
 from proxy.core import codec
 from proxy.core.config import Config
 from proxy.engine.admission import Queue
@@ -104,18 +104,18 @@ class Services:
     cfg: Config
     backend: Backend        # vLLM
     search: SearchBackend   # SearXNG behind the search cache (and the meters, with PROXY_METRICS)
-    fetcher: Fetcher        # its page cache is shared by all the worker's requests, alpha search's too
+    fetcher: PageFetcher    # its page cache is shared by all the worker's requests, alpha search's too
     events: Events = field(default_factory=Events)
     models: ServedModels = field(default_factory=ServedModels)
     # What the model read of the proxy's calls on /v1/responses, for the turns that replay them (off by default here;
     # wiring sizes it from the Config).
     kept: KeptResults = field(default_factory=lambda: KeptResults(0, 0))
-    # The shared state store (STATE_URL; proxy/backends/state.py), or None: each use keeps its state in this process.
+    # The shared state store (STATE_URL; proxy/backends/state/state.py), or None: each use keeps its state in this process.
     state: State | None = None
     # What each client read and how many links it followed, over an hour: URL provenance's memory across requests
     # (in this worker, or in the shared store with STATE_URL: SharedReads).
     reads: Reads = field(default_factory=ClientReads)
-    # GET /proxy/search/health's JSON: the search failover's state in this worker (proxy/backends/failover.py).
+    # GET /proxy/search/health's JSON: the search failover's state in this worker (proxy/backends/search/failover.py).
     search_health: Callable[[], dict] = dict
     # The fair queue in front of the card (MAX_NUM_SEQS); None: every call goes straight to vLLM.
     queue: Queue | None = None

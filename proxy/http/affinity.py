@@ -29,7 +29,7 @@ import secrets
 import time
 
 from proxy.apis.given import user_given
-from proxy.backends.state import State, StateDown
+from proxy.backends.state.state import State, StateDown
 from proxy.core import codec
 
 HEADER = "X-Session-ID"

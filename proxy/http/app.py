@@ -21,7 +21,7 @@ from proxy.apis.alpha_search import handler as alpha_search
 from proxy.apis.chat import handler as chat
 from proxy.apis.messages import handler as messages
 from proxy.apis.responses import handler as responses
-from proxy.backends.keys import ADMIN
+from proxy.backends.state.keys import ADMIN
 from proxy.core import codec, routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path

@@ -13,12 +13,11 @@ import logging
 import math
 import secrets
 import sqlite3
-from typing import TYPE_CHECKING
 
 from flask import Response
 
-from proxy.backends.keys import ADMIN, KeysFile, Limits, Person
-from proxy.backends.teamstore import Admitted, Refusal, StoreError, TeamStore
+from proxy.backends.state.keys import ADMIN, KeysFile, Limits, Person
+from proxy.backends.state.teamstore import Admitted, Refusal, StoreError, TeamStorage
 from proxy.core import codec, routes
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
@@ -29,9 +28,6 @@ from proxy.observe.usage import UsageScan
 from proxy.observe.usage import figures as figures_of
 from proxy.tools import registry
 from proxy.tools.base import PAGE
-
-if TYPE_CHECKING:  # only for annotations: redis-py loads only with STATE_URL (proxy/http/wiring.py)
-    from proxy.backends.teamstore_redis import RedisTeamStore
 
 log = logging.getLogger("proxy")
 
@@ -113,7 +109,7 @@ def charged_tokens(scan: UsageScan, unseen: object, body_bytes: int) -> dict[str
 class Team:
     """One worker's keys, quotas and usage."""
 
-    def __init__(self, cfg: Config, store: TeamStore | RedisTeamStore | None):
+    def __init__(self, cfg: Config, store: TeamStorage | None):
         self.cfg = cfg
         self.keys = KeysFile(cfg.proxy_keys_file) if cfg.proxy_keys_file else None
         if self.keys is not None:

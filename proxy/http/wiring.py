@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING
 
 from proxy.apis.alpha_search import handler as alpha_search
 from proxy.apis.responses import presentation as responses_presentation
-from proxy.backends.brave import BraveSearch
-from proxy.backends.cache import SharedTier, TTLCache
-from proxy.backends.failover import FailoverSearch
-from proxy.backends.fetcher import Fetcher, fetched_from_json, fetched_json
-from proxy.backends.search import (
+from proxy.backends.pages.fetcher import Fetcher, fetched_from_json, fetched_json
+from proxy.backends.search.brave import BraveSearch
+from proxy.backends.search.failover import FailoverSearch
+from proxy.backends.search.search import (
     CachedSearch,
     SearchBackend,
     SearchOutcome,
@@ -24,9 +22,10 @@ from proxy.backends.search import (
     outcome_json,
     outcome_size,
 )
-from proxy.backends.searxng import SearXNG
-from proxy.backends.state import open_state
-from proxy.backends.teamstore import TeamStore
+from proxy.backends.search.searxng import SearXNG
+from proxy.backends.state.cache import SharedTier, TTLCache
+from proxy.backends.state.state import open_state
+from proxy.backends.state.teamstore import TeamStorage, TeamStore
 from proxy.core.config import Config, masked_url
 from proxy.engine.admission import Queue
 from proxy.engine.events import Events, RequestEnded, RoundDone, UrlRefused
@@ -36,10 +35,6 @@ from proxy.http.team import Team
 from proxy.observe import metrics
 from proxy.tools.client_reads import ClientReads, Reads, SharedReads
 from proxy.transport.vllm import Backend
-
-if TYPE_CHECKING:  # only for the annotation: redis-py loads only with STATE_URL
-    from proxy.backends.teamstore_redis import RedisTeamStore
-
 
 log = logging.getLogger(__name__)
 
@@ -104,15 +99,15 @@ def observe_team(events: Events, team: Team) -> None:
     events.subscribe(UrlRefused, team.url_refused)
 
 
-def build_store(cfg: Config) -> TeamStore | RedisTeamStore | None:
+def build_store(cfg: Config) -> TeamStorage | None:
     """The shared store, when keys or the fair queue need it: Redis with STATE_URL, else the SQLite file
     PROXY_STATE_DB (Config.from_env always names one that lasts), whose place is logged: a person looking for
     yesterday's usage must find it."""
     if not (cfg.proxy_keys_file or cfg.max_num_seqs):
         return None
     if cfg.state_url:
-        # Imported here, as backends/state.py imports redis-py: a proxy without STATE_URL never loads it.
-        from proxy.backends.teamstore_redis import RedisTeamStore
+        # Imported here, as backends/state/state.py imports redis-py: a proxy without STATE_URL never loads it.
+        from proxy.backends.state.teamstore_redis import RedisTeamStore
         return RedisTeamStore(cfg.state_url)
     if not cfg.proxy_state_db:
         raise ValueError("PROXY_STATE_DB is empty: the keys' usage and the fair queue need a file that lasts")

@@ -23,8 +23,8 @@ from prometheus_client import (
     multiprocess,
 )
 
-from proxy.backends.fetcher import FetchError, FetchObserver
-from proxy.backends.search import SearchBackend, SearchOutcome
+from proxy.backends.pages.fetcher import FetchError, FetchObserver
+from proxy.backends.search.search import SearchBackend, SearchOutcome
 from proxy.core.config import Config
 from proxy.core.errors import error_for_path
 from proxy.core.routes import PROXY_METRICS, api_of
@@ -105,7 +105,7 @@ QUEUE_WAIT = Histogram("proxy_queue_wait_seconds", "Time a call to vLLM waited f
 SEARCH_FALLBACKS = Counter("proxy_search_fallbacks", "Searches answered another way than by the first SearXNG "
                            "instance, by kind: instance (a later one), retry (engines not failing), keyed (the "
                            "Brave Search API).", ["kind"], registry=REGISTRY)
-# The shared state store (STATE_URL, proxy/backends/state.py): calls that got no answer, by use (search, page, refs,
+# The shared state store (STATE_URL, proxy/backends/state/state.py): calls that got no answer, by use (search, page, refs,
 # health, reads, link_charges and page_links: URL provenance's memory, whose link fetches are refused while it is
 # down; session-secret: the X-Session-ID key without SESSION_ID_SECRET; queue: the fair queue's store, without which
 # calls go straight to vLLM) and op (get, put, drop, count, fields, add_fields, drop_fields, claim; decode: a value

@@ -1,6 +1,6 @@
 """How one web fetch or SearXNG call ends early: at its wall-clock deadline, or when its client leaves.
 
-Used by proxy/backends/fetcher.py and proxy/backends/searxng.py (the client's watch, proxy/engine/exchange.py's ClientWatch,
+Used by proxy/backends/pages/fetcher.py and proxy/backends/search/searxng.py (the client's watch, proxy/engine/exchange.py's ClientWatch,
 calls abort()); not run on its own. Socket timeouts bound each receive, not the call: a server
 dripping one header byte a second stays under any of them. So a Cancel shuts down the sockets it
 watches when it fires, which wakes a reader blocked in them (a greenlet under gevent, or a plain

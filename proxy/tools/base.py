@@ -12,8 +12,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from proxy.backends.fetcher import Fetcher
-from proxy.backends.search import CachedSearch, SearchBackend
+from proxy.backends.pages.fetcher import PageFetcher
+from proxy.backends.search.search import CachedSearch, SearchBackend
 from proxy.runtime.cancel import Cancel
 
 # The answer to a client's own tool call made in the same turn as one of the proxy's (the proxy runs only its
@@ -95,7 +95,7 @@ class Backends:
     """What the worker's tools run on: the search backend (the cache and meters around SearXNG) and the page
     fetcher. A tool needing another backend adds it here, in engine/services.py and in http/wiring.py."""
     search: SearchBackend
-    fetcher: Fetcher
+    fetcher: PageFetcher
 
     def scoped(self, scope: str) -> Backends:
         """The backends with caches of `scope`'s own (a person's key name, with a keys file), or these ("")."""

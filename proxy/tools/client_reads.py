@@ -8,7 +8,7 @@ fresh start. This remembers, per client (its key, or its address), the depth and
 links each page read showed (so a later request that has the page from its history, or Codex's next web.run call,
 reads on from it wherever it is served), and the link fetches charged to each root and in all, for WINDOW seconds.
 Two implementations of one small interface (Reads: recall, remember, charge, links): ClientReads in this process,
-per worker (STATE_URL empty, as it always was), and SharedReads in the shared state store (STATE_URL, proxy/backends/state.py), so that the hourly budget holds across
+per worker (STATE_URL empty, as it always was), and SharedReads in the shared state store (STATE_URL, proxy/backends/state/state.py), so that the hourly budget holds across
 every worker and replica instead of multiplying by them. Picked in proxy/http/wiring.py.
 
 The store down (StateDown): a link fetch is refused (DOWN: the budget is an exfiltration bound, and a bound nobody
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.backends.state import State, StateDown
+from proxy.backends.state.state import State, StateDown
 
 WINDOW = 3600.0      # seconds a read and a charge are remembered: docs/web-tools.md's "per hour"
 MAX_CLIENTS = 4096   # least recently seen first out

@@ -26,7 +26,7 @@ import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from proxy.backends.netguard import parse_url
+from proxy.backends.pages.netguard import parse_url
 from proxy.tools.client_reads import DOWN, ROOT, ClientReads, Reads
 
 # Who put a URL in the conversation. "user" is a person's own words and always gives; "system" and "tool" are what

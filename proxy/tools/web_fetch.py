@@ -1,5 +1,5 @@
 """The web_fetch tool (a plug-in, proxy/tools/base.py's Tool): its description and schema, its call parsed
-(FetchRequest), the page read by the worker's fetcher (proxy/backends/fetcher.py) into a FetchOutcome, and the
+(FetchRequest), the page read by the worker's fetcher (proxy/backends/pages/fetcher.py) into a FetchOutcome, and the
 text the model reads. Not run on its own; tests/test_fetch.py and the API fetch tests (tests/test_*_fetch.py)
 check it.
 """
@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from proxy.backends.fetcher import FetchError, Page
+from proxy.backends.pages.fetcher import FetchError, Page
 from proxy.core import codec
 from proxy.tools.base import NO_LIMITS, PAGE, Cited, Limits, RunContext
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 # A search's outcome is the search backend's answer: the APIs take Hit and SearchOutcome from here, never backends/.
-from proxy.backends.search import Hit, SearchOutcome, filter_domains  # noqa: F401 (Hit: for the APIs)
+from proxy.backends.search.search import Hit, SearchOutcome, filter_domains  # noqa: F401 (Hit: for the APIs)
 from proxy.core import codec
 from proxy.core.validate import is_encodable
 from proxy.tools.base import NO_LIMITS, SEARCH, Cited, Limits, RunContext

@@ -12,7 +12,7 @@ import pytest
 from realvllm import CPU_MAX_MODEL_LEN, MODEL, QUERY, WEB_SEARCH, chat, forced_call_request
 
 from proxy.apis.chat.rules import assistant_turn, tool_results
-from proxy.backends.search import SearchOutcome
+from proxy.backends.search.search import SearchOutcome
 
 pytestmark = pytest.mark.real_vllm
 

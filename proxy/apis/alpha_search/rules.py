@@ -174,7 +174,7 @@ def parse_request(body) -> Parsed:
 
 # ---- reference ids: turn{n}search{i} and turn{n}view{i}, remembered per Codex thread ------
 
-REFS_USE = "refs"              # the state store's name for them (proxy/backends/state.py)
+REFS_USE = "refs"              # the state store's name for them (proxy/backends/state/state.py)
 # A thread's ref ids are kept a day after its last web.run call: Codex threads are resumed hours later, and a ref
 # the store forgot is answered with a note asking for the URL, which every listing shows.
 REFS_TTL = 24 * 3600.0
@@ -207,7 +207,7 @@ class Thread:
 class RefStore:
     """The ids a thread's earlier answers handed out, so the model can `open` "turn0search1".
 
-    Kept in the worker's state (proxy/backends/state.py): in this process by default, least recently used threads
+    Kept in the worker's state (proxy/backends/state/state.py): in this process by default, least recently used threads
     out first past `max_sessions`, or in the shared store with STATE_URL, where every worker and replica sees them.
     Each thread keeps at most `max_refs` ids (the oldest turns' out first) for REFS_TTL after its last call. begin
     and add raise StateDown when the shared store is down (the handler tells the model so).

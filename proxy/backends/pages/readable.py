@@ -1,6 +1,6 @@
 """A page's main content, picked by readability's scoring on one lxml parse (trafilatura asked as a second opinion when
 that pick keeps little of the page, the page's visible text as the floor), and written as Markdown
-(proxy/backends/markdown.py): extract_page, pure, run inside the extraction pool's children (proxy/backends/extract.py)
+(proxy/backends/pages/markdown.py): extract_page, pure, run inside the extraction pool's children (proxy/backends/pages/extract.py)
 and tested in-process by tests/test_extract.py and tests/test_fetch.py; scripts/bench_articles.py measures it on
 held-out public sets (docs/performance.md).
 """
@@ -12,8 +12,8 @@ import re
 from collections import Counter
 from typing import NamedTuple
 
-from proxy.backends.invisible import drop_hidden
-from proxy.backends.markdown import BLOCKS, HEADINGS, MarkdownWriter, normal, tidy
+from proxy.backends.pages.invisible import drop_hidden
+from proxy.backends.pages.markdown import BLOCKS, HEADINGS, MarkdownWriter, normal, tidy
 
 log = logging.getLogger("proxy.fetch")
 
@@ -68,7 +68,7 @@ CAPTIONS = ("//figcaption|//*[contains(@class,'caption') or contains(@class,'cre
             "[.//img and not(.//pre or .//table or .//blockquote)][string-length() < 300]")
 NOT_CONTENT = "//nav|//header|//footer|//aside|//menu|//form[not(.//p)]"
 # What the page tells screen readers to skip: icons, duplicated labels, decoration (what a browser hides went before,
-# in proxy/backends/invisible.py's drop_hidden, which counts it; this only leaves out what is not the content).
+# in proxy/backends/pages/invisible.py's drop_hidden, which counts it; this only leaves out what is not the content).
 HIDDEN = "//*[@aria-hidden='true']"
 # Class and id words of what is not the article (readability's unlikely candidates, with what the benchmark and the
 # issue's pages showed leaking: WordPress's "Like this: Loading..." widgets, share bars, related posts, tables of
@@ -113,14 +113,14 @@ class Extracted(NamedTuple):
     title: str | None
     text: str  # Markdown, or NO_TEXT_NOTE saying why there is none
     cut: bool  # stopped at the budget
-    hidden: int  # hidden elements dropped (proxy/backends/invisible.py), for the page's head line
+    hidden: int  # hidden elements dropped (proxy/backends/pages/invisible.py), for the page's head line
 
 
 def extract_page(html: str, url: str, max_chars: int | None = None, links: str = "refs") -> Extracted:
     """The main content of a page as Markdown, about `max_chars` of it written (Markdown is written up to the budget
     and no further: the fetcher cuts the text to its token budget anyway). `links`: "refs" writes a link as [text][n]
     with the URLs listed once at the end, "inline" as [text](url), "text" as its words only.
-    What a browser hides goes first (proxy/backends/invisible.py), so no path below, the floors included, writes it.
+    What a browser hides goes first (proxy/backends/pages/invisible.py), so no path below, the floors included, writes it.
     Never empty while the page has text a reader sees (the floor in _with_floor); a page without any comes back as
     one sentence saying why (NO_TEXT_NOTE), so the model is not left to guess."""
     if not html.strip():

@@ -1,5 +1,5 @@
 """The team's shared state in Redis or Valkey (STATE_URL=redis://...), for replicas on several hosts: the same usage
-per key and day, quota windows, requests in flight and fair-queue tickets as proxy/backends/teamstore.py keeps in
+per key and day, quota windows, requests in flight and fair-queue tickets as proxy/backends/state/teamstore.py keeps in
 SQLite, with the same methods, so proxy/http/wiring.py picks one and nothing above it knows which.
 
 Exact across every worker of every replica: each check-and-update is one Lua script, which Redis runs atomically
@@ -16,12 +16,12 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import redis
 
-from proxy.backends.keys import Limits
-from proxy.backends.teamstore import (
+from proxy.backends.state.keys import Limits
+from proxy.backends.state.teamstore import (
     FIELDS,
     LEASE,
     PATIENCE,
@@ -145,10 +145,15 @@ return 0
 """
 
 
-def _wrapped(fn):
-    """Redis's failures as StoreError, which the callers handle for either store."""
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _wrapped(fn: Callable[P, R]) -> Callable[P, R]:
+    """Redis's failures as StoreError, which the callers handle for either store; the signature kept, so that mypy
+    checks RedisTeamStore against the TeamStorage protocol as it checks TeamStore."""
     @functools.wraps(fn)
-    def call(*args, **kwargs):
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except redis.RedisError as e:

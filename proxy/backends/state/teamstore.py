@@ -26,9 +26,9 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from proxy.backends.keys import Limits
+from proxy.backends.state.keys import Limits
 from proxy.runtime import concurrency as runtime
 
 log = logging.getLogger("proxy")
@@ -82,6 +82,28 @@ class Admitted:
     """A request within its limits: its row among the requests in flight (released when it ends)."""
     id: str
     remaining_requests: int | None   # in the current minute, when the key has an rpm limit
+
+
+class TeamStorage(Protocol):
+    """What the key check (proxy/http/team.py) and the fair queue (proxy/engine/admission.py) hold the team's shared
+    state by: TeamStore in SQLite, or RedisTeamStore with STATE_URL, chosen by proxy/http/wiring.py. Each method may
+    raise StoreError or sqlite3.Error; each caller decides what that means (a 503, or a queue that fails open)."""
+
+    path: str  # where the state lives, as log lines name it (a Redis URL masked)
+
+    def admit(self, name: str, limits: Limits) -> Admitted | Refusal: ...
+
+    def ended(self, admitted_id: str, name: str, figures: dict[str, float]) -> None: ...
+
+    def usage(self, days: int = 31) -> dict[str, dict[str, dict[str, float]]]: ...
+
+    def enqueue(self, name: str, resumed: bool) -> str: ...
+
+    def admitted(self, ticket: str, seats: int, policy: str = "round_robin") -> bool | None: ...
+
+    def release(self, ticket: str) -> None: ...
+
+    def queue_view(self) -> dict[str, int]: ...
 
 
 class Leases:

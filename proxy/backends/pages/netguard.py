@@ -1,7 +1,7 @@
 """Where a fetch may go, pure: the SSRF policy (which URLs may be fetched, which IP addresses may be connected
 to) and the client's domain filters (allowed_domains/blocked_domains, also web_search's).
 
-Used by proxy/backends/fetcher.py before every connection (the first URL and each redirect) and by proxy/backends/searxng.py; tested
+Used by proxy/backends/pages/fetcher.py before every connection (the first URL and each redirect) and by proxy/backends/search/searxng.py; tested
 in tests/test_fetch.py. Nothing here touches the network: the caller resolves names and passes the addresses in.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a person never sees on a page, taken out before the model reads it, pure: invisible code points (Unicode tag
 characters, bidi controls, zero-width carriers and the other default-ignorable code points) in text, and elements a
-browser hides, in an lxml tree. Used by proxy/backends/fetcher.py and extract.py; tested by tests/test_invisible.py.
+browser hides, in an lxml tree. Used by proxy/backends/pages/fetcher.py and extract.py; tested by tests/test_invisible.py.
 
 Hidden instructions are the cheapest prompt injection: a reviewer reading the page sees nothing, the model reads
 everything. Both passes count what they drop, so the page's head line can tell the user the page tried something.

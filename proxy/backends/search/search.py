@@ -1,5 +1,5 @@
 """Search backends behind one protocol: what a search gives (Hit, SearchOutcome), what a backend is
-(SearchBackend: SearXNG in proxy/backends/searxng.py is the first), the client's domain filters on results, and
+(SearchBackend: SearXNG in proxy/backends/search/searxng.py is the first), the client's domain filters on results, and
 the search cache, a plain wrapper around any backend. Not run on its own; tests/test_cache.py and
 tests/test_rules.py check it without a network.
 """
@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from proxy.backends.cache import TTLCache
-from proxy.backends.netguard import domain_matches
+from proxy.backends.pages.netguard import domain_matches
+from proxy.backends.state.cache import TTLCache
 from proxy.runtime.cancel import GONE, Cancel
 
 
@@ -108,7 +108,7 @@ def search_key(query: str, language: str | None, limit: int, time_range: str | N
 
 
 def outcome_json(o: SearchOutcome) -> dict:
-    """An outcome as the shared search cache keeps it (proxy/backends/state.py): its fields, hits as objects. Pure."""
+    """An outcome as the shared search cache keeps it (proxy/backends/state/state.py): its fields, hits as objects. Pure."""
     return dataclasses.asdict(o)
 
 

@@ -1,6 +1,6 @@
 """The Markdown the model reads, written from an lxml element by a writer of our own: headings, lists, fenced code
 with the language the page names, pipe tables, quotes, links as short numbered references with the URLs once at the
-end, stopping at a budget. Pure; used by proxy/backends/readable.py, tested by tests/test_extract.py.
+end, stopping at a budget. Pure; used by proxy/backends/pages/readable.py, tested by tests/test_extract.py.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A bounded cache with a time to live and one computation in flight per key (TTLCache): the one cache
-mechanism of the proxy, under SearXNG's answers (proxy/backends/search.py's CachedSearch) and fetched pages
-(proxy/backends/fetcher.py's Fetcher). With STATE_URL set, each has a SharedTier too: a value this process lacks is
-looked up in the shared store (proxy/backends/state.py) before it is computed, and one it computed is put there.
+mechanism of the proxy, under SearXNG's answers (proxy/backends/search/search.py's CachedSearch) and fetched pages
+(proxy/backends/pages/fetcher.py's Fetcher). With STATE_URL set, each has a SharedTier too: a value this process lacks is
+looked up in the shared store (proxy/backends/state/state.py) before it is computed, and one it computed is put there.
 
 Not run on its own; tests/test_cache.py checks TTLCache with a fake clock and no network, tests/test_state.py the
 shared tier on a real redis-server, and tests/test_metrics.py and tests/test_fetch.py the caches built on it.
@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
-from proxy.backends.state import State, StateDown
+from proxy.backends.state.state import State, StateDown
 
 V = TypeVar("V")
 

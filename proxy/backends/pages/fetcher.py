@@ -1,9 +1,9 @@
 """The one fetch core behind every API's web_fetch: checks a model-written URL against the SSRF
-policy (proxy/backends/netguard.py), downloads the page from the checked address only, and returns its
+policy (proxy/backends/pages/netguard.py), downloads the page from the checked address only, and returns its
 main text (HTML as Markdown, a PDF's text) cut to a token budget.
 
 Used by the web_fetch tool (proxy/tools/web_fetch.py) and Codex's alpha search through `Fetcher(config).fetch(url)`; not run on its own. The tool's wire types are in
-proxy/tools/web_fetch.py, the pure body-to-text rules in proxy/backends/pagetext.py, and the domain filters in proxy/backends/netguard.py,
+proxy/tools/web_fetch.py, the pure body-to-text rules in proxy/backends/pages/pagetext.py, and the domain filters in proxy/backends/pages/netguard.py,
 so tests/test_fetch.py checks those without a network, and the Fetcher against loopback servers.
 """
 from __future__ import annotations
@@ -16,12 +16,12 @@ import time
 import urllib.parse
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
+from typing import Protocol
 
-from proxy.backends import netguard
-from proxy.backends.cache import TTLCache
-from proxy.backends.extract import ExtractError, ExtractPool
-from proxy.backends.invisible import strip_invisible
-from proxy.backends.pagetext import (
+from proxy.backends.pages import netguard
+from proxy.backends.pages.extract import ExtractError, ExtractPool
+from proxy.backends.pages.invisible import strip_invisible
+from proxy.backends.pages.pagetext import (
     CHARS_PER_TOKEN,
     OPAQUE_TYPES,
     cut_to_budget,
@@ -30,6 +30,7 @@ from proxy.backends.pagetext import (
     media_type,
     sniff_type,
 )
+from proxy.backends.state.cache import TTLCache
 from proxy.core.config import Config
 from proxy.runtime import concurrency as runtime
 from proxy.runtime.cancel import GONE, TIMEOUT, Cancel
@@ -67,7 +68,7 @@ class Page:
     content_type: str   # "text/html", "text/plain", "application/json", ...
     retrieved_at: str   # ISO 8601 UTC, e.g. "2026-12-03T16:20:00Z"
     truncated: bool
-    invisible: int = 0  # invisible code points removed from its text (proxy/backends/invisible.py)
+    invisible: int = 0  # invisible code points removed from its text (proxy/backends/pages/invisible.py)
     hidden: int = 0     # hidden elements dropped from its HTML
 
 
@@ -95,7 +96,7 @@ class Fetched:
 
 
 def fetched_json(f: Fetched) -> dict:
-    """A cached page as the shared page cache keeps it (proxy/backends/state.py). Pure."""
+    """A cached page as the shared page cache keeps it (proxy/backends/state/state.py). Pure."""
     return {"page": asdict(f.page), "hops": list(f.hops), "status": f.status}
 
 
@@ -147,6 +148,20 @@ class FetchObserver:
         """Body bytes read from a web server (after decompression)."""
 
 
+class PageFetcher(Protocol):
+    """What the tools read pages by (proxy/tools/base.py's Backends): Fetcher, or a test's stand-in."""
+
+    def fetch(self, url: str, *, max_tokens: int | None = None, allowed_domains: list[str] | None = None,
+              blocked_domains: list[str] | None = None, cancel: Cancel | None = None) -> Page:
+        """The page at `url`, its text cut to `max_tokens` (or the fetcher's own budget) and read only from allowed
+        domains; every failure raises FetchError, nothing else. `cancel` stops it when the client leaves."""
+        ...
+
+    def scoped(self, scope: str) -> PageFetcher:
+        """This fetcher with a page cache of `scope`'s own (a person's key name)."""
+        ...
+
+
 class Fetcher:
     """Fetches one URL per call; `fetch()` returns a Page or raises FetchError, never anything else.
 
@@ -163,7 +178,7 @@ class Fetcher:
         self.max_tokens = config.web_fetch_max_tokens
         self.ca_file = config.web_fetch_ca_file or None
         self.resolver = resolver
-        # Pages under the same cache rules as searches (proxy/backends/cache.py): a TTL, entries and bytes bounded, one
+        # Pages under the same cache rules as searches (proxy/backends/state/cache.py): a TTL, entries and bytes bounded, one
         # download in flight per URL, failures never kept.
         self.cache: TTLCache[Fetched] = TTLCache(config.web_fetch_cache_ttl, config.web_fetch_cache_entries,
                                                  config.web_fetch_cache_bytes, fetched_size)
@@ -239,7 +254,7 @@ class Fetcher:
         try:
             body, hops = self._download(target, started, cancel, allowed, blocked)
         finally:
-            cancel.disarm()  # extraction has limits of its own (proxy/backends/extract.py)
+            cancel.disarm()  # extraction has limits of its own (proxy/backends/pages/extract.py)
         return Fetched(self._page(body, cancel), tuple(hops), body.status)
 
     # Each step below raises FetchError with the sentence the model reads.

@@ -1,4 +1,4 @@
-"""SearXNG, the first search backend (proxy/backends/search.py's SearchBackend): its calls, with one deadline
+"""SearXNG, the first search backend (proxy/backends/search/search.py's SearchBackend): its calls, with one deadline
 each and a bounded answer, and every failure an outcome. Not run on its own; the functions that build and read
 SearXNG traffic are pure so they are tested without a network (tests/test_rules.py), the class against
 standins/searxng.py.
@@ -10,8 +10,8 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-from proxy.backends.search import Hit, SearchOutcome
-from proxy.backends.search_health import engine_failures
+from proxy.backends.search.search import Hit, SearchOutcome
+from proxy.backends.search.search_health import engine_failures
 from proxy.core import codec
 from proxy.runtime.cancel import GONE, TIMEOUT, Cancel
 from proxy.transport import webclient

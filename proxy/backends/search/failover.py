@@ -1,7 +1,7 @@
 """Search that survives blocked engines: one search backend over the SearXNG instances SEARXNG_URL lists, asked in
 order within the one search deadline (SEARXNG_TIMEOUT), those failing lately asked last (search_health.Instances);
 one retry of an all-engines-failed query on engines not reported failing; and the opt-in keyed fallback
-(proxy/backends/brave.py) when every instance failed, or first. Every answer's `unresponsive_engines` is counted
+(proxy/backends/search/brave.py) when every instance failed, or first. Every answer's `unresponsive_engines` is counted
 and remembered, also when the search had results; the model reads a short note when a fallback, a retry or only
 some engines gave its results. Built by proxy/http/wiring.py; tests: tests/test_search_failover.py.
 """
@@ -14,16 +14,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from proxy.backends.search import SearchOutcome
-from proxy.backends.search_health import (
+from proxy.backends.search.search import SearchOutcome
+from proxy.backends.search.search_health import (
     EngineFailure,
     Engines,
     Instances,
     answering_engines,
     engine_failures,
 )
-from proxy.backends.searxng import Answer
-from proxy.backends.state import State
+from proxy.backends.search.searxng import Answer
+from proxy.backends.state.state import State
 from proxy.runtime.cancel import GONE, Cancel
 
 log = logging.getLogger("proxy.search")

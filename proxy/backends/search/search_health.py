@@ -2,8 +2,8 @@
 ask them, and which engines each instance reports failing in `unresponsive_engines`, by reason; pure, on injectable
 clocks, so tests/test_search_health.py checks cool-downs and engine changes without waiting or a network.
 
-One of each per gunicorn worker (proxy/backends/failover.py holds them); the /proxy/search/health view reads them.
-With STATE_URL, Instances shares its cool-downs through the state store (proxy/backends/state.py): an instance one
+One of each per gunicorn worker (proxy/backends/search/failover.py holds them); the /proxy/search/health view reads them.
+With STATE_URL, Instances shares its cool-downs through the state store (proxy/backends/state/state.py): an instance one
 worker or replica found failing is asked last by all of them until its cool-down ends; the engines stay per worker.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.backends.state import State, StateDown
+from proxy.backends.state.state import State, StateDown
 
 # The metric's reasons (proxy_search_engine_failures_total{reason}); a dashboard queries these exact values.
 REASONS = ("suspended", "captcha", "too_many_requests", "timeout", "error")

@@ -13,8 +13,8 @@ import re
 import time
 import urllib.parse
 
-from proxy.backends.search import Hit, SearchOutcome
-from proxy.backends.searxng import SNIPPET_CHARS, USER_AGENT
+from proxy.backends.search.search import Hit, SearchOutcome
+from proxy.backends.search.searxng import SNIPPET_CHARS, USER_AGENT
 from proxy.core import codec
 from proxy.runtime.cancel import GONE, TIMEOUT, Cancel
 from proxy.transport import webclient

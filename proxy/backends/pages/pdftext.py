@@ -1,5 +1,5 @@
 """PDF to text for web_fetch with pdfminer.six (its layout analysis puts a page's columns in reading order), run by
-the extraction pool's children (proxy/backends/extract.py) under the same CPU, memory, size and time limits as HTML; pure
+the extraction pool's children (proxy/backends/pages/extract.py) under the same CPU, memory, size and time limits as HTML; pure
 functions, tested in-process by tests/test_pdf.py (`tests/run.sh tests/test_pdf.py`).
 
 A PDF is hostile like any page: streams that inflate to gigabytes (the child's memory limit), page trees that loop

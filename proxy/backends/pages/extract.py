@@ -1,11 +1,11 @@
-"""Page extraction (HTML to a title and Markdown; PDFs to text by proxy/backends/pdftext.py) in child processes of the proxy's
+"""Page extraction (HTML to a title and Markdown; PDFs to text by proxy/backends/pages/pdftext.py) in child processes of the proxy's
 worker, each page under a CPU-time and a memory limit, so no page can block the event loop, gevent's DNS threads or
 another request, nor take the worker's memory.
 
-proxy/backends/fetcher.py uses ExtractPool; a child is this module run by the pool as
-`python -m proxy.backends.extract CPU_SECONDS MEMORY_BYTES` (never by hand): it reads framed jobs on stdin and
+proxy/backends/pages/fetcher.py uses ExtractPool; a child is this module run by the pool as
+`python -m proxy.backends.pages.extract CPU_SECONDS MEMORY_BYTES` (never by hand): it reads framed jobs on stdin and
 writes framed answers on stdout until stdin closes, which is also how it learns that its worker died.
-The extraction itself is proxy/backends/readable.py's extract_page (HTML) and proxy/backends/pdftext.py (PDFs), both pure.
+The extraction itself is proxy/backends/pages/readable.py's extract_page (HTML) and proxy/backends/pages/pdftext.py (PDFs), both pure.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import threading
 import time
 from pathlib import Path
 
-from proxy.backends import pdftext
-from proxy.backends.readable import extract_page
+from proxy.backends.pages import pdftext
+from proxy.backends.pages.readable import extract_page
 from proxy.core import codec
 from proxy.runtime.cancel import Cancel
 
@@ -124,7 +124,7 @@ class _Child:
             # Same process group as the worker (gunicorn's and the tests' group signals reach it); its own
             # stdin and stdout only (close_fds), so a dead worker's pipes close and the child ends.
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-                                         close_fds=True, cwd=str(Path(__file__).resolve().parents[2]))
+                                         close_fds=True, cwd=str(Path(__file__).resolve().parents[3]))
             assert self.proc.stdin is not None and self.proc.stdout is not None
             os.set_blocking(self.proc.stdin.fileno(), False)
             os.set_blocking(self.proc.stdout.fileno(), False)
@@ -176,7 +176,7 @@ class ExtractPool:
         self.wall_seconds = 3 * self.cpu_seconds + 1  # a busy machine shares its CPUs: wall time runs ahead of CPU time
         self.memory_bytes = memory_bytes
         self.queue_size = queue_size
-        argv = [sys.executable, "-m", "proxy.backends.extract", str(self.cpu_seconds), str(memory_bytes)]
+        argv = [sys.executable, "-m", "proxy.backends.pages.extract", str(self.cpu_seconds), str(memory_bytes)]
         self._children = [_Child(argv) for _ in range(max(1, processes))]
         self._idle: queue.LifoQueue[_Child] = queue.LifoQueue()  # the warmest child first
         for child in self._children:
@@ -205,7 +205,7 @@ class ExtractPool:
     def extract_pdf(self, data: bytes, url: str, cancel: Cancel | None = None,
                     max_chars: int | None = None) -> tuple[str | None, str, bool]:
         """(title, text, cut) of a PDF, under the same limits as a page; raises ExtractError for a limit it went over
-        and for a PDF that cannot be read (encrypted, only images: proxy/backends/pdftext.py)."""
+        and for a PDF that cannot be read (encrypted, only images: proxy/backends/pages/pdftext.py)."""
         title, text, cut, _ = self._submit({"url": url, "pdf": base64.b64encode(data).decode("ascii"),
                                             "max_chars": max_chars}, cancel)
         return title, text, cut
