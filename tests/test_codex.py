@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from standins import responses_wire as w
 pytestmark = pytest.mark.agents
 
 CODEX = Path(os.environ.get("AGENTS_BIN", "/nonexistent")) / "codex"
+README = Path(__file__).resolve().parents[1] / "README.md"
 ANSWER = "Per the search, vLLM 0.32 shipped the Responses loop."
 QUERY = "vllm 0.32 release notes"
 
@@ -224,11 +226,11 @@ def mcp_model(received):
 def test_codex_searches_through_the_mcp_server(start_proxy, backend, searxng, tmp_path):
     proxy = start_proxy(PROXY_API_KEY="sk-local")
     backend.responder = mcp_model
-    config = codex_config(proxy.url).replace('web_search = "cached"', 'web_search = "disabled"') + f"""
-[mcp_servers.stack]
-url = "{proxy.url}/mcp"
-bearer_token_env_var = "STACK_API_KEY"
-"""
+    # The README's entry as a user pastes it (its `required = true` makes Codex wait for the first /mcp answer,
+    # which loads the SDK in the worker: past Codex's one-second grace for optional servers on a busy machine).
+    entry = re.search(r"^\[mcp_servers\.stack\]\n(?:[^`\n].*\n)+", README.read_text(), re.M)[0]
+    config = codex_config(proxy.url).replace('web_search = "cached"', 'web_search = "disabled"') + "\n" + \
+        entry.replace("http://localhost:11433", proxy.url)
     proc, items, diagnostics = run_codex(proxy, tmp_path, "--ephemeral", "What changed in vLLM 0.32? Search the web.",
                                          config=config)
     sent = [r.json() for r in backend.received if r.path == "/v1/responses"]
