@@ -419,3 +419,31 @@ def test_the_fair_queue_serves_while_its_store_is_down(logs, tmp_path, backend, 
             assert "fair queue back" in proxy.log()
         finally:
             proxy.stop()
+
+
+def test_the_mcp_servers_unsourced_budget_and_reads_hold_across_replicas(logs, store, _backend_server,
+                                                                          _searxng_server, site):
+    """MCP_UNSOURCED_PER_HOUR is per client and hour over every replica (the store counts it, as it counts link
+    fetches), and a page one replica read is given on the other: an MCP client behind a load balancer gets one
+    budget, not one a replica."""
+    from test_mcp import ARTICLE, session, text  # noqa: PLC0415 (the SDK's client, only this test needs it)
+
+    for path in ("/typed", "/built"):
+        site.route(path, ARTICLE)
+    base = f"http://127.0.0.1:{site.port}"
+    a = start(logs, "mcp-a", store, _backend_server, _searxng_server, MCP_UNSOURCED_PER_HOUR="1",
+              WEB_FETCH_CACHE_TTL="0")
+    try:
+        b = start(logs, "mcp-b", store, _backend_server, _searxng_server, MCP_UNSOURCED_PER_HOUR="1",
+                  WEB_FETCH_CACHE_TTL="0")
+        try:
+            _, _, (first,) = session(a, ("web_fetch", {"url": base + "/typed"}))  # the hour's one, on A
+            _, _, (over, again) = session(b, ("web_fetch", {"url": base + "/built"}),  # B knows it is spent
+                                          ("web_fetch", {"url": base + "/typed"}))    # and that A read this
+            assert (first.is_error, over.is_error, again.is_error) == (False, True, False), text(over)
+            assert "MCP_UNSOURCED_PER_HOUR" in text(over)
+            assert [r.path for r in site.requests] == ["/typed", "/typed"]
+        finally:
+            b.stop()
+    finally:
+        a.stop()
