@@ -23,6 +23,7 @@ from clients import anthropic, openai
 from standins.proxy_process import ProxyProcess
 from standins.rawhttp import raw_request
 from standins.redis_server import RedisServer
+from standins.scripted_backend import Reply
 from standins.vllm_wire import completion, json_reply, sse_reply, stream_frames, tool_call
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -538,6 +539,42 @@ def test_a_short_request_waits_behind_at_most_one_long_request_of_another_key(te
               f"fair queue {fair[name][0]} long, {fair[name][1]:.1f} s")
     assert all(ahead <= 1 for ahead, _ in fair.values()), fair
     assert all(ahead >= 5 for ahead, _ in fifo.values()), fifo  # the baseline really was first come, first served
+
+
+def search_loops(rounds: int, seconds: float):
+    """The backend's part for test_search_loops...: a request whose `user` starts with "loop" searches `rounds`
+    times and then answers; anything else answers at once. Each turn takes `seconds`, as a generation would."""
+    def respond(received):
+        body = received.json()
+        searched = sum(1 for m in body.get("messages", []) if m.get("role") == "tool")
+        if str(body.get("user", "")).startswith("loop") and searched < rounds:
+            return Reply(body=json.dumps(completion(tool_calls=[tool_call("web_search", {"query": f"q{searched}"})],
+                                                    finish_reason="tool_calls")).encode(), delay=seconds)
+        return Reply(body=json.dumps(completion("done", finish_reason="stop")).encode(), delay=seconds)
+    return respond
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def test_search_loops_of_one_member_do_not_starve_anothers_question(request, team, backend, searxng, store):
+    """Issue 51, finding 10, through the proxy: four requests of one member, nine search rounds each, and another
+    member's question sent while they run. Each round is a turn in the fair queue; the question is admitted as soon as
+    the turn running ends (its key served least), not after the loops' resumed turns."""
+    loop_key, bob = add_key(team.keys_file, "loops"), add_key(team.keys_file, "bob")
+    backend.responder = search_loops(rounds=9, seconds=0.1)
+    shared = {"STATE_URL": request.getfixturevalue("redis_url")} if store == "redis" else {}
+    proxy = team(backend.url, MAX_NUM_SEQS=1, SEARXNG_URL=searxng.url, MAX_SEARCH_ITER=9, **shared)
+    with ThreadPoolExecutor(5) as pool:
+        loops = [pool.submit(post, proxy, "/v1/chat/completions", chat(loop_key, user=f"loop{i}")) for i in range(4)]
+        until(lambda: len(backend.received) >= 8)  # every loop is past its first round: resumed turns are queued
+        sent = len(backend.received)
+        status, _, raw = post(proxy, "/v1/chat/completions", chat(bob, user="bob"))
+        assert status == 200, raw
+        assert all(f.result(timeout=120)[0] == 200 for f in loops)
+    users = [r.json().get("user") for r in backend.received]
+    assert len(users) == 4 * 10 + 1, users  # nine rounds and an answer each, and the question
+    ahead = users.index("bob") - sent
+    # The turn running when the question came, and one admitted in the same instant: at most two.
+    assert ahead <= 2, (ahead, users[sent:])
 
 
 @pytest.mark.parametrize("store", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
