@@ -520,6 +520,7 @@ class Tap(StandInServer):
 
     def __init__(self, target: str, outgoing=None):
         self.exchanges: list[tuple[str, dict | None, int, bytes]] = []
+        self.headers: list[dict[str, str]] = []  # each exchange's request headers as the proxy sent them, in order
         self.outgoing = outgoing
         self.target = urllib.parse.urlsplit(target)
         super().__init__()
@@ -546,6 +547,7 @@ class Tap(StandInServer):
                 resp = conn.getresponse()
                 data = resp.read()  # whole answers, streams too: the proxy reads whole turns anyway
                 conn.close()
+                tap.headers.append({k.lower(): v for k, v in self.headers.items()})
                 tap.exchanges.append((self.path, body, resp.status, data))
                 self.send_response(resp.status)
                 for name, value in resp.getheaders():

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import uuid
 from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,6 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from realvllm import (
     MODEL,
     Http,
+    Tap,
     cache_dir,
     compose_binary,
     free_port,
@@ -183,7 +185,7 @@ def scaled(real_vllm, real_vllm_env, compose_vllm, _proxies, tmp_path_factory):
                             PROXY_WORKER_CONNECTIONS=str(n)) for n in (1000, 1001)]
         rr_proxy = _proxies(BACKEND_URL=rr.url, SESSION_ID_SECRET=SECRET)
         yield types_ns(workers=workers, second=second, second_proc=proc, hashed=hashed, rr=rr,
-                       proxies=[p.url for p in proxies], rr_proxy=rr_proxy.url, work=work)
+                       proxies=[p.url for p in proxies], rr_proxy=rr_proxy.url, work=work, store=store)
     finally:
         for r in routers:
             r.stop()
@@ -323,6 +325,84 @@ def test_a_sessions_turns_stay_on_one_worker_and_hit_its_prefix_cache(scaled):
     assert any(0 < s[0] < turns for s in rr["spread"]), rr["spread"]
     # And the cache shows it: most of each later turn is found in the worker's prefix cache.
     assert hashed["hit_rate"] > 1.5 * rr["hit_rate"], (hashed, rr)
+
+
+# ---- twelve agent sessions, as their agents send them ------------------------------------------------------------
+
+WIRE = Path(__file__).resolve().parents[1] / "data" / "agent-wire"
+DROPPED_HEADERS = {"host", "content-length", "content-type", "authorization", "x-api-key", "accept-encoding", "connection"}
+
+
+def captured(name: str) -> tuple[dict, dict]:
+    """The first request of a captured agent run: (its headers, less what the test's own client sets, and body)."""
+    first = json.loads((WIRE / name).read_text())[0]
+    return {k: v for k, v in first["headers"] if k.lower() not in DROPPED_HEADERS}, first["body"]
+
+
+def agent_sessions() -> list[tuple[str, str, list[tuple[dict, dict]]]]:
+    """(kind, path, [(headers, body) per turn]) for four sessions each of Claude Code, Codex and plain chat, three
+    turns each. Claude Code's and Codex's keep their captured headers with a session id of their own, and every
+    session of one agent has the same body (the same folder, the same first message: Codex's <environment_context>,
+    which once made all of a machine's Codex sessions one); the bulky system prompt and tool list are left out for
+    the test model's 4,096-token context. Plain chat sends no session header: its conversations differ."""
+    out = []
+    cc_headers, cc_body = captured("claude-code-2.1.332-websearch.json")
+    cx_headers, cx_body = captured("codex-0.171.0-websearch.json")
+    reminder = cc_body["messages"][0]["content"][0]["text"]
+    context = [i for i in cx_body["input"] if i.get("role") == "user"]
+    for n in range(4):
+        sid = str(uuid.uuid4())
+        turns, messages = [], []
+        for t in range(3):
+            messages = messages + [{"role": "user", "content": [{"type": "text", "text": reminder if t == 0 else
+                                                                  f"Step {t}: go on."}]}]
+            turns.append(({**cc_headers, "X-Claude-Code-Session-Id": sid},
+                          {"model": MODEL, "max_tokens": 1, "stream": True, "messages": messages,
+                           "metadata": cc_body.get("metadata"), "chat_template_kwargs": NO_THINKING}))
+            messages = messages + [{"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
+        out.append(("claude-code", "/v1/messages?beta=true", turns))
+        sid = str(uuid.uuid4())
+        codex = {**cx_headers, "session-id": sid, "thread-id": sid, "x-client-request-id": sid,
+                 "x-codex-window-id": f"{sid}:0"}
+        codex.pop("x-codex-turn-metadata", None)
+        turns, items = [], list(context)
+        for t in range(3):
+            body = {"model": MODEL, "stream": True, "input": items, "store": False, "prompt_cache_key": sid,
+                    "max_output_tokens": 1, "chat_template_kwargs": NO_THINKING}
+            turns.append((codex, body))
+            items = items + [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
+                             {"type": "message", "role": "user",
+                              "content": [{"type": "input_text", "text": f"Step {t + 1}: go on."}]}]
+        out.append(("codex", "/v1/responses", turns))
+        turns = [({}, {"model": MODEL, "max_tokens": 1, "chat_template_kwargs": NO_THINKING, "messages": m})
+                 for m in conversation(3000 + n, 3)]
+        out.append(("chat", "/v1/chat/completions", turns))
+    return out
+
+
+def test_twelve_agent_sessions_get_twelve_session_ids_each_on_one_worker(scaled, _proxies):
+    """Issue 50's check: Claude Code, Codex and plain chat sessions (four each, their agents' captured wire) through
+    two replicas that share one store and no SESSION_ID_SECRET, behind the consistent-hash router: one X-Session-ID
+    per session, twelve different ones, every turn of a session on one worker."""
+    tap = Tap(scaled.hashed.url)
+    try:
+        replicas = [_proxies(BACKEND_URL=tap.url, STATE_URL=scaled.store.url, PROXY_WORKERS="2",
+                             PROXY_WORKER_CONNECTIONS=str(n)) for n in (1002, 1003)]
+        ids, spread = {}, {}
+        for s, (kind, path, turns) in enumerate(agent_sessions()):
+            before = [worker_counters(w) for w in scaled.workers]
+            sent = len(tap.headers)
+            for t, (headers, body) in enumerate(turns):
+                reply = send(replicas[t % 2].url, "POST", path, body, headers)
+                assert reply.status == 200, (kind, t, reply.body[:300])
+            ids[(kind, s)] = {h.get("x-session-id") for h in tap.headers[sent:]}
+            spread[(kind, s)] = sorted(delta(b, worker_counters(w))["requests"]
+                                       for b, w in zip(before, scaled.workers, strict=True))
+    finally:
+        tap.close()
+    assert all(len(v) == 1 and None not in v for v in ids.values()), ids
+    assert len({v for found in ids.values() for v in found}) == 12, ids
+    assert all(s == [0, 3] for s in spread.values()), spread
 
 
 # ---- a worker lost mid-run --------------------------------------------------------------------------------------
