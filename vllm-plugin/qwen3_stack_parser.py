@@ -114,7 +114,6 @@ class Qwen3StackToolParser(Qwen3EngineToolParser):  # type: ignore[valid-type, m
         self._text = ""
         self._decided = 0
         self._scan = markup.ScanState()
-        self._sent_pieces = 0
         self._held_calls: list[markup.Call] = []
         self._cut = False
         self._pending_ws = ""
@@ -186,8 +185,7 @@ class Qwen3StackToolParser(Qwen3EngineToolParser):  # type: ignore[valid-type, m
     def _delta(self, request, final: bool = False) -> DeltaMessage | None:
         """Text as soon as it is decided (whitespace alone waits for more, as qwen3_coder's does); calls only at
         the end, and none when the answer was cut, so a stream tells what a whole answer tells."""
-        new = self._scan.pieces[self._sent_pieces:]
-        self._sent_pieces = len(self._scan.pieces)
+        new, self._scan.pieces = self._scan.pieces, []  # taken, not kept: a long answer makes thousands
         self._held_calls += [p for p in new if isinstance(p, markup.Call)]
         self._cut = self._cut or any(isinstance(p, markup.Cut) for p in new)
         text = self._pending_ws + "".join(p.text for p in new if isinstance(p, markup.Text))
@@ -223,7 +221,6 @@ class Qwen3StackReasoningParser(Qwen3ParserReasoningAdapter):  # type: ignore[va
         self._text = ""
         self._decided = 0
         self._scan = markup.ScanState()
-        self._sent_pieces = 0
         _made.reasoning = self
 
     def _names(self) -> frozenset[str] | None:
@@ -271,8 +268,7 @@ class Qwen3StackReasoningParser(Qwen3ParserReasoningAdapter):  # type: ignore[va
         whole, so what is still open is text (or, at the answer's end, a cut)."""
         self._text += (delta.reasoning or "") if delta is not None else ""
         self._decided = markup.scan(self._text, self._decided, self._scan, self._names(), final=final)
-        new = self._scan.pieces[self._sent_pieces:]
-        self._sent_pieces = len(self._scan.pieces)
+        new, self._scan.pieces = self._scan.pieces, []  # taken, not kept: a long answer makes thousands
         out = []
         for piece in new:
             if isinstance(piece, markup.Call):
