@@ -279,7 +279,9 @@ class Qwen3StackReasoningParser(Qwen3ParserReasoningAdapter):  # type: ignore[va
                     self.tool_parser.answer_ended_in_reasoning(None, cut=True)  # type: ignore[union-attr]
             else:
                 out.append(piece.text)
+        reasoning = "".join(out) or None
         if delta is None:
-            delta = DeltaMessage()
-        delta.reasoning = "".join(out) or None
+            return DeltaMessage(reasoning=reasoning) if reasoning else None
+        if reasoning != delta.reasoning:  # the common case passes through without pydantic's validated assignment
+            delta.reasoning = reasoning
         return delta if delta.reasoning is not None or delta.content is not None or delta.tool_calls else None
