@@ -229,7 +229,7 @@ class Qwen3StackReasoningParser(Qwen3ParserReasoningAdapter):  # type: ignore[va
     # -- non-streaming ---------------------------------------------------------------------------------------
     def extract_reasoning(self, model_output: str, request) -> tuple[str | None, str | None]:
         """The calls found in the reasoning are handed to the tool parser, which reads them before the answer's own
-        (vLLM calls it next, on the answer, under `auto` and `none`)."""
+        (vLLM's Parser.parse calls it next, on the answer)."""
         reasoning, content = super().extract_reasoning(model_output, request)
         names = self._names()
         if not reasoning or names is None or markup.FUNC_OPEN not in reasoning:
