@@ -102,7 +102,8 @@ def test_vllm_command_is_a_list_starting_with_the_model(vllm):
     ("--enable-prefix-caching", True),
     ("--enable-prompt-tokens-details", True),
     ("--default-chat-template-kwargs", '{"preserve_thinking":true}'),
-    ("--reasoning-parser", "qwen3"),
+    ("--reasoning-parser", "qwen3_stack"),
+    ("--reasoning-parser-plugin", "/opt/coding-stack/vllm-plugin/qwen3_stack_parser.py"),
     ("--tool-call-parser", "qwen3_stack"),
     ("--tool-parser-plugin", "/opt/coding-stack/vllm-plugin/qwen3_stack_parser.py"),
     ("--enable-auto-tool-choice", True),
@@ -503,7 +504,8 @@ def test_cpu_trial_flags_differ_only_where_a_cpu_needs_it(config, cpu):
     assert changed == {
         "--max-model-len": "32768", "--tool-call-parser": "hermes", "--dtype": "bfloat16",
         "--enforce-eager": True, "--gpu-memory-utilization": None, "--language-model-only": None,
-        "--trust-remote-code": None, "--tool-parser-plugin": None}
+        "--trust-remote-code": None, "--tool-parser-plugin": None, "--reasoning-parser": "qwen3",
+        "--reasoning-parser-plugin": None}
 
 
 def test_cpu_trial_settings_come_from_the_env_file(tmp_path):

@@ -107,3 +107,53 @@ def test_public_cases_whole_and_streamed_agree(case):
     calls = [p.name for p in whole if isinstance(p, m.Call)]
     if "max_tokens" not in case:
         assert calls == [name for name, _ in case["calls"]]
+
+
+def _reasoning(text: str) -> str:
+    """The part of a whole output the reasoning parser hands over: between <think> and </think> (or the end)."""
+    return text.removeprefix("<think>").split("</think>")[0]
+
+
+@pytest.mark.parametrize("case", [c for c in DATA["reasoning_cases"] if "max_tokens" not in c],
+                         ids=[c["name"] for c in DATA["reasoning_cases"] if "max_tokens" not in c])
+def test_reasoning_cases_split(case):
+    """Inside the reasoning the same rule decides: its calls are the case's calls, and what stays reasoning holds
+    the markup exactly when the case says it does."""
+    reasoning = _reasoning(case["text"])
+    for pieces in (_merge(m.split(reasoning, NAMES)[0]), streamed(reasoning)):
+        assert [p.name for p in pieces if isinstance(p, m.Call)] == [name for name, _ in case["calls"]]
+        kept = "".join(p.text if isinstance(p, m.Text) else p.raw for p in pieces if not isinstance(p, m.Call))
+        assert ("<function=" in kept) == case["reasoning_markup"], kept
+
+
+ARRAY, INTEGER, BOOLEAN, OBJECT = (frozenset([t]) for t in ("array", "integer", "boolean", "object"))
+
+
+@pytest.mark.parametrize("value,types,read", [
+    ("['a', 'b']", ARRAY, '["a", "b"]'),
+    ("  ['src/a.py', \"b\"]  ", ARRAY, '["src/a.py", "b"]'),
+    ('"5"', INTEGER, "5"),
+    ('"5"', frozenset(["number"]), "5"),
+    ("5", frozenset(["number"]), "5"),
+    ('"false"', BOOLEAN, "false"),
+    ("True", BOOLEAN, "true"),
+    ("{'deep': True, 'limit': None}", OBJECT, '{"deep": true, "limit": null}'),
+    ('"[1, 2]"', ARRAY, "[1, 2]"),
+    ("None", frozenset(["integer", "null"]), "null"),
+    ("['é']", ARRAY, '["é"]'),
+    # No one reading: stays as written.
+    ("a.py, b.py", ARRAY, None),
+    ("five", INTEGER, None),
+    ("['a', 'b']", frozenset(["array", "string"]), None),  # a string is allowed: the text may be meant
+    ("['a']", frozenset(["string"]), None),
+    ("('a', 'b')", ARRAY, None),  # a tuple is Python's, not JSON's
+    ("{'a', 'b'}", ARRAY, None),  # a set
+    ("{1: 'a'}", OBJECT, None),  # a key JSON cannot hold
+    ("[1e999]", ARRAY, None),  # infinity
+    ("['a']", INTEGER, None),  # the wrong type
+    ("__import__('os')", ARRAY, None),  # not a literal: never run
+    ("[" * 5000 + "]" * 5000, ARRAY, None),  # nested past both readers' limits: no reading, no error
+    ("['" + "a" * m.LITERAL_MAX + "']", ARRAY, None),  # too long to read
+])
+def test_read_literal(value, types, read):
+    assert m.read_literal(value, types) == read

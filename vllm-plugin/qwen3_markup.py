@@ -9,9 +9,16 @@ tests. Pure: no vLLM import.
 A call is a call only when it is complete (`</function>` written), its name is an offered tool, it stands outside a
 fenced code block and is not quoted inline (a backtick right before it), and only whitespace separates the opener,
 the function and its parameters. An opener the text ends inside is a cut. Anything else is text, kept whole.
+
+A value the schema says is not a string, which vLLM's own conversion would still deliver as a string, is read here
+only where one reading exists (read_literal): a Python literal (`['a', 'b']`, `True`, `None`) or a scalar in JSON
+quotes (`"5"`). Anything else stays as written.
 """
 from __future__ import annotations
 
+import ast
+import json
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -30,6 +37,9 @@ NAME_MAX = 128
 _NAME = re.compile(r"[^<>\n]{1,%d}>" % NAME_MAX)
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.M)
 _WS = re.compile(r"\s*")
+# A value longer than this is not read as a literal: ast's parser is linear but not cheap, and arrays an agent writes
+# by hand are short.
+LITERAL_MAX = 100_000
 
 
 @dataclass(frozen=True)
@@ -243,3 +253,56 @@ def split(text: str, names: frozenset[str] | None) -> tuple[list[Piece], bool]:
     st = ScanState()
     scan(text, 0, st, names, final=True)
     return st.pieces, st.awkward
+
+
+_KINDS = ((bool, "boolean"), (int, "integer"), (float, "number"), (type(None), "null"), (list, "array"),
+          (dict, "object"))
+
+
+def _kind(value: object) -> str:
+    """The JSON Schema type of a value ast read: "" for what JSON cannot hold (tuples, sets, bytes, complex)."""
+    for cls, name in _KINDS:
+        if type(value) is cls:  # exact: a bool is no integer here, a tuple no array
+            return name
+    return ""
+
+
+def _json_safe(value: object) -> bool:
+    kind = _kind(value)
+    if kind == "array":
+        return all(_json_safe(v) for v in value)  # type: ignore[attr-defined]
+    if kind == "object":
+        return all(isinstance(k, str) and _json_safe(v) for k, v in value.items())  # type: ignore[attr-defined]
+    if kind == "number":
+        return math.isfinite(value)  # type: ignore[arg-type]
+    return bool(kind) or isinstance(value, str)
+
+
+def read_literal(value: str, types: frozenset[str]) -> str | None:
+    """The JSON text of `value` read as a Python literal, or as the scalar one pair of JSON quotes holds, when that
+    reading is a value of one of the schema's `types` (JSON Schema names); None when it is not (ambiguous, not a
+    literal, or a string the schema would take): the value then stays as written.
+
+    Only for a value vLLM's own conversion left a string where the schema wants no string."""
+    if "string" in types or len(value) > LITERAL_MAX:
+        return None
+    quoted = _read(value.strip(), json.loads)
+    text = quoted.strip() if isinstance(quoted, str) else value.strip()
+    read = _read(text, json.loads)
+    if read is _UNREAD:
+        read = _read(text, ast.literal_eval)
+    kinds = {_kind(read)} | ({"number"} if _kind(read) == "integer" else set())
+    if read is _UNREAD or not (kinds & types) or not _json_safe(read):
+        return None
+    return json.dumps(read, ensure_ascii=False)
+
+
+_UNREAD = object()
+
+
+def _read(text: str, reader) -> object:
+    """What `reader` (json.loads or ast.literal_eval, which runs nothing) makes of the text, or _UNREAD."""
+    try:
+        return reader(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _UNREAD

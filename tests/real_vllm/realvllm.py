@@ -66,6 +66,7 @@ CPU_FLAG_CHANGES: dict[str, str] = {
     "--download-dir": "drop",
     # The container's mount of vllm-plugin/ is the repository's folder here.
     "--tool-parser-plugin": str(REPO / "vllm-plugin" / "qwen3_stack_parser.py"),
+    "--reasoning-parser-plugin": str(REPO / "vllm-plugin" / "qwen3_stack_parser.py"),
 }
 # How each compose variable of the vllm service is treated here: None leaves it out, a string
 # replaces its value, anything else is passed through unchanged.
@@ -382,6 +383,7 @@ from vllm.reasoning import ReasoningParserManager
 from vllm.tool_parsers import ToolParserManager
 import vllm.envs as envs
 ToolParserManager.import_tool_parser(os.environ["STACK_TOOL_PARSER_PLUGIN"])
+ReasoningParserManager.import_reasoning_parser(os.environ["STACK_TOOL_PARSER_PLUGIN"])  # the same file
 result = {
     "help": help_out.getvalue(),
     "env_names": sorted(envs.environment_variables),

@@ -17,9 +17,9 @@ pytestmark = pytest.mark.real_vllm
 
 DATA = json.loads((REPO / "tests" / "data" / "qwen3-tool-markup.json").read_text())
 CASES = DATA["cases"]
+REASONING_CASES = DATA["reasoning_cases"]
 TOOLS = [{"type": "function", "function": {"name": name, "description": f"The {name} tool.", "parameters": {
-    "type": "object", "properties": {key: {"type": "string"}}, "required": [key]}}}
-    for name, key in (("Grep", "query"), ("Bash", "command"))]
+    "type": "object", "properties": properties}}} for name, properties in DATA["schemas"].items()]
 RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
 
 
@@ -51,13 +51,28 @@ def chat_outcome(status: int, body: bytes, stream: bool) -> tuple:
     return content or None, [tuple(v) for _, v in sorted(calls.items())], finish
 
 
-def responses_outcome(status: int, body: bytes) -> tuple:
+def chat_reasoning(body: bytes, stream: bool) -> str:
+    if not stream:
+        return json.loads(body)["choices"][0]["message"].get("reasoning") or ""
+    return "".join(choice["delta"].get("reasoning") or "" for line in body.decode().split("\n")
+                   if line.startswith("data: {") for choice in json.loads(line[6:]).get("choices", []))
+
+
+def responses_final(status: int, body: bytes) -> dict:
     assert status == 200, body[:500]
     if body.lstrip().startswith(b"{"):
-        response = json.loads(body)
-    else:
-        events = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")]
-        response = events[-1]["response"]
+        return json.loads(body)
+    events = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")]
+    return events[-1]["response"]
+
+
+def responses_reasoning(response: dict) -> str:
+    return "".join(part.get("text", "") for item in response["output"] if item["type"] == "reasoning"
+                   for part in (item.get("content") or []) + (item.get("summary") or []))
+
+
+def responses_outcome(status: int, body: bytes) -> tuple:
+    response = responses_final(status, body)
     text = "".join(part.get("text", "") for item in response["output"] if item["type"] == "message"
                    for part in item["content"])
     calls = [(i["name"], i["arguments"]) for i in response["output"] if i["type"] == "function_call"]
@@ -134,7 +149,7 @@ def forced_vllm(compose_vllm):
         FORCE_FILE.unlink(missing_ok=True)
 
 
-def messages_outcome(status: int, body: bytes) -> tuple:
+def messages_blocks(status: int, body: bytes) -> tuple[list[dict], str | None]:
     assert status == 200, body[:500]
     if body.lstrip().startswith(b"{"):
         message = json.loads(body)
@@ -151,12 +166,19 @@ def messages_outcome(status: int, body: bytes) -> tuple:
                 delta = event["delta"]
                 if delta["type"] == "text_delta":
                     blocks[-1]["text"] = blocks[-1].get("text", "") + delta["text"]
+                elif delta["type"] == "thinking_delta":
+                    blocks[-1]["thinking"] = blocks[-1].get("thinking", "") + delta["thinking"]
                 elif delta["type"] == "input_json_delta":
                     inputs[len(blocks) - 1] = inputs.get(len(blocks) - 1, "") + delta["partial_json"]
             elif event["type"] == "message_delta":
                 stop = event["delta"].get("stop_reason") or stop
         for index, raw in inputs.items():
             blocks[index]["input"] = json.loads(raw or "{}")
+    return blocks, stop
+
+
+def messages_outcome(status: int, body: bytes) -> tuple:
+    blocks, stop = messages_blocks(status, body)
     text = "".join(b.get("text", "") for b in blocks if b["type"] == "text")
     calls = [(b["name"], b["input"]) for b in blocks if b["type"] == "tool_use"]
     return text or None, calls, stop
@@ -186,20 +208,94 @@ def test_messages(forced_vllm, start_proxy, http_client, case, route, stream):
     assert (strip_ws(text), calls, stop) == (strip_ws(want_content), want_calls, STOP_REASON[want_finish])
 
 
+def api_outcome(path: str, status: int, body: bytes, stream: bool) -> tuple:
+    """(reasoning, text, [(name, arguments as an object)], chat's finish reason) of any of the three APIs."""
+    if path == "/v1/chat/completions":
+        content, calls, finish = chat_outcome(status, body, stream)
+        return chat_reasoning(body, stream), content, [(n, json.loads(a)) for n, a in calls], finish
+    if path == "/v1/responses":
+        response = responses_final(status, body)
+        text, calls, state = responses_outcome(status, body)
+        finish = "length" if state == "incomplete" else "tool_calls" if calls else "stop"
+        return responses_reasoning(response), text, [(n, json.loads(a)) for n, a in calls], finish
+    blocks, stop = messages_blocks(status, body)
+    text, calls, _ = messages_outcome(status, body)
+    thinking = "".join(b.get("thinking", "") for b in blocks if b["type"] == "thinking")
+    return thinking, text, calls, {v: k for k, v in STOP_REASON.items()}[stop]
+
+
+def reasoning_request(path: str, case: dict, stream: bool) -> dict:
+    limit = case.get("max_tokens", 200)
+    thinking = {"chat_template_kwargs": {"enable_thinking": True}}
+    if path == "/v1/responses":
+        return {"model": MODEL, "input": "Go.", "tools": RESPONSES_TOOLS, "store": False, "stream": stream,
+                "max_output_tokens": limit, "reasoning": {"summary": "auto"}, **thinking}
+    tools = MESSAGES_TOOLS if path == "/v1/messages" else TOOLS
+    return {"model": MODEL, "messages": [{"role": "user", "content": "Go."}], "tools": tools, "stream": stream,
+            "max_tokens": limit, **thinking}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("route", ["direct", "proxy"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/responses"])
+@pytest.mark.parametrize("case", REASONING_CASES, ids=[c["name"] for c in REASONING_CASES])
+def test_calls_written_in_the_reasoning(forced_vllm, start_proxy, http_client, case, path, route, stream):
+    """Thinking on, the forced text holds its call inside <think>: a complete, unquoted call to an offered tool is a
+    call and leaves the reasoning; anything else stays reasoning, whole; a cut leaves no call."""
+    base = forced_vllm.url if route == "direct" else start_proxy(BACKEND_URL=forced_vllm.url).url
+    FORCE_FILE.write_text(case["text"])
+    try:
+        reply = http_client.post(base + path, reasoning_request(path, case, stream))
+    finally:
+        FORCE_FILE.write_text("")
+    reasoning, text, calls, finish = api_outcome(path, reply.status, reply.body, stream)
+    want_calls = [(n, json.loads(a)) for n, a in case["calls"]]
+    assert (calls, strip_ws(text), finish) == (want_calls, strip_ws(case["content"]), case["finish"]), reasoning
+    assert ("<function=" in reasoning) == case["reasoning_markup"], reasoning
+    assert reasoning.strip(), "the reasoning around the call is kept"
+
+
 HARNESS = Path(__file__).with_name("parser_harness.py")
+
+
+def harness(env, texts: list[str], *flags: str) -> list[dict]:
+    proc = subprocess.run([str(env.python), str(HARNESS), str(env.model_dir), *flags],
+                          input=json.dumps(texts), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
 
 
 def test_normal_calls_are_byte_equal_to_qwen3_coder(real_vllm_env):
     """Both parsers on the same texts in vLLM's own venv (whole and streamed per token): on every case vLLM's
-    qwen3_coder reads right, the arguments are the same bytes."""
-    good = [c["text"] for c in CASES if c["finish"] == "tool_calls"]
-    proc = subprocess.run([str(real_vllm_env.python), str(HARNESS), str(real_vllm_env.model_dir)],
-                          input=json.dumps(good), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for result in json.loads(proc.stdout.splitlines()[-1]):
+    qwen3_coder reads right, the arguments are the same bytes (and the reasoning parsers change nothing)."""
+    good = [c for c in CASES if c["finish"] == "tool_calls" and not c.get("coerced")]
+    for case, result in zip(good, harness(real_vllm_env, [c["text"] for c in good]), strict=True):
         for mode in ("whole", "stream"):
             assert result[mode]["qwen3_stack"] == result[mode]["qwen3_coder"], (mode, result)
-            assert result[mode]["qwen3_stack"]["calls"], result
+            assert [json.loads(a) for _, a in result[mode]["qwen3_stack"]["calls"]] == [
+                json.loads(a) for _, a in case["calls"]], (mode, case["name"], result)
+
+
+def _parsed(outcome: dict) -> tuple:
+    return ([(n, json.loads(a)) for n, a in outcome["calls"]], strip_ws(outcome["content"]),
+            "<function=" in (outcome["reasoning"] or ""))
+
+
+@pytest.mark.parametrize("kind", ["coerced", "reasoning"])
+def test_stack_parsers_in_vllms_venv(real_vllm_env, kind):
+    """The stack's pair as `vllm serve` composes it, whole and streamed per token, gives each case's calls and text:
+    values read where the schema wants no string (qwen3_coder's own conversion left them strings), and calls written
+    in the reasoning (thinking on) taken out of it only when complete, unquoted and offered."""
+    cases = [c for c in CASES if c.get("coerced")] if kind == "coerced" else REASONING_CASES
+    cases = [c for c in cases if "max_tokens" not in c]
+    results = harness(real_vllm_env, [c["text"] for c in cases], *(["--thinking"] if kind == "reasoning" else []))
+    for case, result in zip(cases, results, strict=True):
+        want = ([(n, json.loads(a)) for n, a in case["calls"]], strip_ws(case["content"]),
+                case.get("reasoning_markup", False))
+        for mode in ("whole", "stream"):
+            assert _parsed(result[mode]["qwen3_stack"]) == want, (case["name"], mode, result[mode])
+        if kind == "coerced":
+            assert _parsed(result["whole"]["qwen3_coder"]) != want, case["name"]  # vLLM's own reads them otherwise
 
 
 CUT_ARGS = '{"command": "ls -la /very/lo'
