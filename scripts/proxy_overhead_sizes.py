@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -40,9 +39,11 @@ CODE_LINE = ('    def handler_%d(self, request):  # see https://docs.example.org
 
 
 def _file(turn: int, size: int = 3000) -> str:
-    out, n = [], 0
-    while sum(map(len, out)) < size:
+    out: list[str] = []
+    n = total = 0
+    while total < size:
         out.append(CODE_LINE % (n, turn, n))
+        total += len(out[-1])
         n += 1
     return f"class Module{turn}:\n" + "".join(out)
 
@@ -83,7 +84,7 @@ def messages_body(size: int, tools: bool) -> dict:
             {"type": "tool_use", "id": f"toolu_{n}", "name": "Read", "input": {"file_path": f"src/module_{n}.py"}}]})
         messages.append({"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": text}]})
-    client_tools = [{"name": "Read", "description": "Read a file.", "input_schema": {
+    client_tools: list[dict] = [{"name": "Read", "description": "Read a file.", "input_schema": {
         "type": "object", "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}}]
     if tools:
         client_tools.append({"type": "web_search_20250305", "name": "web_search", "max_uses": 5})

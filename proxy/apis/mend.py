@@ -8,7 +8,7 @@ parameter, `<parameter=_unparsed>RAW</parameter>`, so it sees what it wrote and 
 """
 from __future__ import annotations
 
-import json
+from proxy.core import codec
 
 UNPARSED = "_unparsed"
 # Arguments already seen to parse: an agent resends its whole history every turn, and looking a string up costs a
@@ -24,17 +24,17 @@ def mended_arguments(raw: object) -> str | None:
         if raw in _SEEN_GOOD:
             return None
         try:
-            if isinstance(json.loads(raw), dict):
+            if isinstance(codec.loads(raw), dict):
                 if len(_SEEN_GOOD) >= SEEN_GOOD_MAX:
                     _SEEN_GOOD.clear()
                 _SEEN_GOOD[raw] = None
                 return None
         except ValueError:
             pass
-        return json.dumps({UNPARSED: raw}, ensure_ascii=False)
+        return codec.arguments_text({UNPARSED: raw})
     if raw is None:
         return None  # absent: vLLM's own default ({}), nothing was written
-    return json.dumps({UNPARSED: json.dumps(raw, ensure_ascii=False)}, ensure_ascii=False)
+    return codec.arguments_text({UNPARSED: codec.arguments_text(raw)})
 
 
 def _mend_messages(body: dict, field: str, broken, mend) -> dict | None:
@@ -102,5 +102,5 @@ def _tool_use(block: object) -> object:
         return block
     assert isinstance(block, dict)
     raw = block["input"]
-    fixed = mended_arguments(raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False))
-    return {**block, "input": json.loads(fixed) if fixed is not None else json.loads(raw)}
+    fixed = mended_arguments(raw if isinstance(raw, str) else codec.arguments_text(raw))
+    return {**block, "input": codec.loads(fixed) if fixed is not None else codec.loads(raw)}

@@ -11,11 +11,13 @@ the streamed dialect writes its events with proxy/apis/messages/stream.py.
 """
 from __future__ import annotations
 
+from functools import partial
+
 from flask import Response
 
 from proxy.apis import citations, mend
 from proxy.apis.messages.blocks import add_usage, client_id, kept_text, server_use_block, turn_calls
-from proxy.apis.messages.given import given
+from proxy.apis.messages.given import given_parts
 from proxy.apis.messages.presentation import SERVER_TOOLS, model_text, result_block, tool_results, with_counts
 from proxy.apis.messages.request import (
     MessagesPlan,
@@ -56,10 +58,7 @@ def handle(ex: Exchange) -> Response:
     if problem:
         return anthropic_error(400, problem)
     vbody, plan = rewrite(body, ex.cfg.citations, ex.services.kept.get)
-    parts, pages = given(body)
-    ex.ledger = ex.new_ledger(parts)
-    for url, text in pages:  # links of pages read in earlier requests: links, within this request's budget
-        ex.ledger.learn_page(url, url, text, remember=False)  # the history resends them: nothing to keep
+    ex.ledger = ex.new_ledger(partial(given_parts, body))  # gathered at the first fetch or search, if one comes
     if ex.target.split("?", 1)[0].rstrip("/").endswith("/count_tokens"):
         return count_tokens(ex, vbody)
     # Claude Code's search sub-request names its query; searching it directly saves the model
