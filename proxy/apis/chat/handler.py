@@ -43,7 +43,7 @@ PATH = routes.CHAT
 
 def handle(ex: Exchange) -> Response:
     try:
-        body = codec.loads(ex.body)
+        body = ex.json()
     except (ValueError, UnicodeDecodeError) as e:
         return error_response(400, f"Request body is not valid JSON: {e}")
     except RecursionError:

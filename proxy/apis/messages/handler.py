@@ -42,7 +42,7 @@ from proxy.tools.base import Outcome, Request
 
 def handle(ex: Exchange) -> Response:
     try:
-        body = codec.loads(ex.body)
+        body = ex.json()
     except (ValueError, UnicodeDecodeError):
         return ex.relay()  # not ours to judge: vLLM says what is wrong, as it always did
     renamed = False

@@ -43,7 +43,7 @@ PATH = routes.RESPONSES
 
 def handle(ex: Exchange) -> Response:
     try:
-        body = codec.loads(ex.body)
+        body = ex.json()
     except (ValueError, UnicodeDecodeError):
         return ex.relay()  # not ours to judge: vLLM answers it in its own words
     mended = mend.responses(body) if isinstance(body, dict) else None
