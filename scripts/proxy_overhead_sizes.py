@@ -11,7 +11,8 @@ at once on each API's path, so what is timed is the proxy's own work on the body
   web_search_20250305; Responses: the hosted web_search): the body is read, its URLs' provenance gathered, rewritten
   and sent as a one-turn loop whose answer is final.
 Each cell is the median and p90 of `--requests` requests per side, direct and the proxy alternating (every order in
-turn), after a warm-up; `added` is proxy minus direct, at the median and at p90. `--against DIR` (another revision's
+turn), after a warm-up; `added` is proxy minus direct, at the median and at p90; `CPU` is the proxy's workers' CPU
+ms per request (read from /proc, so it holds on a busy machine where the times do not). `--against DIR` (another revision's
 checkout) runs its proxy ("before") beside this one's ("after"), the three sides interleaved request by request, so a
 change is judged under the same machine load. It prints a table and, with --json PATH, every figure. A benchmark, not
 a test: it never fails on a missed target, it reports it.
@@ -130,7 +131,9 @@ def measure(backend, proxies: dict, api: str, raw: bytes, n: int) -> dict:
     for c in clients.values():
         for _ in range(3):
             c.retrying("POST", path, raw, hdr)
+    cpu0 = {name: p.cpu() for name, p in proxies.items()}
     r = interleaved_fairly(n, [(name, lambda c=c: c.retrying("POST", path, raw, hdr)[1]) for name, c in clients.items()])
+    cpu = {name: (p.cpu() - cpu0[name]) / n for name, p in proxies.items()}
     for c in clients.values():
         c.close()
     out: dict = {"body_bytes": len(raw), "n": n}
@@ -140,20 +143,23 @@ def measure(backend, proxies: dict, api: str, raw: bytes, n: int) -> dict:
     for side in proxies:
         out[f"{side}_added_p50_ms"] = out[f"{side}_p50_ms"] - out["direct_p50_ms"]
         out[f"{side}_added_p90_ms"] = out[f"{side}_p90_ms"] - out["direct_p90_ms"]
+        # The workers' CPU time per request: what the proxy spends, whatever else the machine is doing.
+        out[f"{side}_cpu_ms"] = cpu[side] * 1e3
     return out
 
 
 def table(results: list[dict], sides: list[str]) -> str:
-    """One row per mode, API and size: direct's p50/p90, then each proxy's p50/p90 and what it adds at both."""
+    """One row per mode, API and size: direct's p50/p90, then each proxy's p50/p90, what it adds at both, and its
+    workers' CPU per request."""
     head = f"{'mode':6} {'api':9} {'MB':>5} {'direct p50/p90':>15}"
     for side in sides:
-        head += f" | {side + ' p50/p90':>17} {'added p50/p90':>15}"
+        head += f" | {side + ' p50/p90':>17} {'added p50/p90':>15} {'CPU':>5}"
     out = [head]
     for r in results:
         line = f"{r['mode']:6} {r['api']:9} {r['body_bytes'] / 1e6:5.2f} {r['direct_p50_ms']:7.2f}/{r['direct_p90_ms']:<7.2f}"
         for side in sides:
             line += (f" | {r[side + '_p50_ms']:8.2f}/{r[side + '_p90_ms']:<8.2f} "
-                     f"{r[side + '_added_p50_ms']:+7.2f}/{r[side + '_added_p90_ms']:<+7.2f}")
+                     f"{r[side + '_added_p50_ms']:+7.2f}/{r[side + '_added_p90_ms']:<+7.2f} {r[side + '_cpu_ms']:5.2f}")
         out.append(line)
     return "\n".join(out)
 

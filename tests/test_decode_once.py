@@ -83,3 +83,24 @@ def test_the_body_is_decoded_once_and_relayed_as_sent(backend, searxng, tmp_path
     assert json.loads(sent)["model"] == "foundation"
     assert resp.headers.get("X-Session-ID") is None  # the session key goes to vLLM only
     assert backend.received[-1].headers.get("x-session-id")
+
+
+@pytest.mark.parametrize("messages, kinds, broken, cited", [
+    ([], set(), False, False),
+    ([{"role": "user", "content": "plain text"}], set(), False, False),
+    (MESSAGES["messages"], {"tool_use", "tool_result"}, False, False),
+    ([{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "n", "input": '{"a": 1}'}]}],
+     {"tool_use"}, True, False),
+    ([{"role": "assistant", "content": [{"type": "text", "text": "x", "citations": []},
+                                        {"type": "web_search_tool_result", "tool_use_id": "s", "content": []}]}],
+     {"text", "web_search_tool_result"}, False, True),
+    ([{"role": "assistant", "content": [{"type": ["not", "a", "string"]}, "not a block"]}, "not a message"],
+     set(), False, False),
+])
+def test_one_pass_over_a_messages_history_answers_its_readers(messages, kinds, broken, cited):
+    """The survey the Messages handler makes once, instead of the mending, the check for server blocks, the
+    validation and the rewrite each walking every block."""
+    from proxy.apis.messages.request import History, has_server_blocks, survey
+    found = survey({"messages": messages})
+    assert found == History(frozenset(kinds), broken, cited)
+    assert has_server_blocks({"messages": messages}, found) is ("web_search_tool_result" in kinds)

@@ -89,16 +89,17 @@ def responses(body: dict) -> dict | None:
 def messages(body: dict) -> dict | None:
     """A Messages request whose tool_use blocks' `input` is not an object (a string a client replayed as it got
     it), mended; None when none needed it. A string holding a JSON object is that object."""
-    return _mend_messages(body, "content", _tool_use_broken, _tool_use)
+    return _mend_messages(body, "content", tool_use_broken, _tool_use)
 
 
-def _tool_use_broken(block: object) -> bool:
+def tool_use_broken(block: object) -> bool:
+    """Whether a Messages block is a tool_use whose `input` messages() would mend."""
     return (isinstance(block, dict) and block.get("type") == "tool_use" and "input" in block
             and not isinstance(block["input"], dict))
 
 
 def _tool_use(block: object) -> object:
-    if not _tool_use_broken(block):
+    if not tool_use_broken(block):
         return block
     assert isinstance(block, dict)
     raw = block["input"]

@@ -27,6 +27,7 @@ from proxy.apis.messages.request import (
     served_model_for,
     shortcut_turn,
     subrequest,
+    survey,
     tool_request,
     validate,
 )
@@ -50,14 +51,15 @@ def handle(ex: Exchange) -> Response:
         model = served_model_for(body.get("model"), ex.services.models.get(lambda: _models(ex)))
         if model:
             body["model"], renamed = model, True
-    mended = mend.messages(body) if isinstance(body, dict) else None
+    history = survey(body)  # one pass over the blocks, for the mending, the checks and the rewrite
+    mended = mend.messages(body) if isinstance(body, dict) and history.broken_input else None
     body = mended or body
-    if not needs_rewrite(body):
+    if not needs_rewrite(body, history):
         return ex.relay(codec.dumps(body)) if renamed or mended else ex.relay()
-    problem = validate(body)
+    problem = validate(body, history)
     if problem:
         return anthropic_error(400, problem)
-    vbody, plan = rewrite(body, ex.cfg.citations, ex.services.kept.get)
+    vbody, plan = rewrite(body, ex.cfg.citations, ex.services.kept.get, history)
     ex.ledger = ex.new_ledger(partial(given_parts, body))  # gathered at the first fetch or search, if one comes
     if ex.target.split("?", 1)[0].rstrip("/").endswith("/count_tokens"):
         return count_tokens(ex, vbody)
