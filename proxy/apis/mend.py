@@ -43,14 +43,16 @@ def _mend_messages(body: dict, field: str, broken, mend) -> dict | None:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None
-    out, changed = [], False
-    for message in messages:
-        items = message.get(field) if isinstance(message, dict) else None
-        if isinstance(items, list) and any(broken(item) for item in items):
-            message = {**message, field: [mend(item) for item in items]}
-            changed = True
-        out.append(message)
-    return {**body, "messages": out} if changed else None
+    # Looked for first, copied only when found: nearly every request has nothing to mend, and a long history
+    # holds thousands of calls.
+    at = [i for i, message in enumerate(messages) if isinstance(message, dict)
+          and isinstance(items := message.get(field), list) and any(map(broken, items))]
+    if not at:
+        return None
+    out = list(messages)
+    for i in at:
+        out[i] = {**out[i], field: [mend(item) for item in out[i][field]]}
+    return {**body, "messages": out}
 
 
 def chat(body: dict) -> dict | None:
@@ -60,7 +62,12 @@ def chat(body: dict) -> dict | None:
 
 def _chat_call_broken(call: object) -> bool:
     function = call.get("function") if isinstance(call, dict) else None
-    return isinstance(function, dict) and mended_arguments(function.get("arguments")) is not None
+    if not isinstance(function, dict):
+        return False
+    raw = function.get("arguments")
+    if isinstance(raw, str) and raw in _SEEN_GOOD:
+        return False  # the common case, without a call: an agent resends every call of its history each turn
+    return mended_arguments(raw) is not None
 
 
 def _chat_call(call: object) -> object:
