@@ -20,6 +20,7 @@ import socket
 import gevent
 from gevent.server import StreamServer
 
+from . import anthropic_wire, responses_wire
 from .searxng import page, result
 from .vllm_wire import compact, completion, stream_frames, tool_call
 
@@ -31,6 +32,14 @@ SSE_HEAD = (b"HTTP/1.1 200 OK\r\ndate: Thu, 03 Dec 2026 05:00:00 GMT\r\nserver: 
 
 PLAIN = compact(completion(content="Hello! The proxy relayed this answer untouched.", ident="chatcmpl-bench"))
 FINAL = compact(completion(content="Here is what the searches found.", ident="chatcmpl-bench-final"))
+# A plain answer on the other APIs' paths, in their own shapes, so the proxy's Messages and Responses loops parse a
+# final turn as they would vLLM's (scripts/proxy_overhead_sizes.py sends their requests).
+PLAIN_BY_PATH = {
+    b"/v1/messages": compact(anthropic_wire.message([anthropic_wire.text("Hello from the stand-in.")],
+                                                     ident="msg-bench")),
+    b"/v1/responses": compact(responses_wire.body({}, [responses_wire.message("Hello from the stand-in.")],
+                                                  ident="resp-bench")),
+}
 _frame_cache: dict[int, list[bytes]] = {}
 
 
@@ -105,7 +114,7 @@ def keep_alive(answer):
 
 
 def answer_backend(sock, req) -> None:
-    _method, _target, headers, body = req
+    _method, target, headers, body = req
     mode = headers.get(b"x-bench-mode", b"plain")
     if mode == b"stream":
         chunks = frames(int(headers.get(b"x-bench-chunks", b"200")))
@@ -119,7 +128,10 @@ def answer_backend(sock, req) -> None:
             sock.sendall(c)
         sock.sendall(b"0\r\n\r\n")
         return
-    reply = search_turn(body, int(headers.get(b"x-bench-searches", b"2"))) if mode == b"search" else PLAIN
+    if mode == b"search":
+        reply = search_turn(body, int(headers.get(b"x-bench-searches", b"2")))
+    else:
+        reply = PLAIN_BY_PATH.get(target.split(b"?", 1)[0], PLAIN)
     sock.sendall(JSON_HEAD % len(reply) + reply)
 
 

@@ -3,12 +3,14 @@ check with its link chains and budget. Run: tests/run.sh tests/test_provenance.p
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 
 from proxy.apis.chat.given import given as chat_given
-from proxy.apis.given import summary_at
+from proxy.apis.given import _SUMMARY, _SUMMARY_MARKS, summary_at
 from proxy.apis.messages.given import given as messages_given
+from proxy.apis.messages.given import given_parts as messages_given_parts
 from proxy.apis.responses.given import given as responses_given
 from proxy.backends.pages.netguard import parse_url
 from proxy.tools.client_reads import ClientReads
@@ -207,11 +209,8 @@ def ledger_of(api: str) -> Ledger:
         return Ledger(given=chat_given(CHAT))
     if api == "responses":
         return Ledger(given=responses_given(RESPONSES))
-    parts, pages = messages_given(MESSAGES)
-    ledger = Ledger(given=parts)
-    for url, text in pages:
-        ledger.learn_page(url, url, text)
-    return ledger
+    # As the handler gives it: gathered at the first check, the pages' links learnt after the rest.
+    return Ledger(given=partial(messages_given_parts, MESSAGES))
 
 
 @pytest.mark.parametrize("api", ["chat", "messages", "responses"])
@@ -264,6 +263,28 @@ def test_the_conversation_is_read_at_the_first_check_and_only_once():
     assert ledger._pending is not None  # nothing scanned until a fetch is checked
     assert reason(ledger, "https://a.example/") is None and reason(ledger, "https://b.example/") == NOT_GIVEN
     assert ledger._pending is None
+
+
+def test_a_long_conversation_is_gathered_only_when_a_fetch_is_checked_and_once():
+    """A handler hands the ledger the function that gathers the conversation's parts (a 1 MB history takes
+    milliseconds): a request that never fetches never runs it, one that fetches runs it once."""
+    calls = []
+
+    def gather():
+        calls.append(1)
+        return [Given("user", "https://a.example/")]
+    ledger = Ledger(given=gather)
+    assert calls == []
+    assert reason(ledger, "https://a.example/") is None and reason(ledger, "https://b.example/") == NOT_GIVEN
+    assert calls == [1]
+
+
+def test_each_summary_opening_has_its_plain_text_mark():
+    """summary_at looks for the marks with `in` before running the alternation: an opening added to _SUMMARY
+    without its mark would never be found."""
+    for opening in _SUMMARY.pattern.split("|"):
+        text = opening.lstrip("^").replace("\\n", "\n").replace("\\.", ".")
+        assert any(mark in text for mark in _SUMMARY_MARKS), opening
 
 
 # -- provenance by author over a session (issue 39) ----------------------------------------------------------------

@@ -58,3 +58,22 @@ def test_against_measures_two_checkouts_in_one_run(tmp_path):
     runs = json.loads(out.read_text())["runs"]
     assert [len(runs[side]["nonstreaming"]) for side in ("before", "after")] == [2, 2]
     assert len(runs["interleaved"]["plain"]) == 2 and len(runs["interleaved"]["search_loop"]) == 2
+
+
+def test_sizes_measures_each_api_and_mode_beside_direct(tmp_path):
+    """scripts/proxy_overhead_sizes.py (issue 54): each API in both modes at the sizes asked, a row each with direct
+    beside the proxy, and every cell's figures in the JSON; its bodies are the sizes asked and agent-shaped."""
+    out = tmp_path / "sizes.json"
+    run = subprocess.run([sys.executable, "-m", "scripts.proxy_overhead_sizes", "--sizes", "0.02,0.05",
+                          "--requests", "4", "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "FAILED ANSWERS" not in run.stdout
+    assert "direct p50/p90" in run.stdout and "proxy p50/p90" in run.stdout and "load average" in run.stdout
+    results = json.loads(out.read_text())["results"]
+    assert [(r["mode"], r["api"]) for r in results][::2] == [(m, a) for m in ("relay", "tools")
+                                                          for a in ("chat", "messages", "responses")]
+    for r in results:
+        assert 0.015e6 < r["body_bytes"] < 0.06e6
+        assert r["direct_p50_ms"] > 0 and r["proxy_p50_ms"] > 0 and r["proxy_cpu_ms"] > 0
+        assert f"{r['mode']:6} {r['api']:9}" in run.stdout

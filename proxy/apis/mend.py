@@ -8,7 +8,7 @@ parameter, `<parameter=_unparsed>RAW</parameter>`, so it sees what it wrote and 
 """
 from __future__ import annotations
 
-import json
+from proxy.core import codec
 
 UNPARSED = "_unparsed"
 # Arguments already seen to parse: an agent resends its whole history every turn, and looking a string up costs a
@@ -24,17 +24,17 @@ def mended_arguments(raw: object) -> str | None:
         if raw in _SEEN_GOOD:
             return None
         try:
-            if isinstance(json.loads(raw), dict):
+            if isinstance(codec.loads(raw), dict):
                 if len(_SEEN_GOOD) >= SEEN_GOOD_MAX:
                     _SEEN_GOOD.clear()
                 _SEEN_GOOD[raw] = None
                 return None
         except ValueError:
             pass
-        return json.dumps({UNPARSED: raw}, ensure_ascii=False)
+        return codec.arguments_text({UNPARSED: raw})
     if raw is None:
         return None  # absent: vLLM's own default ({}), nothing was written
-    return json.dumps({UNPARSED: json.dumps(raw, ensure_ascii=False)}, ensure_ascii=False)
+    return codec.arguments_text({UNPARSED: codec.arguments_text(raw)})
 
 
 def _mend_messages(body: dict, field: str, broken, mend) -> dict | None:
@@ -43,14 +43,16 @@ def _mend_messages(body: dict, field: str, broken, mend) -> dict | None:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None
-    out, changed = [], False
-    for message in messages:
-        items = message.get(field) if isinstance(message, dict) else None
-        if isinstance(items, list) and any(broken(item) for item in items):
-            message = {**message, field: [mend(item) for item in items]}
-            changed = True
-        out.append(message)
-    return {**body, "messages": out} if changed else None
+    # Looked for first, copied only when found: nearly every request has nothing to mend, and a long history
+    # holds thousands of calls.
+    at = [i for i, message in enumerate(messages) if isinstance(message, dict)
+          and isinstance(items := message.get(field), list) and any(map(broken, items))]
+    if not at:
+        return None
+    out = list(messages)
+    for i in at:
+        out[i] = {**out[i], field: [mend(item) for item in out[i][field]]}
+    return {**body, "messages": out}
 
 
 def chat(body: dict) -> dict | None:
@@ -60,7 +62,12 @@ def chat(body: dict) -> dict | None:
 
 def _chat_call_broken(call: object) -> bool:
     function = call.get("function") if isinstance(call, dict) else None
-    return isinstance(function, dict) and mended_arguments(function.get("arguments")) is not None
+    if not isinstance(function, dict):
+        return False
+    raw = function.get("arguments")
+    if isinstance(raw, str) and raw in _SEEN_GOOD:
+        return False  # the common case, without a call: an agent resends every call of its history each turn
+    return mended_arguments(raw) is not None
 
 
 def _chat_call(call: object) -> object:
@@ -89,18 +96,19 @@ def responses(body: dict) -> dict | None:
 def messages(body: dict) -> dict | None:
     """A Messages request whose tool_use blocks' `input` is not an object (a string a client replayed as it got
     it), mended; None when none needed it. A string holding a JSON object is that object."""
-    return _mend_messages(body, "content", _tool_use_broken, _tool_use)
+    return _mend_messages(body, "content", tool_use_broken, _tool_use)
 
 
-def _tool_use_broken(block: object) -> bool:
+def tool_use_broken(block: object) -> bool:
+    """Whether a Messages block is a tool_use whose `input` messages() would mend."""
     return (isinstance(block, dict) and block.get("type") == "tool_use" and "input" in block
             and not isinstance(block["input"], dict))
 
 
 def _tool_use(block: object) -> object:
-    if not _tool_use_broken(block):
+    if not tool_use_broken(block):
         return block
     assert isinstance(block, dict)
     raw = block["input"]
-    fixed = mended_arguments(raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False))
-    return {**block, "input": json.loads(fixed) if fixed is not None else json.loads(raw)}
+    fixed = mended_arguments(raw if isinstance(raw, str) else codec.arguments_text(raw))
+    return {**block, "input": codec.loads(fixed) if fixed is not None else codec.loads(raw)}

@@ -36,6 +36,33 @@ def dumps(obj) -> bytes:
             return json.dumps(obj, separators=(",", ":")).encode()
 
 
+_UNREAD = object()
+
+
+class Decoded:
+    """A request body and its JSON, decoded at most once however many readers ask for it (the session key, the API's
+    handler): a 1 MB agent history takes a millisecond or more to decode. The value is shared, so a reader that
+    changes it (a handler making vLLM's request) goes last."""
+
+    __slots__ = ("raw", "_value", "_error")
+
+    def __init__(self, raw: bytes):
+        self.raw = raw
+        self._value = _UNREAD
+        self._error: BaseException | None = None
+
+    def value(self):
+        """The body's JSON; raises what loads() raised (ValueError, UnicodeDecodeError, RecursionError) every time."""
+        if self._value is _UNREAD:
+            try:
+                self._value = loads(self.raw)
+            except (ValueError, RecursionError) as e:
+                self._value, self._error = None, e
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 def as_dict(value) -> dict:
     """A JSON value where an object is expected: itself if it is one, else empty (clients send anything)."""
     return value if isinstance(value, dict) else {}

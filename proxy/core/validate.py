@@ -86,21 +86,30 @@ def is_encodable(text: str) -> bool:
     return True
 
 
+_ITEM_STRINGS = ("type", "role", "id", "call_id", "name", "status")  # an input item's fields read as strings
+_STRING_OR_NULL = (str, type(None))
+
+
 def input_items(value, param: str = "input") -> None:
     """A Responses `input` (also Codex's alpha search's): a string, or an array of items whose `type`, `role`, `id`,
     `call_id`, `name` and `status`, when present, are strings (as OpenAI's schema has them), since the readers look
     them up in tables and match calls to outputs by them (apis/given.py, apis/responses/output.py)."""
     if value is None or isinstance(value, str):
         return
+    ok = _STRING_OR_NULL
     for i, item in enumerate(objects(value, param)):
-        fields(item, f"{param}[{i}]", type=string, role=string, id=string, call_id=string, name=string, status=string)
+        # The check written out, and the path only for an item that fails it: a 1 MB history holds ~12,000 items.
+        get = item.get
+        if not (isinstance(get("type"), ok) and isinstance(get("role"), ok) and isinstance(get("id"), ok)
+                and isinstance(get("call_id"), ok) and isinstance(get("name"), ok) and isinstance(get("status"), ok)):
+            fields(item, f"{param}[{i}]", **dict.fromkeys(_ITEM_STRINGS, string))
 
 
 def roles(messages: list, param: str, sep: str = "[") -> None:
     """Each message's `role` a string when present (each API's readers look it up in tables); `sep` "[" names the
     field OpenAI's way (`messages[0].role`), "." Anthropic's (`messages.0.role`)."""
     for i, msg in enumerate(messages):
-        if isinstance(msg, dict):
+        if isinstance(msg, dict) and not isinstance(msg.get("role"), _STRING_OR_NULL):
             string(msg.get("role"), f"{param}[{i}].role" if sep == "[" else f"{param}.{i}.role")
 
 

@@ -42,8 +42,9 @@ CLIENT_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "conve
 _FROM_CLIENT, _FROM_START = b"client\0", b"start\0"
 
 
-def session_key(headers, body: bytes, secret: bytes) -> str:
-    """X-Session-ID's value for one client request: `headers` the client's (name, value) pairs, `body` its bytes."""
+def session_key(headers, body: bytes | codec.Decoded, secret: bytes) -> str:
+    """X-Session-ID's value for one client request: `headers` the client's (name, value) pairs, `body` its bytes
+    (or them in a codec.Decoded, which the request's handler reads again without decoding them again)."""
     # Read once per wanted name: werkzeug's `request.headers.items()` is a generator, and read as it came only the
     # first name (Claude Code's) was ever looked for, so every Codex session of one folder got one key.
     headers = list(headers)
@@ -61,14 +62,15 @@ def _keyed(secret: bytes, data: bytes) -> str:
     return hmac.new(secret, data, hashlib.sha256).hexdigest()[:32]
 
 
-def conversation_start(body: bytes) -> bytes | None:
+def conversation_start(body: bytes | codec.Decoded) -> bytes | None:
     """The canonical bytes of a request's system prompt and first user message, or None when it has neither
     (not JSON, not an object, no conversation). The same for every turn of one conversation: only the text and
     the blocks' content count, not where a client put `cache_control` this turn."""
-    if not body or body[:1] not in (b"{", b" ", b"\n", b"\t", b"\r"):
+    decoded = body if isinstance(body, codec.Decoded) else codec.Decoded(body)
+    if not decoded.raw or decoded.raw[:1] not in (b"{", b" ", b"\n", b"\t", b"\r"):
         return None
     try:
-        req = codec.loads(body)
+        req = decoded.value()
     except (ValueError, RecursionError):
         return None
     if not isinstance(req, dict):

@@ -23,8 +23,9 @@ import re
 import string
 import threading
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from proxy.backends.pages.netguard import parse_url
 from proxy.tools.client_reads import DOWN, ROOT, ClientReads, Reads
@@ -38,6 +39,9 @@ CLIENT_ORIGINS = ("system", "tool")
 MODEL = "model"
 READ = "read"
 LINK = "link"
+# A page an earlier fetch result holds, its value (url, text): its links are learnt as a page read's (budgeted), after
+# the rest of the conversation, and never remembered (the history resends it).
+PAGE = "page"
 
 # Refusal reasons, also the metric's labels (proxy/observe/metrics.py).
 NOT_GIVEN = "not_given"
@@ -260,8 +264,8 @@ class Ledger:
     charges from one request to the next; without one, the ledger has its own. Thread-safe: the calls of one round
     run side by side."""
 
-    def __init__(self, rules: Rules | None = None, given: Iterable[Given] = (), reads: Reads | None = None,
-                 client: str = ""):
+    def __init__(self, rules: Rules | None = None, given: Iterable[Given] | Callable[[], Iterable[Given]] = (),
+                 reads: Reads | None = None, client: str = ""):
         self.rules = rules or Rules()
         self.reads: Reads = reads if reads is not None else ClientReads()
         self.client = client
@@ -270,8 +274,9 @@ class Ledger:
         self._written_sites: set[str] = set()  # and their sites
         self.link_fetches = 0                  # this request's
         self._lock = threading.Lock()
-        # Read at the first check, not here: most requests never fetch, and a long conversation takes milliseconds.
-        self._pending: list[Given] | None = list(given)
+        # Read at the first check, not here: most requests never fetch, and a long conversation takes milliseconds
+        # (gathering its parts too: `given` may be the function that gathers them, called then).
+        self._pending: list[Given] | Callable[[], Iterable[Given]] | None = given if callable(given) else list(given)
         self._reading = threading.Lock()  # a round's calls wait for the one reading it
 
     @property
@@ -287,9 +292,10 @@ class Ledger:
         with self._reading:
             if self._pending is None:
                 return  # another call read it while this one waited
-            parts, self._pending = self._pending, None
+            pending, self._pending = self._pending, None
             if not self.checking:
                 return  # WEB_FETCH_URLS=any: nothing to check against, so nothing to gather
+            parts = list(pending() if callable(pending) else pending)
             with self._lock:
                 for k in (k for g in parts if g.origin == MODEL for k in written_keys(g.value)):
                     self._written.add(k.casefold())
@@ -302,6 +308,10 @@ class Ledger:
                         for k in filter(None, map(key, urls_in_value(g.value))):
                             self._read_before(k)
                             self._read_on(k)
+                for g in parts:
+                    if g.origin == PAGE:
+                        url, text = cast(tuple[str, str], g.value)
+                        self._learn(url, url, text)
 
     def _by_model(self, k: str) -> bool:
         return k.casefold() in self._written or site(k) in self._written_sites
@@ -418,19 +428,25 @@ class Ledger:
         if not self.checking:
             return
         self._read_conversation()
-        kr, kf = key(requested), key(final)
         with self._lock:
-            entry = self._entries.get(kr) if kr else None
-            if entry is None:
-                return  # not read through this ledger: nothing it links to is given
-            if kf:
-                self._put(kf, entry)
-                self.reads.remember(self.client, kf, entry.depth, entry.root)
-            links = list(filter(None, map(key, links_in_page(text, final))))
-            for k in links:
-                self._link(k, entry)
+            kr, kf, links = self._learn(requested, final, text)
         for page in dict.fromkeys(k for k in (kr, kf) if k and remember):  # outside the lock: a call to the store
             self.reads.remember_links(self.client, page, links)
+
+    def _learn(self, requested: str, final: str, text: str) -> tuple[str | None, str | None, list[str]]:
+        """learn_page's work under the lock: (the requested and final keys, the page's links' keys; none when the
+        page was not read through this ledger)."""
+        kr, kf = key(requested), key(final)
+        entry = self._entries.get(kr) if kr else None
+        if entry is None:
+            return None, None, []  # not read through this ledger: nothing it links to is given
+        if kf:
+            self._put(kf, entry)
+            self.reads.remember(self.client, kf, entry.depth, entry.root)
+        links = list(filter(None, map(key, links_in_page(text, final))))
+        for k in links:
+            self._link(k, entry)
+        return kr, kf, links
 
     def __len__(self) -> int:
         self._read_conversation()

@@ -10,6 +10,7 @@ presentation table (proxy/apis/chat/presentation.py).
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from flask import Response
 
@@ -42,7 +43,7 @@ PATH = routes.CHAT
 
 def handle(ex: Exchange) -> Response:
     try:
-        body = codec.loads(ex.body)
+        body = ex.json()
     except (ValueError, UnicodeDecodeError) as e:
         return error_response(400, f"Request body is not valid JSON: {e}")
     except RecursionError:
@@ -56,7 +57,7 @@ def handle(ex: Exchange) -> Response:
     ours = tools_to_inject(body, offered(ex.cfg))
     if not ours:
         return ex.relay(codec.dumps(body)) if mended else ex.relay()
-    ex.ledger = ex.new_ledger(given(body))
+    ex.ledger = ex.new_ledger(partial(given, body))  # gathered at the first fetch or search, if one comes
     body = with_tools(body, ours)
     if body.get("stream"):
         if ex.cfg.stream_search == "client":

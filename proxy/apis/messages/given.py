@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from proxy.apis.given import client_given, user_given
 from proxy.core.codec import as_dict
-from proxy.tools.provenance import MODEL, READ, Given
+from proxy.tools.provenance import MODEL, PAGE, READ, Given
 
 SEARCH_RESULTS = "web_search_tool_result"
 FETCH_RESULT = "web_fetch_tool_result"
@@ -30,6 +30,13 @@ def given(body) -> tuple[list[Given], list[tuple[str, str]]]:
             for block in blocks:
                 out.extend(_assistant(as_dict(block), pages) if isinstance(block, dict) else [Given(MODEL, block)])
     return out, pages
+
+
+def given_parts(body) -> list[Given]:
+    """given()'s parts, then each page as a PAGE part: the links of pages read in earlier requests are links, within
+    this request's budget, and the client's memory keeps none of them (the history resends them). Pure."""
+    parts, pages = given(body)
+    return [*parts, *(Given(PAGE, page) for page in pages)]
 
 
 def _assistant(block: dict, pages: list) -> list[Given]:

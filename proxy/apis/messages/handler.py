@@ -11,11 +11,13 @@ the streamed dialect writes its events with proxy/apis/messages/stream.py.
 """
 from __future__ import annotations
 
+from functools import partial
+
 from flask import Response
 
 from proxy.apis import citations, mend
 from proxy.apis.messages.blocks import add_usage, client_id, kept_text, server_use_block, turn_calls
-from proxy.apis.messages.given import given
+from proxy.apis.messages.given import given_parts
 from proxy.apis.messages.presentation import SERVER_TOOLS, model_text, result_block, tool_results, with_counts
 from proxy.apis.messages.request import (
     MessagesPlan,
@@ -25,6 +27,7 @@ from proxy.apis.messages.request import (
     served_model_for,
     shortcut_turn,
     subrequest,
+    survey,
     tool_request,
     validate,
 )
@@ -40,7 +43,7 @@ from proxy.tools.base import Outcome, Request
 
 def handle(ex: Exchange) -> Response:
     try:
-        body = codec.loads(ex.body)
+        body = ex.json()
     except (ValueError, UnicodeDecodeError):
         return ex.relay()  # not ours to judge: vLLM says what is wrong, as it always did
     renamed = False
@@ -48,18 +51,16 @@ def handle(ex: Exchange) -> Response:
         model = served_model_for(body.get("model"), ex.services.models.get(lambda: _models(ex)))
         if model:
             body["model"], renamed = model, True
-    mended = mend.messages(body) if isinstance(body, dict) else None
+    history = survey(body)  # one pass over the blocks, for the mending, the checks and the rewrite
+    mended = mend.messages(body) if isinstance(body, dict) and history.broken_input else None
     body = mended or body
-    if not needs_rewrite(body):
+    if not needs_rewrite(body, history):
         return ex.relay(codec.dumps(body)) if renamed or mended else ex.relay()
-    problem = validate(body)
+    problem = validate(body, history)
     if problem:
         return anthropic_error(400, problem)
-    vbody, plan = rewrite(body, ex.cfg.citations, ex.services.kept.get)
-    parts, pages = given(body)
-    ex.ledger = ex.new_ledger(parts)
-    for url, text in pages:  # links of pages read in earlier requests: links, within this request's budget
-        ex.ledger.learn_page(url, url, text, remember=False)  # the history resends them: nothing to keep
+    vbody, plan = rewrite(body, ex.cfg.citations, ex.services.kept.get, history)
+    ex.ledger = ex.new_ledger(partial(given_parts, body))  # gathered at the first fetch or search, if one comes
     if ex.target.split("?", 1)[0].rstrip("/").endswith("/count_tokens"):
         return count_tokens(ex, vbody)
     # Claude Code's search sub-request names its query; searching it directly saves the model

@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from proxy.apis import citations
+from proxy.apis import citations, mend
 from proxy.apis.messages.history import Kept, no_kept, rewrite_history
 from proxy.apis.messages.presentation import SERVER_TOOLS, ServerTool, row_for_result, row_for_type, server_blocks
 from proxy.core import validate as V
@@ -39,19 +39,44 @@ def server_specs(body: dict) -> dict[str, dict]:
     return {tool: found[tool] for tool in SERVER_TOOLS if tool in found}
 
 
-def has_server_blocks(body: dict) -> bool:
-    msgs, kinds = body.get("messages"), server_blocks()
-    return isinstance(msgs, list) and any(
-        isinstance(m, dict) and isinstance(m.get("content"), list)
-        and any(V.kind(b) in kinds for b in m["content"]) for m in msgs)
+@dataclass(frozen=True)
+class History:
+    """What the handler's readers ask of a request's history, found in one pass over its blocks (a 1 MB history holds
+    ~30,000, and each reader walking them again cost a fraction of a millisecond): the block types in it, whether a
+    tool_use's input needs mending (mend.messages), whether a block carries citations."""
+    kinds: frozenset[str] = frozenset()
+    broken_input: bool = False
+    cited: bool = False
 
 
-def needs_rewrite(body) -> bool:
-    return isinstance(body, dict) and (bool(server_specs(body)) or has_server_blocks(body))
+def survey(body) -> History:
+    """The History of a Messages body (anything but an object has none). Pure."""
+    msgs = body.get("messages") if isinstance(body, dict) else None
+    kinds: set[str] = set()
+    broken = cited = False
+    for m in msgs if isinstance(msgs, list) else ():
+        content = m.get("content") if isinstance(m, dict) else None
+        for b in content if isinstance(content, list) else ():
+            if not isinstance(b, dict):
+                continue
+            t = b.get("type")
+            if isinstance(t, str):
+                kinds.add(t)
+                broken = broken or (t == "tool_use" and mend.tool_use_broken(b))
+            cited = cited or "citations" in b
+    return History(frozenset(kinds), broken, cited)
 
 
-def validate(body: dict) -> str | None:
-    """What makes a request the proxy must rewrite unusable, or None."""
+def has_server_blocks(body: dict, history: History | None = None) -> bool:
+    return bool((history or survey(body)).kinds & server_blocks())
+
+
+def needs_rewrite(body, history: History | None = None) -> bool:
+    return isinstance(body, dict) and (bool(server_specs(body)) or has_server_blocks(body, history))
+
+
+def validate(body: dict, history: History | None = None) -> str | None:
+    """What makes a request the proxy must rewrite unusable, or None (`history`: its survey, when made already)."""
     if not isinstance(body.get("messages"), list) or not all(isinstance(m, dict) for m in body["messages"]):
         return "messages: must be an array of message objects"
     if body.get("tools") is not None and (not isinstance(body["tools"], list)
@@ -66,13 +91,13 @@ def validate(body: dict) -> str | None:
         if problem:
             return problem
     try:
-        _check_types(body)
+        _check_types(body, history or survey(body))
     except V.Invalid as e:
         return e.anthropic_message
     return None
 
 
-def _check_types(body: dict) -> None:
+def _check_types(body: dict, history: History) -> None:
     """The fields the rewrite reads (names, ids, domains, tool_choice, replayed server blocks) are of
     the JSON type it reads them as, or V.Invalid names the first that is not."""
     V.boolean(body.get("stream"), "stream")
@@ -87,6 +112,8 @@ def _check_types(body: dict) -> None:
     if isinstance(body.get("tool_choice"), dict):
         V.fields(body["tool_choice"], "tool_choice", type=V.string, name=V.string)
     kinds = server_blocks()
+    if not history.kinds & kinds:
+        return  # history without server blocks goes to vLLM as it is: vLLM judges it
     for i, msg in enumerate(body["messages"]):
         content = msg.get("content")
         if not (isinstance(content, list) and any(V.kind(b) in kinds for b in content)):
@@ -220,10 +247,12 @@ def vllm_tool(tp: ToolPlan) -> dict:
     return {"name": tp.name, "description": desc, "input_schema": tool.schema}
 
 
-def rewrite(body: dict, cite: bool = True, kept: Kept = no_kept) -> tuple[dict, MessagesPlan]:
+def rewrite(body: dict, cite: bool = True, kept: Kept = no_kept,
+            history: History | None = None) -> tuple[dict, MessagesPlan]:
     """The request as vLLM accepts it: the server tools as ordinary tools, server blocks in
     history as tool_use/tool_result (`kept`: the live text of results their blocks cannot rebuild, by
-    tool_use_id); every other field unchanged. Pure but for the lookup."""
+    tool_use_id); every other field unchanged (`history`: its survey, when made already). Pure but for the lookup."""
+    history = history or survey(body)
     tools = body.get("tools")
     names = {tool: internal_name(tools, tool) for tool in SERVER_TOOLS}
     offered = {names[t]: tool_plan(t, names[t], spec) for t, spec in server_specs(body).items()}
@@ -237,9 +266,13 @@ def rewrite(body: dict, cite: bool = True, kept: Kept = no_kept) -> tuple[dict, 
         forced = plan.plan_of(tc.get("name"))
         if forced is not None and forced.name != forced.tool and not _client_has(tools, forced.tool):
             out["tool_choice"] = {**tc, "name": forced.name}
-    if has_server_blocks(body):
+    served = has_server_blocks(body, history)
+    if served:
         out["messages"] = rewrite_history(body["messages"], names, cite, kept)
-    out["messages"] = citations.without_citations(out["messages"])  # an earlier answer's cited text blocks
+    if served or history.cited:
+        out["messages"] = citations.without_citations(out["messages"])  # an earlier answer's cited text blocks
+    else:
+        out["messages"] = list(out["messages"])  # a list of its own, as without_citations would have made
     return out, plan
 
 

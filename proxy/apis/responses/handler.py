@@ -12,6 +12,8 @@ presentation table in presentation.py.
 """
 from __future__ import annotations
 
+from functools import partial
+
 from flask import Response
 
 from proxy.apis import citations, mend
@@ -41,7 +43,7 @@ PATH = routes.RESPONSES
 
 def handle(ex: Exchange) -> Response:
     try:
-        body = codec.loads(ex.body)
+        body = ex.json()
     except (ValueError, UnicodeDecodeError):
         return ex.relay()  # not ours to judge: vLLM answers it in its own words
     mended = mend.responses(body) if isinstance(body, dict) else None
@@ -57,7 +59,7 @@ def handle(ex: Exchange) -> Response:
     if not plan.hosted:
         # History only: the model has no search tool this time, so vLLM's answer is final.
         return ex.relay(codec.dumps(request))
-    ex.ledger = ex.new_ledger(given(body))
+    ex.ledger = ex.new_ledger(partial(given, body))  # gathered at the first fetch or search, if one comes
     dialect = StreamedResponses if body.get("stream") else PlainResponses
     return loop.run(ex, dialect(ex, request, plan))
 

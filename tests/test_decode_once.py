@@ -1,0 +1,106 @@
+"""Issue 54: a request's body is decoded once however many parts of the proxy read it (the session key, the API's
+handler), and a body the proxy does not change goes to vLLM byte for byte. In process (the app under Flask's test
+client, before the scripted vLLM stand-in): how often a worker decodes is not visible through a server.
+
+Run: tests/run.sh tests/test_decode_once.py
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proxy.core import codec
+from proxy.core.config import Config
+from proxy.http.app import create_app
+from standins import anthropic_wire, responses_wire
+from standins.scripted_backend import Reply
+from standins.vllm_wire import compact, completion
+
+SYSTEM = "You are a coding agent."
+CHAT = {"model": "foundation", "messages": [
+    {"role": "system", "content": SYSTEM}, {"role": "user", "content": "Fix the test; spec at https://a.test/"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"path": "x.py"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "def f():\n    return 1\n"}]}
+MESSAGES = {"model": "foundation", "max_tokens": 16, "system": SYSTEM, "messages": [
+    {"role": "user", "content": "Fix the test"},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {"path": "x.py"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "def f(): ..."}]}]}
+RESPONSES = {"model": "foundation", "instructions": SYSTEM, "input": [
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix the test"}]},
+    {"type": "function_call", "name": "shell", "call_id": "f1", "arguments": '{"command": ["cat", "x.py"]}'},
+    {"type": "function_call_output", "call_id": "f1", "output": "def f(): ..."}]}
+WEB_SEARCH = {"type": "web_search_20250305", "name": "web_search"}
+
+CHAT_ANSWER = compact(completion(content="Done."))
+MESSAGES_ANSWER = compact(anthropic_wire.message([anthropic_wire.text("Done.")]))
+RESPONSES_ANSWER = compact(responses_wire.body({}, [responses_wire.message("Done.")]))
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Every value codec.loads is asked to decode, in order."""
+    seen: list = []
+    real = codec.loads
+
+    def loads(data):
+        seen.append(data)
+        return real(data)
+    monkeypatch.setattr(codec, "loads", loads)
+    return seen
+
+
+def app_for(backend, searxng, tmp_path, inject: bool):
+    cfg = Config(backend_url=backend.url, searxng_url=searxng.url, proxy_state_db=str(tmp_path / "state.db"),
+                 inject_web_search=inject, inject_web_fetch=inject)
+    return create_app(cfg).test_client()
+
+
+# (path, body, vLLM's answer, whether the proxy's tools are on, whether the body reaches vLLM as the client sent it)
+CASES = [
+    ("/v1/chat/completions", CHAT, CHAT_ANSWER, False, True),
+    ("/v1/chat/completions", CHAT, CHAT_ANSWER, True, False),       # the tools injected: rewritten, once
+    ("/v1/messages", MESSAGES, MESSAGES_ANSWER, False, True),
+    ("/v1/messages", {**MESSAGES, "tools": [WEB_SEARCH]}, MESSAGES_ANSWER, True, False),
+    ("/v1/responses", RESPONSES, RESPONSES_ANSWER, False, True),
+    ("/v1/responses", {**RESPONSES, "tools": [{"type": "web_search"}]}, RESPONSES_ANSWER, True, False),
+]
+
+
+@pytest.mark.parametrize("path, body, answer, inject, unchanged", CASES,
+                         ids=[f"{p.rsplit('/', 1)[1]}-{'tools' if t else 'relay'}" for p, _, _, t, _ in CASES])
+def test_the_body_is_decoded_once_and_relayed_as_sent(backend, searxng, tmp_path, counted, path, body, answer,
+                                                      inject, unchanged):
+    raw = json.dumps(body, indent=1).encode()  # spaced as no encoder of the proxy's would write it
+    backend.script(Reply(body=answer))
+    client = app_for(backend, searxng, tmp_path, inject)
+    resp = client.post(path, data=raw, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 200, resp.data[:500]
+    assert sum(1 for d in counted if d is raw or d == raw) == 1  # the session key's reading is the handler's
+    sent = backend.received[-1].body
+    assert (sent == raw) is unchanged
+    assert json.loads(sent)["model"] == "foundation"
+    assert resp.headers.get("X-Session-ID") is None  # the session key goes to vLLM only
+    assert backend.received[-1].headers.get("x-session-id")
+
+
+@pytest.mark.parametrize("messages, kinds, broken, cited", [
+    ([], set(), False, False),
+    ([{"role": "user", "content": "plain text"}], set(), False, False),
+    (MESSAGES["messages"], {"tool_use", "tool_result"}, False, False),
+    ([{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "n", "input": '{"a": 1}'}]}],
+     {"tool_use"}, True, False),
+    ([{"role": "assistant", "content": [{"type": "text", "text": "x", "citations": []},
+                                        {"type": "web_search_tool_result", "tool_use_id": "s", "content": []}]}],
+     {"text", "web_search_tool_result"}, False, True),
+    ([{"role": "assistant", "content": [{"type": ["not", "a", "string"]}, "not a block"]}, "not a message"],
+     set(), False, False),
+])
+def test_one_pass_over_a_messages_history_answers_its_readers(messages, kinds, broken, cited):
+    """The survey the Messages handler makes once, instead of the mending, the check for server blocks, the
+    validation and the rewrite each walking every block."""
+    from proxy.apis.messages.request import History, has_server_blocks, survey
+    found = survey({"messages": messages})
+    assert found == History(frozenset(kinds), broken, cited)
+    assert has_server_blocks({"messages": messages}, found) is ("web_search_tool_result" in kinds)
