@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,12 @@ def test_usage_survives_a_restart_without_proxy_state_db(tmp_path, backend):
     try:
         for _ in range(3):
             assert raw_request(before.url, "POST", "/v1/chat/completions", body, headers)[0] == 200
+        # A request's tokens are recorded as its answer ends, just after the client has it: wait for the third's
+        # (three tokens each, ignore_eos), or a restart would seem to have found usage it never lost.
+        deadline = time.monotonic() + 30
+        while sum(day["completion_tokens"] for day in read_usage(before)["alice"].values()) < 9:
+            assert time.monotonic() < deadline, read_usage(before)
+            time.sleep(0.05)
         used = read_usage(before)["alice"]
     finally:
         before.stop()
