@@ -9,17 +9,18 @@ import select
 import socket
 import threading
 import urllib.parse
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from flask import Response
 
 from proxy.core import codec
 from proxy.core.config import Config
-from proxy.core.errors import anthropic_error_bytes, as_anthropic_error, error_for_path, sse_error
-from proxy.core.routes import route_of
-from proxy.engine.admission import ANONYMOUS, CACHE_SALT, KEY_NAME, Seat, queues, vllm_path
-from proxy.engine.events import BackendRetried, ClientLeft, Events, UrlRefused
+from proxy.core.errors import Wire
+from proxy.engine.admission import Seat, queues, vllm_path
+from proxy.engine.events import BackendRetried, ClientLeft, UrlRefused
+from proxy.engine.flow import ANONYMOUS, Flow, asks_to_stream, flow_of
 from proxy.engine.services import Services
 from proxy.runtime import concurrency as runtime
 from proxy.tools.client_reads import client_of
@@ -29,7 +30,6 @@ from proxy.transport.http1 import end_to_end_headers
 from proxy.transport.vllm import UpstreamError, UpstreamResponse, gateway_status
 
 log = logging.getLogger("proxy")
-ANTHROPIC_PING = b'event: ping\ndata: {"type": "ping"}\n\n'  # Anthropic's keep-alive event, as the Messages API sends it
 
 # A gateway's "my upstream is gone" answers, which vllm-router writes as plain text: 502 on the routes it passes
 # through (the worker it chose refused or reset: "Backend request failed: ..."), 500 once its own retries of a chat
@@ -84,10 +84,9 @@ class ClientWatch:
     polling select(). Flask's development server gives no socket, so nothing is watched.
     """
 
-    def __init__(self, environ, events: Events | None = None):
+    def __init__(self, environ, on_left: Callable[[int], None] | None = None):
         self._sock = environ.get("gunicorn.socket")
-        self._environ = environ
-        self._events = events
+        self._on_left = on_left  # told how many calls each leaving cut (the ClientLeft event)
         self._calls: set[Abortable] = set()
         self._stop = threading.Event()
         self.gone = False
@@ -144,8 +143,8 @@ class ClientWatch:
             call.abort()
 
     def _left(self, aborted: int):
-        if self._events is not None:
-            self._events.emit(self._environ, ClientLeft(aborted))
+        if self._on_left is not None:
+            self._on_left(aborted)
 
     def detach(self, call: Abortable):
         self._calls.discard(call)
@@ -243,16 +242,19 @@ class Exchange:
     body: bytes                      # the client's body, as sent
     headers: list                    # the client's headers as vLLM should see them
     target: str                      # path and query string, as sent
-    environ: dict
+    environ: dict                    # WSGI's: read for the client's socket, address and credential, never written
     watch: ClientWatch | None = None
     ledger: Ledger | None = None     # the URLs its fetches may read, from the client's body (each API's handler)
     seat: Seat | None = None         # its ticket in the fair queue for the next call, taken ahead by the loop
     served: bool = False             # a generation call of this request has run: later ones are resumed turns
+    flow: Flow = field(init=False)   # the request's flow (proxy/engine/flow.py), which the edge made
+
+    def __post_init__(self):
+        self.flow = flow_of(self.environ)
 
     @property
     def cfg(self) -> Config:
         return self.services.cfg
-
 
     def relay(self, body: bytes | None = None) -> Response:
         """Send this request on to vLLM unchanged (or with `body` instead of the client's) and
@@ -261,12 +263,12 @@ class Exchange:
 
     def watch_client(self) -> ClientWatch:
         """Start watching the client for the rest of this request (stop() it at the end)."""
-        self.watch = ClientWatch(self.environ, self.services.events)
+        self.watch = ClientWatch(self.environ, lambda aborted: self.emit(ClientLeft(aborted)))
         return self.watch
 
     def emit(self, event) -> None:
         """Tell the worker's observers (proxy/engine/events.py) what happened to this request."""
-        self.services.events.emit(self.environ, event)
+        self.services.events.emit(self.flow, event)
 
     def new_ledger(self, parts) -> Ledger:
         """The ledger of the URLs this request may read, from its conversation's parts, on its client's memory."""
@@ -282,7 +284,7 @@ class Exchange:
         # No ledger (a handler that gathered nothing) fetches nothing but search results: it fails closed.
         # With people's keys, each searches and reads through caches of their own (Backends.scoped): a shared hit
         # would tell one person what another searched or read, and when.
-        name = self.environ.get(KEY_NAME) or ANONYMOUS
+        name = self.flow.key_name
         backends = self.services.tool_backends.scoped("" if name == ANONYMOUS else name)
         return ToolSession(backends, cfg.max_search_iter, per_turn, per_request,
                            watch=lambda: self.watch,
@@ -296,7 +298,7 @@ class Exchange:
         if queue is None or not queues(method, self.target if target is None else target):
             return None
         if self.seat is None or self.seat.released:
-            self.seat = queue.take(self.environ, resumed=self.served)
+            self.seat = queue.take(self.flow, resumed=self.served)
         return self.seat
 
     def call(self, method: str, target: str, body: bytes | None, headers: list) -> Call:
@@ -306,7 +308,7 @@ class Exchange:
         with a stream's keep-alives already); a client that leaves meanwhile gives up its place. A failed attempt
         goes again as retry_reason says (the proxy's one retry policy), keeping the seat: it is the same call to the
         card, not a new arrival."""
-        salt = self.environ.get(CACHE_SALT)
+        salt = self.flow.cache_salt
         if salt and body and method == "POST" and vllm_path(target) in SALTED:
             body = salted(body, salt)
         seat = self.queue_seat(method, target)
@@ -390,10 +392,10 @@ def response_headers(up: UpstreamResponse) -> list:
 
 def relay(ex: Exchange, body: bytes) -> Response:
     """Send the request on unchanged and the answer back unchanged, streaming if it streams."""
-    method = ex.environ["REQUEST_METHOD"]
+    method, wire = ex.flow.method, ex.flow.wire
     watch = ex.watch_client()
     seat = ex.queue_seat(method, ex.target)
-    if seat is not None and not seat.ready() and asks_to_stream(body):
+    if seat is not None and not seat.ready() and streams(ex.flow, body):
         return Response(_queued_stream(ex, body, method, seat, watch), status=200, headers=QUEUED_HEADERS,
                         direct_passthrough=True)
     send_body = body if body or method in ("POST", "PUT", "PATCH") else None
@@ -403,8 +405,8 @@ def relay(ex: Exchange, body: bytes) -> Response:
         watch.stop()
         if watch.gone:
             # Not vLLM's failure: the watch cut the connection for a client that left.
-            return error_for_path(ex.target, 499, "client closed the request")
-        return gateway_error(e, method, ex.target)
+            return wire.error(499, "client closed the request")
+        return gateway_error(e, method, ex.target, wire)
     up = call.response
     headers = proxied_location(response_headers(up), ex.cfg.backend_url)
     if up.header("content-length") and not up.is_event_stream:
@@ -412,14 +414,15 @@ def relay(ex: Exchange, body: bytes) -> Response:
             data = call.read()
         except UpstreamError as e:
             if watch.gone:
-                return error_for_path(ex.target, 499, "client closed the request")
-            return gateway_error(e, method, ex.target)
+                return wire.error(499, "client closed the request")
+            return gateway_error(e, method, ex.target, wire)
         finally:
             watch.stop()
-        if up.status >= 400 and method != "HEAD" and route_of(ex.target.split("?", 1)[0]).errors == "anthropic":
-            # vLLM writes its errors in OpenAI's shape (or FastAPI's {"detail": ...}) on every path; an Anthropic
-            # route's clients parse only Anthropic's, whoever wrote the error. The status is vLLM's.
-            data = as_anthropic_error(up.status, data)
+        # vLLM writes its errors in OpenAI's shape (or FastAPI's {"detail": ...}) on every path; a route whose clients
+        # parse another shape (Anthropic's) gets it in theirs, whoever wrote the error. The status is vLLM's.
+        rewritten = wire.upstream_error(up.status, data) if up.status >= 400 and method != "HEAD" else None
+        if rewritten is not None:
+            data = rewritten
             headers = [(n, v) for n, v in headers if n.lower() != "content-type"] + [("Content-Type", "application/json")]
         resp = Response(data, status=up.status, headers=headers)
         if method == "HEAD":
@@ -468,15 +471,15 @@ def proxied_location(headers: list, backend_url: str) -> list:
 QUEUED_HEADERS = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")]
 
 
-def asks_to_stream(body: bytes) -> bool:
-    """Whether a request body asks for an event stream (`"stream": true`). Pure."""
-    if b'"stream"' not in body:
-        return False
-    try:
-        data = codec.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return False
-    return isinstance(data, dict) and data.get("stream") is True
+def streams(flow: Flow, body: bytes) -> bool:
+    """Whether a relayed request asks for an event stream: the flag its API's handler set when it parsed the body,
+    else (a path no API claims, whose body nothing else reads) the body read here, once."""
+    if flow.stream is None:
+        try:
+            flow.stream = b'"stream"' in body and asks_to_stream(codec.loads(body))
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            flow.stream = False
+    return flow.stream
 
 
 def _queued_stream(ex: Exchange, body: bytes, method: str, seat: Seat, watch: ClientWatch):
@@ -484,21 +487,20 @@ def _queued_stream(ex: Exchange, body: bytes, method: str, seat: Seat, watch: Cl
     keep-alives while it waits (Anthropic's ping events on /v1/messages, an SSE comment elsewhere), so no client
     times out on a silent connection; then vLLM's stream byte for byte, or its refusal as the stream's error event.
     The head is the price: the status is 200 before vLLM has answered, as in the search loop's streams."""
-    anthropic = route_of(ex.target.split("?", 1)[0]).errors == "anthropic"
-    keepalive = ANTHROPIC_PING if anthropic else codec.comment("queued for the model")
+    wire = ex.flow.wire
     try:
-        if not (yield from seat.waiting(lambda: watch.gone, ex.cfg.keepalive_interval, keepalive)):
+        if not (yield from seat.waiting(lambda: watch.gone, ex.cfg.keepalive_interval, wire.keepalive)):
             return
         try:
             call = ex.call(method, ex.target, body, ex.headers)
         except UpstreamError as e:
             if not watch.gone:
-                yield _stream_error(anthropic, *gateway_status(e))
+                yield wire.stream_error(*gateway_status(e))
             return
         try:
             up = call.response
             if up.status != 200 or not up.is_event_stream:
-                yield _stream_error(anthropic, up.status if up.status != 200 else 502, "", call.read())
+                yield wire.stream_error(up.status if up.status != 200 else 502, "", call.read())
                 return
             yield from up.iter_raw()  # from here on, exactly vLLM's bytes
         except UpstreamError as e:
@@ -515,16 +517,6 @@ def _queued_stream(ex: Exchange, body: bytes, method: str, seat: Seat, watch: Cl
         watch.stop()
 
 
-def _stream_error(anthropic: bool, status: int, message: str, raw: bytes | None = None) -> bytes:
-    """An error as a stream's last event, in the route's shape (vLLM's own body when it wrote one)."""
-    if anthropic:
-        payload = as_anthropic_error(status, raw) if raw else anthropic_error_bytes(status, message)
-        return codec.raw_event("error", payload)
-    if raw:
-        return b"data: " + raw.strip().replace(b"\n", b" ") + b"\n\n" + codec.DONE
-    return sse_error(status, message)
-
-
 def _without_default_type(resp: Response, up) -> Response:
     """Flask gives every response a Content-Type; a relayed one has vLLM's or none at all."""
     if not up.header("content-type"):
@@ -532,7 +524,7 @@ def _without_default_type(resp: Response, up) -> Response:
     return resp
 
 
-def gateway_error(e: UpstreamError, method: str, target: str) -> Response:
+def gateway_error(e: UpstreamError, method: str, target: str, wire: Wire) -> Response:
     status, msg = gateway_status(e)
     log.warning("%s %s: %s", method, target.split("?", 1)[0], msg)
-    return error_for_path(target, status, msg)
+    return wire.error(status, msg)
