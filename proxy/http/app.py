@@ -1,6 +1,6 @@
 """The Flask app (create_app): the route table's routes, each building the request's Exchange (the body read once
 within MAX_BODY_BYTES, the headers vLLM gets, the X-Session-ID) for its API's handler, and the relay
-(Exchange.relay, proxy/engine/exchange.py) for every other path; the proxy's own routes; and the guards before
+(Exchange.relay, proxy/engine/relay.py) for every other path; the proxy's own routes; and the guards before
 every route: the key check and quotas (http/team.py), and the proxy's errors in each path's API shape (the wire the
 request's flow holds). The worker's services come from http/wiring.py; each request's Flow, the timing, the access
 log and RequestEnded are http/flow.py's RequestFlow, wrapped around the app here.
