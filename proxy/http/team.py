@@ -168,7 +168,7 @@ class Team:
             metrics.key_limited(person.name, verdict.limit)
             return refused(wire, person.name, verdict, now)
         flow.admitted = verdict
-        if flow.scan is None:  # a token count's or the proxy's own answer is read for a key's day all the same
+        if flow.scan is None:  # a token count's, alpha search's or MCP's answer counts for a key's day all the same
             flow.scan = UsageScan()
         return None
 
@@ -178,10 +178,11 @@ class Team:
         """The request's figures (its tokens, and the searches, page reads and refused fetches its flow's tally
         counted) added to its key's day, and it leaves the requests in flight."""
         admitted: Admitted | None = flow.admitted
-        if admitted is None or self.store is None or flow.scan is None:
+        if admitted is None or self.store is None:
             return
         name = flow.key_name
-        tokens = charged_tokens(flow.scan, flow.usage_unseen, flow.body_bytes)
+        scan = flow.scan if flow.scan is not None else UsageScan()  # check() set one with `admitted`
+        tokens = charged_tokens(scan, flow.usage_unseen, flow.body_bytes)
         figures: dict[str, float] = {**tokens, **flow.tally.figures(), "queued_seconds": flow.queued or 0.0}
         metrics.key_used(name, {"requests": 1, **figures})
         try:
