@@ -208,7 +208,7 @@ def test_a_trailing_slash_is_redirected_back_through_the_proxy(proxy, backend):
     ("/v1/messages", "/v1/messages"),
 ])
 def test_a_redirect_to_vllms_own_address_is_made_relative(location, relayed):
-    from proxy.engine.exchange import proxied_location
+    from proxy.engine.relay import proxied_location
     assert proxied_location([("Location", location), ("X", "y")], "http://vllm:8000") == [("Location", relayed), ("X", "y")]
 
 

@@ -36,8 +36,8 @@ from proxy.apis.messages.request import (
     subrequest_query,
     validate,
 )
+from proxy.apis.messages.wire import as_anthropic_error
 from proxy.backends.search.search import Hit, SearchOutcome
-from proxy.core.errors import as_anthropic_error
 from proxy.tools.sources import Sources, numbered
 from proxy.tools.web_search import QUERY_SCHEMA, TOOL_DESCRIPTION, format_for_model
 from standins import anthropic_wire as W

@@ -16,7 +16,7 @@ import urllib.parse
 
 import pytest
 
-from proxy.engine.exchange import retry_reason
+from proxy.engine.retry import retry_reason
 from proxy.transport import vllm as upstream
 from proxy.transport.http1 import ProtocolError, body_framing, may_retry, request_head
 from proxy.transport.vllm import Backend, Connection, UpstreamError, gateway_status

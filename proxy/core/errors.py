@@ -1,14 +1,16 @@
-"""Error bodies in the shapes clients parse: OpenAI's (vLLM and the openai SDK speak it) and,
-on /v1/messages, Anthropic's.
+"""OpenAI's error bodies (vLLM and the openai SDK speak it), and Wire: how a route's clients are told the proxy's
+own errors and are kept waiting. Wire itself speaks OpenAI's shape, vLLM's, so the relay of every path no API claims
+uses it as it is; an API whose clients parse another shape declares a Wire of its own in its package
+(proxy/apis/<api>/wire.py) and proxy/apis/wires.py binds it to its route. The engine, the key check and gunicorn's
+own errors ask the request's wire and never which API it is.
 
-Used by the handlers and the search loop; not run on its own.
+Used by the handlers, the relay and the key check; not run on its own.
 """
 from __future__ import annotations
 
 from flask import Response
 
 from proxy.core import codec
-from proxy.core.routes import route_of
 
 # The type names OpenAI's API uses; the SDK only reads message/status, humans read type.
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -36,62 +38,30 @@ def sse_error(status: int, message: str, type_: str | None = None) -> bytes:
     return codec.data(error_body(status, message, type_)) + codec.DONE
 
 
-# Anthropic's error types by status, which the Anthropic SDK maps to its exception classes.
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                   404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error",
-                   429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+class Wire:
+    """One route's wire as the proxy writes it: OpenAI's here (vLLM's own, so the relay's), an API's subclass where
+    its clients parse another shape. Every body is byte for byte what that API's clients get today
+    (tests/test_client_errors.py, docs/apis.md "Errors on every route")."""
 
+    keepalive = codec.comment("queued for the model")  # a relayed stream's bytes while it waits for a seat
+    rate_limit_type = "rate_limit_exceeded"            # the error type of a key's 429
 
-def anthropic_type(status: int) -> str:
-    """Anthropic's type for a status: `api_error` is its server's, so any other 4xx is `invalid_request_error`."""
-    return ANTHROPIC_TYPES.get(status) or ("invalid_request_error" if 400 <= status < 500 else "api_error")
+    def __init__(self, api: str):
+        self.api = api  # the route's api label (core/routes.py) it is the wire of
 
+    def error_bytes(self, status: int, message: str, type_: str | None = None) -> bytes:
+        """The proxy's own error body for a status and a sentence (and a type, where the shape has one)."""
+        return codec.dumps(error_body(status, message, type_))
 
-def anthropic_error_bytes(status: int, message: str, type_: str | None = None) -> bytes:
-    return codec.dumps({"type": "error", "error": {"type": type_ or anthropic_type(status),
-                                                   "message": message}})
+    def error(self, status: int, message: str, type_: str | None = None) -> Response:
+        return Response(self.error_bytes(status, message, type_), status=status, mimetype="application/json")
 
+    def stream_error(self, status: int, message: str, raw: bytes | None = None) -> bytes:
+        """An error as a relayed stream's last bytes, its head already sent: vLLM's own body when it wrote one."""
+        if raw:
+            return b"data: " + raw.strip().replace(b"\n", b" ") + b"\n\n" + codec.DONE
+        return sse_error(status, message)
 
-def as_anthropic_error(status: int, raw: bytes) -> bytes:
-    """vLLM's error body in Anthropic's shape; one already in that shape is left as it is."""
-    try:
-        data = codec.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return anthropic_error_bytes(status, raw.decode("utf-8", "replace").strip()[:4000] or f"vLLM answered HTTP {status}")
-    if isinstance(data, dict) and data.get("type") == "error" and isinstance(data.get("error"), dict):
-        return raw
-    err = data.get("error") if isinstance(data, dict) else None
-    message = err.get("message") if isinstance(err, dict) else (err if isinstance(err, str) else None)
-    if message is None and isinstance(data, dict) and data.get("detail"):  # FastAPI's own: an unknown path, a 405
-        message = data["detail"] if isinstance(data["detail"], str) else codec.dumps(data["detail"]).decode()
-    return anthropic_error_bytes(status, str(message or raw.decode("utf-8", "replace"))[:4000])
-
-
-def anthropic_error(status: int, message: str, type_: str | None = None) -> Response:
-    """Anthropic's error shape, which the Anthropic SDK and Claude Code parse."""
-    return Response(anthropic_error_bytes(status, message, type_), status=status, mimetype="application/json")
-
-
-def jsonrpc_error_bytes(status: int, message: str, code: int = -32600) -> bytes:
-    """An HTTP error as a JSON-RPC error object with no id, the shape an MCP client parses (the request it refuses
-    was never read as a JSON-RPC message, so it has no id to answer)."""
-    return codec.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
-
-
-def jsonrpc_error(status: int, message: str, code: int = -32600) -> Response:
-    return Response(jsonrpc_error_bytes(status, message, code), status=status, mimetype="application/json")
-
-
-def error_for_path(path: str, status: int, message: str, type_: str | None = None) -> Response:
-    """The proxy's own error in the shape the route's clients parse: Anthropic's under
-    /v1/messages (Claude Code, the Anthropic SDK), JSON-RPC's on /mcp, OpenAI's everywhere else."""
-    return Response(error_bytes_for_path(path, status, message, type_), status=status, mimetype="application/json")
-
-
-def error_bytes_for_path(path: str, status: int, message: str, type_: str | None = None) -> bytes:
-    """error_for_path's body, for a writer without Flask (gunicorn's own errors, proxy/http/gunicorn_errors.py)."""
-    if route_of(path).errors == "jsonrpc":
-        return jsonrpc_error_bytes(status, message)
-    if route_of(path).errors == "anthropic":
-        return anthropic_error_bytes(status, message, type_ if type_ in ANTHROPIC_TYPES.values() else None)
-    return codec.dumps(error_body(status, message, type_))
+    def upstream_error(self, status: int, raw: bytes) -> bytes | None:
+        """vLLM's error body as this route's clients must get it, or None when they parse vLLM's shape as it is."""
+        return None

@@ -1,6 +1,6 @@
-"""The proxy's routes in one table: each path the proxy answers itself, the API it belongs to (the metrics'
-`api` label) and the error shape its clients parse. proxy/http/app.py routes by it, proxy/core/errors.py and
-proxy/observe/metrics.py read it; pure, checked by tests/test_metrics.py and the error-shape tests.
+"""The proxy's routes in one table: each path the proxy answers itself and the API it belongs to (the metrics'
+`api` label, by which proxy/apis/wires.py finds the wire its clients parse). proxy/http/app.py routes by it,
+proxy/observe/metrics.py labels by it; pure, checked by tests/test_metrics.py and the error-shape tests.
 """
 from __future__ import annotations
 
@@ -22,17 +22,16 @@ HEALTH = "/health"  # vLLM's, relayed; open like the proxy's own so a healthchec
 @dataclass(frozen=True)
 class Route:
     path: str
-    api: str                 # the metrics' `api` label
-    errors: str = "openai"   # "openai", "anthropic" or "jsonrpc": the shape of the proxy's own errors on this path
+    api: str                 # the metrics' `api` label, and its wire's (proxy/apis/wires.py)
     prefix: bool = False     # the path and everything under it
 
 
 ROUTES = (
     Route(CHAT, "chat"),
-    Route(MESSAGES, "messages", "anthropic", prefix=True),  # count_tokens and any sub-path Anthropic adds
+    Route(MESSAGES, "messages", prefix=True),  # count_tokens and any sub-path Anthropic adds
     Route(RESPONSES, "responses"),
     Route(ALPHA_SEARCH, "alpha_search"),
-    Route(MCP, "mcp", "jsonrpc"),
+    Route(MCP, "mcp"),
     Route("/proxy/", "proxy", prefix=True),  # its own health and metrics: a scrape every few seconds is not traffic
 )
 RELAY = Route("", "relay")  # every other path: vLLM's, relayed byte for byte

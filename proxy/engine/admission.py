@@ -34,18 +34,9 @@ from collections.abc import Callable, Generator
 from proxy.backends.state.state import Circuit
 from proxy.backends.state.teamstore import StoreError, TeamStorage
 from proxy.core import routes
+from proxy.engine.flow import Flow
 from proxy.runtime import concurrency as runtime
 
-KEY_NAME = "proxy.key"              # environ: the name of the request's key (proxy/http/team.py); "-" when open
-QUEUED = "proxy.queued_seconds"     # environ: seconds the request waited for seats, over all its calls
-METERED = "proxy.metered"           # environ: the request's usage counts against its key (proxy/http/team.py)
-# environ: a usage object the client did not ask to see (a chat stream without stream_options.include_usage, asked
-# of vLLM for a metered request all the same, so its tokens count against the key's tokens per day)
-USAGE_UNSEEN = "proxy.usage_unseen"
-# environ: the prefix-cache salt of the request's key (proxy/http/team.py), set only with a keys file; every call to
-# vLLM's generation APIs carries it (exchange.salted), so one person's cached prefixes are no hit for another's prompt
-CACHE_SALT = "proxy.cache_salt"
-ANONYMOUS = "-"                     # every request of a proxy without keys: one key, so first come first served
 # POSTs that take vLLM no time on the card; every other POST queues (vLLM's decoded path, no trailing slash).
 NO_CARD = frozenset({routes.COUNT_TOKENS, "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics",
                      "/version", "/ping"})
@@ -64,13 +55,6 @@ def vllm_path(target: str) -> str:
     return re.sub(r"/{2,}", "/", path).rstrip("/") or "/"
 
 
-def owned(environ: dict, ident: str) -> str:
-    """An id a client chose (a Codex thread id, a Responses ws_ id) as the proxy keeps what it names: under the
-    request's key name, so a member who learns or guesses another's id opens nothing of theirs (key names never
-    hold ':'). "" stays "" (no id: nothing kept). Pure."""
-    return f"{environ.get(KEY_NAME) or ANONYMOUS}:{ident}" if ident else ""
-
-
 def queues(method: str, target: str) -> bool:
     """Whether a call to vLLM goes through the fair queue: any POST but those that take no card time. Pure."""
     return method == "POST" and vllm_path(target) not in NO_CARD
@@ -80,12 +64,12 @@ class Queue:
     """One worker's view of the shared queue."""
 
     def __init__(self, store: TeamStorage, seats: int, policy: str = "round_robin",
-                 on_wait: Callable[[dict, float], None] | None = None,
+                 on_wait: Callable[[Flow, float], None] | None = None,
                  on_error: Callable[[str, str], None] | None = None, clock: Callable[[], float] = time.monotonic):
         self.store = store
         self.seats = seats
         self.policy = policy      # QUEUE_POLICY: round_robin or tokens
-        self.on_wait = on_wait    # (environ, seconds) after each wait: the metrics
+        self.on_wait = on_wait    # (flow, seconds) after each wait: the metrics
         self.on_error = on_error  # (use, op) for each store call that got no answer: the state metrics
         # The store's circuit: a store that did not answer is left alone for RETRY seconds, then one call tries it.
         self.circuit = Circuit(getattr(store, "path", ""), clock=clock, wait=(RETRY, RETRY),
@@ -93,12 +77,12 @@ class Queue:
                                     "first come first served, until it is back",
                                back="fair queue back: its store %s answers again after %.1f s")
 
-    def take(self, environ: dict, resumed: bool) -> Seat:
+    def take(self, flow: Flow, resumed: bool) -> Seat:
         """A ticket in the queue; without one (the store is down) the seat is ready at once."""
-        seat = Seat(self, environ, None)
+        seat = Seat(self, flow, None)
         if self.circuit.allows():
             try:
-                seat.ticket = self.store.enqueue(environ.get(KEY_NAME) or ANONYMOUS, resumed)
+                seat.ticket = self.store.enqueue(flow.key_name, resumed)
                 self.worked()
             except DOWN as e:
                 self.failed("enqueue", e)
@@ -116,8 +100,8 @@ class Queue:
 class Seat:
     """One ticket: waiting, then running, then released (by the call's end, or by a client that left)."""
 
-    def __init__(self, queue: Queue, environ: dict, ticket: str | None):
-        self.queue, self.environ, self.ticket = queue, environ, ticket
+    def __init__(self, queue: Queue, flow: Flow, ticket: str | None):
+        self.queue, self.flow, self.ticket = queue, flow, ticket
         self.since = time.monotonic()
         self.running = False
         self.released = False
@@ -131,7 +115,7 @@ class Seat:
             try:
                 state = self.queue.store.admitted(self.ticket, self.queue.seats, self.queue.policy)
                 if state is None:  # our lease lapsed (the worker stalled past LEASE): queue again, at the front
-                    self.ticket = self.queue.store.enqueue(self.environ.get(KEY_NAME) or ANONYMOUS, True)
+                    self.ticket = self.queue.store.enqueue(self.flow.key_name, True)
                 elif state:
                     self._admitted()
                 self.queue.worked()
@@ -152,9 +136,9 @@ class Seat:
     def _admitted(self) -> None:
         self.running = True
         waited = time.monotonic() - self.since
-        self.environ[QUEUED] = self.environ.get(QUEUED, 0.0) + waited
+        self.flow.queued = (self.flow.queued or 0.0) + waited
         if self.queue.on_wait is not None:
-            self.queue.on_wait(self.environ, waited)
+            self.queue.on_wait(self.flow, waited)
 
     def wait(self, gone: Callable[[], bool]) -> bool:
         """Block (cooperatively) until admitted: True; or until gone() says the client left: False, its place

@@ -3,16 +3,16 @@ subscribe to by event type. The engine and the APIs emit them without knowing wh
 access log subscribe where the worker is put together (proxy/http/wiring.py's `observe`, the one place). Not run on
 its own; tests/test_metrics.py sees them through /proxy/metrics, tests/test_faults.py through the access log.
 
-Every observer gets (environ, event): the WSGI environ of the request the event belongs to (its method and path),
-and the event. Observers never write the environ: what one event must tell a later one (the searches a request
-ran, that its client left) the hub keeps in the request's Tally, and RequestEnded carries it. An event nobody
-subscribed to costs one dictionary lookup.
+Every observer gets (flow, event): the Flow of the request the event belongs to (proxy/engine/flow.py: its method,
+route, key name, time queued, tally), and the event. Before any observer runs the hub has the flow add the event to
+its Tally (the searches, page reads and refused fetches a request ran, that its client left), so one count serves
+every reader and RequestEnded carries it. An event nobody subscribed to costs one dictionary lookup.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 
 @dataclass(frozen=True)
@@ -61,21 +61,13 @@ class RequestEnded:
 
 
 E = TypeVar("E")
-Observer = Callable[[dict, Any], None]
-TALLY = "proxy.events_tally"  # the environ key of the request's Tally: the hub's alone
+Observer = Callable[[Any, Any], None]
 
 
-@dataclass
-class Tally:
-    """What a request's events added up to so far, kept by the hub for the RequestEnded it ends with."""
-    searches: int = 0
-    client_left: bool = False
+class Observed(Protocol):
+    """The request an event belongs to, as the hub needs it (proxy/engine/flow.py's Flow)."""
 
-    def saw(self, event) -> None:
-        if isinstance(event, RoundDone):
-            self.searches += event.searches
-        elif isinstance(event, ClientLeft):
-            self.client_left = True
+    def saw(self, event: object) -> None: ...
 
 
 class Events:
@@ -85,18 +77,10 @@ class Events:
     def __init__(self):
         self._observers: dict[type, list[Observer]] = {}
 
-    def subscribe(self, kind: type[E], observer: Callable[[dict, E], None]) -> None:
+    def subscribe(self, kind: type[E], observer: Callable[[Any, E], None]) -> None:
         self._observers.setdefault(kind, []).append(observer)
 
-    def emit(self, environ: dict, event) -> None:
-        tally(environ).saw(event)
+    def emit(self, flow: Observed, event) -> None:
+        flow.saw(event)
         for observer in self._observers.get(type(event), ()):
-            observer(environ, event)
-
-
-def tally(environ: dict) -> Tally:
-    """The request's Tally (made at its first event)."""
-    found = environ.get(TALLY)
-    if found is None:
-        found = environ[TALLY] = Tally()
-    return found
+            observer(flow, event)

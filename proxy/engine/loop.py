@@ -24,7 +24,8 @@ from flask import Response
 from proxy.core import codec
 from proxy.core.codec import comment
 from proxy.engine.events import CapHit, RoundDone
-from proxy.engine.exchange import Call, ClientWatch, Exchange, response_headers
+from proxy.engine.exchange import Exchange, response_headers
+from proxy.engine.watch import Call, ClientWatch
 from proxy.runtime.concurrency import run_with_keepalive
 from proxy.tools.base import Request
 from proxy.tools.session import ToolSession

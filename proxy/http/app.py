@@ -1,9 +1,9 @@
 """The Flask app (create_app): the route table's routes, each building the request's Exchange (the body read once
 within MAX_BODY_BYTES, the headers vLLM gets, the X-Session-ID) for its API's handler, and the relay
-(Exchange.relay, proxy/engine/exchange.py) for every other path; the proxy's own routes; and the guards before
-every route: the key check and quotas (http/team.py), and the proxy's errors in each path's API shape. The worker's
-services come from http/wiring.py; the timing, the access log and RequestEnded are http/flow.py's RequestFlow,
-wrapped around the app here.
+(Exchange.relay, proxy/engine/relay.py) for every other path; the proxy's own routes; and the guards before
+every route: the key check and quotas (http/team.py), and the proxy's errors in each path's API shape (the wire the
+request's flow holds). The worker's services come from http/wiring.py; each request's Flow, the timing, the access
+log and RequestEnded are http/flow.py's RequestFlow, wrapped around the app here.
 
 Built by create_app(config); proxy-passthrough.py reads the environment and serves it.
 """
@@ -24,14 +24,14 @@ from proxy.apis.responses import handler as responses
 from proxy.backends.state.keys import ADMIN
 from proxy.core import codec, routes
 from proxy.core.config import Config
-from proxy.core.errors import error_for_path
-from proxy.engine.admission import KEY_NAME
+from proxy.core.errors import error_response
 from proxy.engine.exchange import Exchange
+from proxy.engine.flow import flow_of
 from proxy.engine.services import Services
 from proxy.http import affinity
 from proxy.http.flow import RequestFlow
 from proxy.http.mcp_bridge import McpBridge
-from proxy.http.team import BODY_BYTES, Team
+from proxy.http.team import Team
 from proxy.http.wiring import build_services, build_store, observe_team
 from proxy.observe import metrics
 from proxy.transport.http1 import end_to_end_headers
@@ -87,9 +87,7 @@ def create_app(cfg: Config) -> Flask:
     services = build_services(cfg)  # one per worker, shared by its requests
     team = Team(cfg, services.queue.store if services.queue is not None else build_store(cfg))
     _install_guards(app, cfg, team)
-
     _install_own_routes(app, services, team)
-
     session_secret = affinity.Secret(cfg.session_id_secret, services.state)
 
     def exchange() -> Exchange:
@@ -137,8 +135,9 @@ def create_app(cfg: Config) -> Flask:
 
     metrics.install(app, cfg)  # GET /proxy/metrics
     observe_team(services.events, team)
-    # Flask's documented way to add WSGI middleware; RequestFlow outermost, so its times are the whole request's.
-    app.wsgi_app = RequestFlow(WholePath(app.wsgi_app), services.events)  # type: ignore[method-assign]
+    # Flask's documented way to add WSGI middleware; RequestFlow around the whole app, so its times are the whole
+    # request's, inside WholePath, so the flow's path is the whole path.
+    app.wsgi_app = WholePath(RequestFlow(app.wsgi_app, services.events))  # type: ignore[method-assign]
     return app
 
 
@@ -158,9 +157,8 @@ def _install_own_routes(app: Flask, services: Services, team: Team) -> None:
     @app.route(routes.PROXY_USAGE)
     def usage():
         # Per key name and UTC day (docs/operations.md, "Sharing the stack"); people's keys may not read each other's figures.
-        if team.keys is not None and request.environ.get(KEY_NAME) != ADMIN:
-            return error_for_path(routes.PROXY_USAGE, 403, "GET /proxy/usage needs the admin key (PROXY_API_KEY).",
-                                  "permission_error")
+        if team.keys is not None and flow_of(request.environ).key_name != ADMIN:
+            return error_response(403, "GET /proxy/usage needs the admin key (PROXY_API_KEY).", "permission_error")
         return team.usage()
 
 
@@ -169,22 +167,27 @@ def _install_guards(app: Flask, cfg: Config, team: Team) -> None:
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_e):
-        return error_for_path(request.path, 413, f"Request body is larger than the proxy's limit of {cfg.max_body_bytes} bytes (MAX_BODY_BYTES).")
+        return _wire().error(413, f"Request body is larger than the proxy's limit of {cfg.max_body_bytes} bytes (MAX_BODY_BYTES).")
 
     @app.errorhandler(RecursionError)
     def nested_too_deeply(_e):
         # json.loads of `[[[[...` thousands deep raises this, not ValueError, in any handler
         # (chat, messages, responses); the proxy's own code does not recurse that deep.
-        return error_for_path(request.path, 400, "Request body is not valid JSON: it is nested too deeply.")
+        return _wire().error(400, "Request body is not valid JSON: it is nested too deeply.")
 
     @app.errorhandler(HTTPException)
     def http_error(e):
-        return error_for_path(request.path, e.code or 400, e.description or e.name)
+        return _wire().error(e.code or 400, e.description or e.name)
 
     @app.before_request
     def check_key():
         # Whose key (PROXY_API_KEY's, or a person's in PROXY_KEYS_FILE), and within its quotas (proxy/http/team.py).
-        return team.check(request.environ, request.headers, request.path, time.time())
+        return team.check(flow_of(request.environ), request.headers, time.time())
+
+
+def _wire():
+    """The current request's wire (its route's error shape), from its flow."""
+    return flow_of(request.environ).wire
 
 
 def request_body(cfg: Config) -> bytes:
@@ -202,7 +205,7 @@ def request_body(cfg: Config) -> bytes:
         # client's framing, a 400 (gunicorn closes the connection after it, since where the next request starts is
         # unknown), never a 500 with a traceback.
         raise BadRequest(f"The request body could not be read: {e}.") from None
-    request.environ[BODY_BYTES] = len(body)  # a stream whose usage never comes is charged its prompt by it
+    flow_of(request.environ).body_bytes = len(body)  # a stream whose usage never comes is charged its prompt by it
     return body
 
 

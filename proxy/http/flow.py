@@ -1,24 +1,28 @@
-"""RequestFlow: the one WSGI wrapper around the whole app that times each request (arrival, first body byte, end)
-and counts what its body sent, then tells the worker's event hub the request ended (engine/events.py's
-RequestEnded, with what the request's events added up to); the access log and the metrics subscribe. Installed by create_app; not run on its own
-(tests/test_faults.py reads its log line, tests/test_metrics.py its counts).
+"""RequestFlow: the WSGI edge. It builds each request's Flow (proxy/engine/flow.py: its route and the route's wire,
+everything later layers learn of it) and puts it in the environ under its one key, the only write of the proxy's
+into the environ; it times the request (arrival, first body byte, end), counts what its body sent and reads a
+model answer's usage as it leaves, then tells the worker's event hub the request ended (engine/events.py's
+RequestEnded, with what the flow's tally added up to); the access log, the metrics and the team subscribe.
+Installed by create_app; not run on its own (tests/test_faults.py reads its log line, tests/test_metrics.py its
+counts).
 """
 from __future__ import annotations
 
 import logging
 import time
 
+from proxy.apis.wires import wire_of
 from proxy.core import routes
-from proxy.engine.admission import ANONYMOUS, KEY_NAME, QUEUED
-from proxy.engine.events import Events, RequestEnded, tally
-from proxy.http.team import SCAN
+from proxy.engine.events import Events, RequestEnded
+from proxy.engine.flow import ANONYMOUS, FLOW, Flow
 from proxy.observe.usage import UsageScan
 
 log = logging.getLogger("proxy")
 
 
 class RequestFlow:
-    """Outermost, so its times are the whole request's. The body passes through untouched, chunk for chunk."""
+    """Around the whole app, so its times are the whole request's. The body passes through untouched, chunk for
+    chunk."""
 
     def __init__(self, app, events: Events):
         self.app = app
@@ -26,35 +30,34 @@ class RequestFlow:
 
     def __call__(self, environ, start_response):
         started = time.monotonic()
-        if _answers_from_the_model(environ):
-            # Every model answer is read for its prompt and cached tokens (the metrics, the access log); a keys-file
-            # key's request gets a scan of its own from the team's check, which serves both.
-            environ[SCAN] = UsageScan()
+        method, path = environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")
+        flow = environ[FLOW] = Flow(method, path, wire_of(path))
+        if _answers_from_the_model(method, path):
+            # Every model answer is read for its prompt and cached tokens (the metrics, the access log, a key's day).
+            flow.scan = UsageScan()
         status = ["-"]
 
         def sr(line, headers, exc_info=None):
             status[0] = line.split(" ", 1)[0]
-            scan = environ.get(SCAN)
-            if scan is not None:
-                scan.headers(headers)
+            if flow.scan is not None:
+                flow.scan.headers(headers)
             return start_response(line, headers, exc_info)
 
-        return _Body(self.app(environ, sr), environ, started, status, self.events)
+        return _Body(self.app(environ, sr), flow, started, status, self.events)
 
 
-def _answers_from_the_model(environ: dict) -> bool:
+def _answers_from_the_model(method: str, path: str) -> bool:
     """A POST to vLLM's APIs (relayed, or the search loop's): not the proxy's own routes, nor a token count
     (Messages' count_tokens answers input_tokens too, for no prefill)."""
-    path = environ.get("PATH_INFO", "")
-    return environ.get("REQUEST_METHOD") == "POST" and routes.api_of(path) not in ("proxy", "alpha_search", "mcp") \
+    return method == "POST" and routes.api_of(path) not in ("proxy", "alpha_search", "mcp") \
         and not path.endswith("/count_tokens")
 
 
 class _Body:
-    __slots__ = ("_body", "_environ", "_started", "_status", "_events", "_first", "_sent", "_complete")
+    __slots__ = ("_body", "_flow", "_started", "_status", "_events", "_first", "_sent", "_complete")
 
-    def __init__(self, body, environ, started, status, events):
-        self._body, self._environ, self._started, self._status, self._events = body, environ, started, status, events
+    def __init__(self, body, flow: Flow, started, status, events):
+        self._body, self._flow, self._started, self._status, self._events = body, flow, started, status, events
         self._first: float | None = None
         self._sent = 0
         self._complete = False
@@ -62,7 +65,7 @@ class _Body:
     def __iter__(self):
         # Until the first non-empty chunk, each is looked at for the time to first byte; after it, only counted.
         # A model's answer is also read for its usage (proxy/observe/usage.py): read, never changed.
-        scan = self._environ.get(SCAN)
+        scan = self._flow.scan
         rest = iter(self._body)
         for chunk in rest:
             self._sent += len(chunk)
@@ -85,23 +88,23 @@ class _Body:
             if hasattr(self._body, "close"):
                 self._body.close()
         finally:
-            seen = tally(self._environ)
-            scan = self._environ.get(SCAN)
+            seen = self._flow.tally
+            scan = self._flow.scan
             found = scan.result() if scan is not None else None
             usage = (found["prompt_tokens"], found["cached_tokens"]) if found and found["prompt_tokens"] else None
-            self._events.emit(self._environ, RequestEnded(
+            self._events.emit(self._flow, RequestEnded(
                 self._status[0], self._started, self._first, time.monotonic(), self._sent, self._complete,
                 seen.searches, seen.client_left, usage))
 
 
-def access_log(environ: dict, done: RequestEnded) -> None:
+def access_log(flow: Flow, done: RequestEnded) -> None:
     """One line per request, written when its body has been sent; never prompt or completion text. A model's answer
     adds its prompt tokens and how many vLLM's prefix cache served (`prompt=- cached=-` when it reported none)."""
     prompt, cached = done.usage if done.usage is not None else ("-", "-")
     # A shared stack adds whose request it was (the key's name, never the key) and its time in the fair queue.
-    name = environ.get(KEY_NAME)
-    extra = (f" key={name}" if name and name != ANONYMOUS else "") + (
-        f" queued={environ[QUEUED]:.2f}s" if QUEUED in environ else "")
-    log.info("%s %s %s %.0fms searches=%d bytes=%d prompt=%s cached=%s%s", environ.get("REQUEST_METHOD"),
-             environ.get("PATH_INFO"), done.status, (done.ended - done.started) * 1000, done.searches,
+    name = flow.key_name
+    extra = (f" key={name}" if name != ANONYMOUS else "") + (
+        f" queued={flow.queued:.2f}s" if flow.queued is not None else "")
+    log.info("%s %s %s %.0fms searches=%d bytes=%d prompt=%s cached=%s%s", flow.method,
+             flow.path, done.status, (done.ended - done.started) * 1000, done.searches,
              done.sent, prompt, cached, extra)

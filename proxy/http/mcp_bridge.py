@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from flask import Response
 
+from proxy.apis.mcp.wire import jsonrpc_error
 from proxy.core import routes
 from proxy.core.config import Config
-from proxy.core.errors import jsonrpc_error
-from proxy.engine.events import tally
 from proxy.engine.services import Services
 
 if TYPE_CHECKING:  # the SDK and the bridge load at the first /mcp request (McpBridge._start)
@@ -101,7 +100,6 @@ class McpBridge:
             refused = jsonrpc_error(405, "This MCP server is stateless: it answers POST only.")
             refused.headers["Allow"] = "POST"
             return refused
-        # Flask runs a returned WSGI app on a copy of the environ: the request's event tally, which the hub makes at
-        # the first event, must exist before the copy, or the tools' searches would be told to the copy alone.
-        tally(environ)
+        # Flask runs a returned WSGI app on a copy of the environ: the copy holds the same flow (the edge made it
+        # before any route), so the tools' searches are counted where the request's end reads them.
         return self.wsgi()

@@ -20,21 +20,15 @@ from proxy.backends.state.keys import ADMIN, KeysFile, Limits, Person
 from proxy.backends.state.teamstore import Admitted, Refusal, StoreError, TeamStorage
 from proxy.core import codec, routes
 from proxy.core.config import Config
-from proxy.core.errors import error_for_path
-from proxy.engine.admission import ANONYMOUS, CACHE_SALT, KEY_NAME, METERED, QUEUED, USAGE_UNSEEN
-from proxy.engine.events import RequestEnded, RoundDone, UrlRefused
+from proxy.core.errors import Wire, error_response
+from proxy.engine.events import RequestEnded
+from proxy.engine.flow import ANONYMOUS, Flow, UsageReader
 from proxy.observe import metrics
 from proxy.observe.usage import UsageScan
 from proxy.observe.usage import figures as figures_of
-from proxy.tools import registry
-from proxy.tools.base import PAGE
 
 log = logging.getLogger("proxy")
 
-ADMITTED = "proxy.admitted"   # environ: the request's row among those in flight (teamstore.Admitted)
-TALLY = "proxy.tally"         # environ: searches, page reads and refused fetches the request ran
-SCAN = "proxy.usage_scan"     # environ: the UsageScan reading its answer as it leaves (proxy/http/flow.py)
-BODY_BYTES = "proxy.body_bytes"  # environ: the size of the request's body (proxy/http/app.py's request_body)
 UNAUTHORIZED = ("Missing or invalid API key: send it as `Authorization: Bearer <key>` (or `x-api-key: <key>`) "
                 "with a key from PROXY_API_KEY or made by scripts/keys.py.")
 # With people's keys, what names every person's figures is the admin's alone: usage per key and day, and the
@@ -80,17 +74,17 @@ def rate_limit_headers(refusal: Refusal, now: float) -> dict[str, str]:
             f"anthropic-ratelimit-{kind}-remaining": "0", f"anthropic-ratelimit-{kind}-reset": reset}
 
 
-def refused(path: str, name: str, refusal: Refusal, now: float) -> Response:
+def refused(wire: Wire, name: str, refusal: Refusal, now: float) -> Response:
     """A 429 in the route's error shape, with the headers clients retry by."""
     seconds = max(1, math.ceil(refusal.retry_after))
-    resp = error_for_path(path, 429, f"Rate limit: the key {name!r} has used its {refusal.allowed} "
-                          f"{LIMIT_WORDS[refusal.limit]} (its limit in PROXY_KEYS_FILE); try again in {seconds} s.",
-                          "rate_limit_error" if routes.route_of(path).errors == "anthropic" else "rate_limit_exceeded")
+    resp = wire.error(429, f"Rate limit: the key {name!r} has used its {refusal.allowed} "
+                      f"{LIMIT_WORDS[refusal.limit]} (its limit in PROXY_KEYS_FILE); try again in {seconds} s.",
+                      wire.rate_limit_type)
     resp.headers.update(rate_limit_headers(refusal, now))
     return resp
 
 
-def charged_tokens(scan: UsageScan, unseen: object, body_bytes: int) -> dict[str, int]:
+def charged_tokens(scan: UsageReader, unseen: object, body_bytes: int) -> dict[str, int]:
     """The tokens a request is charged: the usage its answer carried, or the one the proxy kept from a stream that
     did not ask for it; and for a stream whose usage never came (its client hung up first, or it was relayed as it
     was without asking), at least every token its events carried and its prompt counted as a token per 4 bytes of
@@ -139,11 +133,11 @@ class Team:
             return Person(ADMIN, "")
         return person if person is not None and not person.disabled else None
 
-    def check(self, environ: dict, headers, path: str, now: float) -> Response | None:
+    def check(self, flow: Flow, headers, now: float) -> Response | None:
         """Before every route: a 401 for a key nobody holds, a 429 over a limit, else None with the request's
-        key name (and, when metered, its place among the requests in flight) in the environ."""
+        key name (and, when metered, its place among the requests in flight) in its flow."""
+        path, wire = flow.path, flow.wire
         if not self.guarded:
-            environ[KEY_NAME] = ANONYMOUS
             return None
         if path in routes.OPEN_PATHS:
             return None
@@ -151,58 +145,45 @@ class Team:
         person = self.who(key)
         if person is None and key is not None and self.keys is not None and self.keys.unreadable:
             # Loud, not a quiet 401: the person's key may be fine, the proxy cannot tell (keys.KeysFile).
-            return error_for_path(path, 503, "The proxy cannot read its keys file (PROXY_KEYS_FILE), so no person's "
-                                             "key can be checked; see its log.")
+            return wire.error(503, "The proxy cannot read its keys file (PROXY_KEYS_FILE), so no person's "
+                                   "key can be checked; see its log.")
         if person is None:
-            return error_for_path(path, 401, UNAUTHORIZED, "authentication_error")
+            return wire.error(401, UNAUTHORIZED, "authentication_error")
         # Without a keys file everyone is the one admin: a single key, as before, and one line in the queue.
-        environ[KEY_NAME] = person.name if self.keys is not None else ANONYMOUS
+        flow.key_name = person.name if self.keys is not None else ANONYMOUS
         if self.keys is not None and person.name != ADMIN and path in ADMIN_ONLY:
-            return error_for_path(path, 403, f"GET {path} needs the admin key (PROXY_API_KEY): it shows every "
-                                             "key's usage by name.", "permission_error")
+            return wire.error(403, f"GET {path} needs the admin key (PROXY_API_KEY): it shows every "
+                                   "key's usage by name.", "permission_error")
         if self.keys is not None:
-            environ[CACHE_SALT] = self.cache_salt(person.name)
-        if self.keys is None or self.store is None or not metered(environ.get("REQUEST_METHOD", ""), path):
+            flow.cache_salt = self.cache_salt(person.name)
+        if self.keys is None or self.store is None or not metered(flow.method, path):
             return None
         try:
             verdict = self.store.admit(person.name, person.limits if person.name != ADMIN else Limits())
         except (sqlite3.Error, StoreError) as e:
             log.error("usage store %s: %s", self.store.path, e)
-            return error_for_path(path, 503, "The proxy cannot reach its usage store (PROXY_STATE_DB, or STATE_URL when "
-                                             "set); see its log.")
+            return wire.error(503, "The proxy cannot reach its usage store (PROXY_STATE_DB, or STATE_URL when "
+                                   "set); see its log.")
         if isinstance(verdict, Refusal):
             metrics.key_limited(person.name, verdict.limit)
-            return refused(path, person.name, verdict, now)
-        environ[ADMITTED] = verdict
-        environ[METERED] = True
-        environ[TALLY] = {"searches": 0, "page_reads": 0, "refused_fetches": 0}
-        environ[SCAN] = UsageScan()
+            return refused(wire, person.name, verdict, now)
+        flow.admitted = verdict
+        if flow.scan is None:  # a token count's, alpha search's or MCP's answer counts for a key's day all the same
+            flow.scan = UsageScan()
         return None
 
     # ---- what the engine tells (subscribed by wiring.observe_team) ---------------------------------------
 
-    @staticmethod
-    def round_done(environ: dict, done: RoundDone) -> None:
-        tally = environ.get(TALLY)
-        if tally is not None:
-            tally["searches"] += done.searches
-            tally["page_reads"] += sum(1 for o in done.outcomes if registry.tool(o.tool).kind == PAGE and o.status == "ok")
-
-    @staticmethod
-    def url_refused(environ: dict, _refused: UrlRefused) -> None:
-        tally = environ.get(TALLY)
-        if tally is not None:
-            tally["refused_fetches"] += 1
-
-    def request_ended(self, environ: dict, _done: RequestEnded) -> None:
-        """The request's figures added to its key's day, and it leaves the requests in flight."""
-        admitted: Admitted | None = environ.get(ADMITTED)
+    def request_ended(self, flow: Flow, _done: RequestEnded) -> None:
+        """The request's figures (its tokens, and the searches, page reads and refused fetches its flow's tally
+        counted) added to its key's day, and it leaves the requests in flight."""
+        admitted: Admitted | None = flow.admitted
         if admitted is None or self.store is None:
             return
-        name = environ[KEY_NAME]
-        scan: UsageScan = environ[SCAN]
-        tokens = charged_tokens(scan, environ.get(USAGE_UNSEEN), environ.get(BODY_BYTES, 0))
-        figures: dict[str, float] = {**tokens, **environ[TALLY], "queued_seconds": environ.get(QUEUED, 0.0)}
+        name = flow.key_name
+        scan = flow.scan if flow.scan is not None else UsageScan()  # check() set one with `admitted`
+        tokens = charged_tokens(scan, flow.usage_unseen, flow.body_bytes)
+        figures: dict[str, float] = {**tokens, **flow.tally.figures(), "queued_seconds": flow.queued or 0.0}
         metrics.key_used(name, {"requests": 1, **figures})
         try:
             self.store.ended(admitted.id, name, figures)
@@ -217,6 +198,6 @@ class Team:
                     "queue": self.store.queue_view() if self.store is not None and self.cfg.max_num_seqs else None}
         except (sqlite3.Error, StoreError) as e:
             log.error("usage store %s: %s", self.store.path if self.store is not None else "-", e)
-            return error_for_path(routes.PROXY_USAGE, 503, "The proxy cannot reach its usage store (PROXY_STATE_DB, "
-                                                           "or STATE_URL when set); see its log.")
+            return error_response(503, "The proxy cannot reach its usage store (PROXY_STATE_DB, or STATE_URL when "
+                                       "set); see its log.")
         return Response(codec.dumps(body), mimetype="application/json")

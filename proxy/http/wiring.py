@@ -28,7 +28,7 @@ from proxy.backends.state.state import open_state
 from proxy.backends.state.teamstore import TeamStorage, TeamStore
 from proxy.core.config import Config, masked_url
 from proxy.engine.admission import Queue
-from proxy.engine.events import Events, RequestEnded, RoundDone, UrlRefused
+from proxy.engine.events import Events, RequestEnded
 from proxy.engine.services import KeptResults, Services
 from proxy.http.flow import access_log
 from proxy.http.team import Team
@@ -92,11 +92,9 @@ def tool_labels() -> dict[str, dict[str, str]]:
 
 
 def observe_team(events: Events, team: Team) -> None:
-    """A shared stack's subscribers (proxy/http/team.py): each request's searches, page reads and refused fetches,
-    and its usage added to its key's day when it ends. create_app calls it once it has built the Team."""
+    """A shared stack's subscriber (proxy/http/team.py): each request's usage, searches, page reads and refused
+    fetches (its flow's tally) added to its key's day when it ends. create_app calls it once it has built the Team."""
     events.subscribe(RequestEnded, team.request_ended)
-    events.subscribe(RoundDone, team.round_done)
-    events.subscribe(UrlRefused, team.url_refused)
 
 
 def build_store(cfg: Config) -> TeamStorage | None:

@@ -26,9 +26,10 @@ from prometheus_client import (
 from proxy.backends.pages.fetcher import FetchError, FetchObserver
 from proxy.backends.search.search import SearchBackend, SearchOutcome
 from proxy.core.config import Config
-from proxy.core.errors import error_for_path
-from proxy.core.routes import PROXY_METRICS, api_of
+from proxy.core.errors import error_response
+from proxy.core.routes import PROXY_METRICS
 from proxy.engine.events import BackendRetried, CapHit, ClientLeft, Events, RequestEnded, RoundDone, UrlRefused
+from proxy.engine.flow import Flow
 from proxy.runtime.cancel import Cancel
 from proxy.tools.base import Outcome
 
@@ -169,9 +170,9 @@ class RoundMeter:
     def __init__(self, labels: dict[str, dict[str, str]]):
         self.labels = labels
 
-    def round_done(self, environ, done: RoundDone) -> None:
+    def round_done(self, flow: Flow, done: RoundDone) -> None:
         """One round's outcomes, as the search loop hands them to the client (domain filters applied)."""
-        api = api_of(environ.get("PATH_INFO", ""))
+        api = flow.route.api
         for o in done.outcomes:
             outcome = outcome_of(o)
             TOOL_CALLS.labels(api, tool_of(o, api, self.labels), outcome).inc()
@@ -181,26 +182,26 @@ class RoundMeter:
                 CAP_HITS.labels(api, "page_size").inc()
 
 
-def url_refused(environ, refused: UrlRefused) -> None:
+def url_refused(flow: Flow, refused: UrlRefused) -> None:
     """A page read refused by URL provenance (proxy/tools/provenance.py's reasons); the link limits are caps too."""
-    api, reason = api_of(environ.get("PATH_INFO", "")), refused.reason
+    api, reason = flow.route.api, refused.reason
     PROVENANCE_REFUSALS.labels(api, reason).inc()
     if reason in ("link_depth", "link_budget"):
         CAP_HITS.labels(api, reason).inc()
 
 
-def cap_hit(environ, hit: CapHit) -> None:
-    CAP_HITS.labels(api_of(environ.get("PATH_INFO", "")), hit.cap).inc()
+def cap_hit(flow: Flow, hit: CapHit) -> None:
+    CAP_HITS.labels(flow.route.api, hit.cap).inc()
 
 
-def backend_retried(environ, retried: BackendRetried) -> None:
-    BACKEND_RETRIES.labels(api_of(environ.get("PATH_INFO", "")), retried.reason).inc()
+def backend_retried(flow: Flow, retried: BackendRetried) -> None:
+    BACKEND_RETRIES.labels(flow.route.api, retried.reason).inc()
 
 
-def client_left(environ, left: ClientLeft) -> None:
+def client_left(flow: Flow, left: ClientLeft) -> None:
     """The client watch saw the client go and cut `aborted` calls to vLLM (more may follow, one each)."""
     if left.aborted:
-        ABORTS.labels(api_of(environ.get("PATH_INFO", ""))).inc(left.aborted)
+        ABORTS.labels(flow.route.api).inc(left.aborted)
 
 
 # ---- a shared stack: per key name (never the key), and the fair queue ---------------------------------
@@ -216,15 +217,15 @@ def key_limited(name: str, limit: str) -> None:
     KEY_LIMITED.labels(name, limit).inc()
 
 
-def queue_waited(environ, seconds: float) -> None:
-    QUEUE_WAIT.labels(api_of(environ.get("PATH_INFO", ""))).observe(seconds)
+def queue_waited(flow: Flow, seconds: float) -> None:
+    QUEUE_WAIT.labels(flow.route.api).observe(seconds)
 
 
 # ---- the request middleware -----------------------------------------------------------------
 
-def request_ended(environ, done: RequestEnded) -> None:
+def request_ended(flow: Flow, done: RequestEnded) -> None:
     """A request's count, latency and time to first byte, recorded when its body is done (or the client left)."""
-    api = api_of(environ.get("PATH_INFO", ""))
+    api = flow.route.api
     REQUESTS.labels(api, done.status).inc()
     REQUEST_SECONDS.labels(api).observe(done.ended - done.started)
     if done.first_byte is not None:
@@ -328,6 +329,6 @@ def install(app: Flask, cfg: Config) -> None:
     @app.route(PATH)
     def proxy_metrics():
         if not cfg.proxy_metrics:
-            return error_for_path(PATH, 404, "The proxy's metrics are off (PROXY_METRICS=off).")
+            return error_response(404, "The proxy's metrics are off (PROXY_METRICS=off).")
         return Response(exposition(cfg.metrics_dir), headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -82,7 +82,7 @@ class Cancel:
 
 
 class Watch(Protocol):
-    """What aborts a call when its client leaves (proxy/engine/exchange.py's ClientWatch)."""
+    """What aborts a call when its client leaves (proxy/engine/watch.py's ClientWatch)."""
 
     def attach(self, call: Cancel) -> None: ...
 

@@ -48,7 +48,7 @@ class UpstreamError(Exception):
     closed, which for vLLM usually means it is still loading the model; `unanswered` says the
     backend failed before a byte of its answer (refused, reset or closed before the head); `stale` says it failed on
     a pooled keep-alive connection in a way that proves the server cannot have acted on the request (may_retry).
-    What goes again on those facts is the one retry policy, Exchange.call's (proxy/engine/exchange.py).
+    What goes again on those facts is the one retry policy, proxy/engine/retry.py's, run by Exchange.call.
     """
 
     def __init__(self, kind: str, message: str, refused: bool = False, unanswered: bool = False,
@@ -64,7 +64,7 @@ class Connection:
     """One connection to the backend.
 
     `sock` is None until connected and after close; another greenlet may shut it down
-    (exchange.Call.abort) to wake a reader blocked here.
+    (watch.Call.abort) to wake a reader blocked here.
     """
 
     __slots__ = ("sock", "idle_since")

@@ -47,7 +47,6 @@ from proxy.apis.alpha_search.rules import (
 from proxy.apis.given import input_given
 from proxy.core import codec, routes
 from proxy.core.errors import error_response
-from proxy.engine.admission import owned
 from proxy.engine.events import RoundDone
 from proxy.engine.exchange import Exchange
 from proxy.engine.services import Services, StateDown
@@ -198,7 +197,7 @@ class AlphaSearch:
         run. `input_` is the request's `input`, the conversation whose URLs open and find may read."""
         parsed, left = within_cap(parsed, self.cfg.alpha_search_max_pages)
         # The thread's refs and ledger are its key's: another member's thread id opens none of them.
-        parsed = dataclasses.replace(parsed, session=owned(ex.environ, parsed.session))
+        parsed = dataclasses.replace(parsed, session=ex.flow.owned(parsed.session))
         try:
             thread, refs_down = self.refs.thread(parsed.session), False
         except StateDown:  # counted by the store; this call's own refs still work, earlier ones are unavailable

@@ -33,8 +33,8 @@ from proxy.core import codec, routes
 from proxy.core.codec import data_of, iter_frame_batches
 from proxy.core.errors import error_response, sse_error
 from proxy.engine import loop
-from proxy.engine.admission import METERED, USAGE_UNSEEN
 from proxy.engine.exchange import Exchange, response_headers
+from proxy.engine.flow import asks_to_stream
 
 log = logging.getLogger("proxy.chat")
 
@@ -49,6 +49,7 @@ def handle(ex: Exchange) -> Response:
     except RecursionError:
         # `[[[[...` a few thousand deep: the client's mistake, not a 500.
         return error_response(400, "Request body is not valid JSON: it is nested too deeply.")
+    ex.flow.stream = asks_to_stream(body)  # the relay's queue reads it: the body is not parsed again
     problem = validate(body)
     if problem:
         return error_response(400, problem[0], param=problem[1])
@@ -219,12 +220,12 @@ class StreamedChat(_Chat):
     def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...]):
         super().__init__(ex, body, ours)
         self.ident = self.created = self.model = None  # the first turn's, which every later chunk takes
-        self.environ = ex.environ
+        self.flow = ex.flow
         given_options = body.get("stream_options")
         options: dict = given_options if isinstance(given_options, dict) else {}
         # A key's tokens per day count streams too: vLLM is asked for the usage chunk the client did not ask for,
-        # and the proxy keeps it (USAGE_UNSEEN) instead of sending it, so the client's stream is as it asked.
-        self.hide_usage = bool(ex.environ.get(METERED)) and not options.get("include_usage")
+        # and the proxy keeps it (the flow's usage_unseen) instead of sending it, so the client's stream is as it asked.
+        self.hide_usage = ex.flow.metered and not options.get("include_usage")
         if self.hide_usage:
             self.body = self.request = {**self.request, "stream_options": {**options, "include_usage": True}}
         # The answer's annotations: positions in the content the client gathers over every turn of the stream.
@@ -313,8 +314,8 @@ class StreamedChat(_Chat):
             yield frame if first else self.restamp(data_of(frame))
         if turn.usage_frame is not None:
             if self.hide_usage:
-                self.environ[USAGE_UNSEEN] = add_usage(self.usage, codec.loads(data_of(turn.usage_frame) or b"{}")
-                                                       .get("usage"))
+                self.flow.usage_unseen = add_usage(self.usage, codec.loads(data_of(turn.usage_frame) or b"{}")
+                                                   .get("usage"))
             elif first:
                 yield turn.usage_frame
             else:

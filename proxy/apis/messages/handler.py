@@ -31,12 +31,13 @@ from proxy.apis.messages.request import (
     tool_request,
     validate,
 )
-from proxy.apis.messages.stream import PING, SSE_HEADERS, ClientMessage, error_event
+from proxy.apis.messages.stream import SSE_HEADERS, ClientMessage, error_event
+from proxy.apis.messages.wire import PING, anthropic_error, as_anthropic_error
 from proxy.core import codec
 from proxy.core.codec import as_dict
-from proxy.core.errors import anthropic_error, as_anthropic_error
 from proxy.engine import loop
 from proxy.engine.exchange import Exchange, UpstreamError, gateway_status, response_headers
+from proxy.engine.flow import asks_to_stream
 from proxy.tools import registry
 from proxy.tools.base import Outcome, Request
 
@@ -46,6 +47,7 @@ def handle(ex: Exchange) -> Response:
         body = ex.json()
     except (ValueError, UnicodeDecodeError):
         return ex.relay()  # not ours to judge: vLLM says what is wrong, as it always did
+    ex.flow.stream = asks_to_stream(body)  # the relay's queue reads it: the body is not parsed again
     renamed = False
     if ex.cfg.anthropic_any_model and isinstance(body, dict):
         model = served_model_for(body.get("model"), ex.services.models.get(lambda: _models(ex)))

@@ -11,11 +11,10 @@ import uuid
 from typing import Any
 
 from proxy.apis.citations import Citer
+from proxy.apis.messages.wire import anthropic_error_bytes, as_anthropic_error
 from proxy.core import codec
 from proxy.core.codec import event_and_data, iter_frames
-from proxy.core.errors import anthropic_error_bytes, as_anthropic_error
 
-PING = b'event: ping\ndata: {"type": "ping"}\n\n'
 SSE_HEADERS = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")]
 # vLLM writes `index` as the last key of a block event, so a renumbered event can keep every
 # other byte; a JSON string can't hold a raw newline, so this only matches the real key.

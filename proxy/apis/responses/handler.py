@@ -35,8 +35,8 @@ from proxy.apis.responses.stream import ClientStream, ResponsesTurn
 from proxy.core import codec, routes
 from proxy.core.errors import error_response
 from proxy.engine import loop
-from proxy.engine.admission import owned
 from proxy.engine.exchange import Exchange
+from proxy.engine.flow import asks_to_stream
 
 PATH = routes.RESPONSES
 
@@ -46,6 +46,7 @@ def handle(ex: Exchange) -> Response:
         body = ex.json()
     except (ValueError, UnicodeDecodeError):
         return ex.relay()  # not ours to judge: vLLM answers it in its own words
+    ex.flow.stream = asks_to_stream(body)  # the relay's queue reads it: the body is not parsed again
     mended = mend.responses(body) if isinstance(body, dict) else None
     body = mended or body
     if not isinstance(body, dict) or not needs_rewrite(body):
@@ -55,7 +56,7 @@ def handle(ex: Exchange) -> Response:
         return error_response(400, problem[0], param=problem[1])
     plan = make_plan(body, ex.cfg.searxng_results, ex.cfg.inject_web_fetch)
     # What the model read is kept by ws_ id under the key that ran it: another member's ids replay nothing.
-    request = first_request(body, plan, lambda id_: ex.services.kept.get(owned(ex.environ, id_)))
+    request = first_request(body, plan, lambda id_: ex.services.kept.get(ex.flow.owned(id_)))
     if not plan.hosted:
         # History only: the model has no search tool this time, so vLLM's answer is final.
         return ex.relay(codec.dumps(request))
@@ -89,7 +90,7 @@ class _Responses:
         self.plan = plan
         self.usage: dict | None = None
         self.kept = ex.services.kept
-        self.environ = ex.environ
+        self.flow = ex.flow
 
     def own_calls(self, turn) -> list:
         return internal_calls(turn.output, self.plan)
@@ -107,7 +108,7 @@ class _Responses:
         self.request = next_request(self.request, turn.output, self.plan, by_call, self.sources)
         # The client keeps only each call's action: what the model read is kept here for the turns that replay it.
         for key, record in kept_records(calls, self.request["input"]).items():
-            self.kept.put(owned(self.environ, key), record)
+            self.kept.put(self.flow.owned(key), record)
         return by_call
 
     def error_reply(self, status, message, type_=None) -> Response:
