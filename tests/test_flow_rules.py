@@ -6,7 +6,9 @@ read from the source with ast, no network:
   under an environ key;
 - which API a request belongs to decides its bytes only inside proxy/apis/: outside it nothing compares a string
   with an API's shape name or reads a route's `errors`, so a new API is its package's wire and one line in
-  proxy/apis/wires.py, never an edit of the engine, the key check or the error module.
+  proxy/apis/wires.py, never an edit of the engine, the key check or the error module;
+- what a route is for (answered by the model, metered) is a field of its Route (proxy/core/routes.py), not a
+  comparison with its API label elsewhere.
 
 Run: tests/run.sh tests/test_flow_rules.py
 """
@@ -15,12 +17,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from proxy.core import routes
+
 ROOT = Path(__file__).resolve().parent.parent
 PROXY = ROOT / "proxy"
 # The edge: the one wrapper that builds each request's flow, and the app's WholePath.
 EDGE = {PROXY / "http" / "flow.py", PROXY / "http" / "app.py"}
 # The wire names an 'if anthropic ... else openai' switch compares against.
 SHAPE_NAMES = {"anthropic", "openai", "jsonrpc"}
+API_LABELS = {r.api for r in (*routes.ROUTES, routes.RELAY)}
 
 
 def _names_environ(node: ast.expr) -> bool:
@@ -68,6 +73,19 @@ def dialect_switches(source: str) -> list[int]:
     return sorted(lines)
 
 
+def _label(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value in API_LABELS
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_label(e) for e in node.elts)
+
+
+def label_switches(source: str) -> list[int]:
+    """The lines that compare with a route's API label (`api != "proxy"`, `not in ("mcp", ...)`): what a route is
+    for (answered by the model, metered) is the route table's to say. Pure."""
+    return sorted(node.lineno for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Compare) and any(_label(o) for o in (node.left, *node.comparators)))
+
+
 def found(rule, paths) -> dict[str, list[int]]:
     out = {}
     for path in paths:
@@ -91,6 +109,14 @@ def test_no_dialect_switch_outside_the_apis():
     assert found(dialect_switches, outside) == {}
 
 
+def test_what_a_route_is_for_is_the_route_tables():
+    """Outside proxy/apis/ and the table itself, nothing compares a route's API label: metering and reading the
+    model's usage go by the route's own fields."""
+    outside = sorted(p for p in PROXY.rglob("*.py")
+                     if (PROXY / "apis") not in p.parents and p != PROXY / "core" / "routes.py")
+    assert found(label_switches, outside) == {}
+
+
 def test_the_rules_see_what_they_count():
     """The counters find each form they count, so the tests above can fail."""
     writes = ("environ['proxy.key'] = 'a'\n"
@@ -109,3 +135,7 @@ def test_the_rules_see_what_they_count():
                 "if api == 'chat': pass\n"
                 "match shape:\n    case 'jsonrpc': pass\n")
     assert dialect_switches(switches) == [1, 2, 3, 4, 8]
+    labels = ("if route_of(path).api != 'proxy': pass\n"
+              "ok = api_of(path) not in ('alpha_search', 'x')\n"
+              "if role == 'assistant': pass\n")
+    assert label_switches(labels) == [1, 2]

@@ -24,15 +24,19 @@ class Route:
     path: str
     api: str                 # the metrics' `api` label, and its wire's (proxy/apis/wires.py)
     prefix: bool = False     # the path and everything under it
+    generates: bool = True   # its POSTs are answered by the model: their answers are read for usage (http/flow.py)
+    metered: bool = True     # its POSTs count against a key's quotas and usage (http/team.py)
 
 
 ROUTES = (
     Route(CHAT, "chat"),
     Route(MESSAGES, "messages", prefix=True),  # count_tokens and any sub-path Anthropic adds
     Route(RESPONSES, "responses"),
-    Route(ALPHA_SEARCH, "alpha_search"),
-    Route(MCP, "mcp"),
-    Route("/proxy/", "proxy", prefix=True),  # its own health and metrics: a scrape every few seconds is not traffic
+    # Answered by the proxy's tools, not the model: metered (they search and read), no model usage to read.
+    Route(ALPHA_SEARCH, "alpha_search", generates=False),
+    Route(MCP, "mcp", generates=False),
+    # Its own health and metrics: a scrape every few seconds is not traffic.
+    Route("/proxy/", "proxy", prefix=True, generates=False, metered=False),
 )
 RELAY = Route("", "relay")  # every other path: vLLM's, relayed byte for byte
 # Paths a load balancer or compose healthcheck may probe without a key.

@@ -49,8 +49,7 @@ class RequestFlow:
 def _answers_from_the_model(method: str, path: str) -> bool:
     """A POST to vLLM's APIs (relayed, or the search loop's): not the proxy's own routes, nor a token count
     (Messages' count_tokens answers input_tokens too, for no prefill)."""
-    return method == "POST" and routes.api_of(path) not in ("proxy", "alpha_search", "mcp") \
-        and not path.endswith("/count_tokens")
+    return method == "POST" and routes.route_of(path).generates and not path.endswith("/count_tokens")
 
 
 class _Body:

@@ -59,7 +59,7 @@ def key_ok(key: str | None, keys: tuple[str, ...]) -> bool:
 def metered(method: str, path: str) -> bool:
     """Requests counted and limited per key: every POST (they make vLLM or the tools work) outside the proxy's own
     paths; GETs (models, health, metrics) cost nothing worth a quota. Pure."""
-    return method == "POST" and routes.route_of(path).api != "proxy"
+    return method == "POST" and routes.route_of(path).metered
 
 
 def rate_limit_headers(refusal: Refusal, now: float) -> dict[str, str]:
