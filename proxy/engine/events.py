@@ -55,8 +55,7 @@ class RequestEnded:
     ended: float
     sent: int                    # body bytes handed to the server
     complete: bool               # the body was sent to its end (else the server stopped sending: the client left)
-    searches: int = 0            # searches its rounds sent out
-    client_left: bool = False    # its client watch saw the client go
+    # What its rounds did (searches, a client that left) is the flow's tally, which observers are handed beside this.
     usage: tuple[int, int] | None = None  # (prompt tokens, of them served by vLLM's prefix cache) the answer reported
 
 

@@ -87,13 +87,11 @@ class _Body:
             if hasattr(self._body, "close"):
                 self._body.close()
         finally:
-            seen = self._flow.tally
             scan = self._flow.scan
             found = scan.result() if scan is not None else None
             usage = (found["prompt_tokens"], found["cached_tokens"]) if found and found["prompt_tokens"] else None
             self._events.emit(self._flow, RequestEnded(
-                self._status[0], self._started, self._first, time.monotonic(), self._sent, self._complete,
-                seen.searches, seen.client_left, usage))
+                self._status[0], self._started, self._first, time.monotonic(), self._sent, self._complete, usage))
 
 
 def access_log(flow: Flow, done: RequestEnded) -> None:
@@ -105,5 +103,5 @@ def access_log(flow: Flow, done: RequestEnded) -> None:
     extra = (f" key={name}" if name != ANONYMOUS else "") + (
         f" queued={flow.queued:.2f}s" if flow.queued is not None else "")
     log.info("%s %s %s %.0fms searches=%d bytes=%d prompt=%s cached=%s%s", flow.method,
-             flow.path, done.status, (done.ended - done.started) * 1000, done.searches,
+             flow.path, done.status, (done.ended - done.started) * 1000, flow.tally.searches,
              done.sent, prompt, cached, extra)

@@ -234,7 +234,7 @@ def request_ended(flow: Flow, done: RequestEnded) -> None:
         PROMPT_TOKENS.labels(api).inc(done.usage[0])
         CACHED_TOKENS.labels(api).inc(done.usage[1])
     # gunicorn closes a body it stopped sending early: a client that hung up mid-answer.
-    if done.client_left or not done.complete:
+    if flow.tally.client_left or not done.complete:
         DISCONNECTS.labels(api).inc()
 
 
