@@ -33,10 +33,13 @@ def response_headers(up: UpstreamResponse) -> list:
 
 class Relayed(Protocol):
     """What the relay uses of a request (proxy/engine/exchange.py's Exchange)."""
+    body: bytes
     target: str
     headers: list
     environ: dict
     flow: Flow
+
+    def json(self): ...
 
     @property
     def cfg(self) -> Config: ...
@@ -53,7 +56,8 @@ def relay(ex: Relayed, body: bytes) -> Response:
     method, wire = ex.flow.method, ex.flow.wire
     watch = ex.watch_client()
     seat = ex.queue_seat(method, ex.target)
-    if seat is not None and not seat.ready() and streams(ex.flow, body):
+    read = ex.json if body is ex.body else (lambda: codec.loads(body))  # the client's: decoded once already
+    if seat is not None and not seat.ready() and streams(ex.flow, body, read):
         return Response(_queued_stream(ex, body, method, seat, watch), status=200, headers=QUEUED_HEADERS,
                         direct_passthrough=True)
     send_body = body if body or method in ("POST", "PUT", "PATCH") else None
@@ -129,12 +133,12 @@ def proxied_location(headers: list, backend_url: str) -> list:
 QUEUED_HEADERS = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")]
 
 
-def streams(flow: Flow, body: bytes) -> bool:
+def streams(flow: Flow, body: bytes, read) -> bool:
     """Whether a relayed request asks for an event stream: the flag its API's handler set when it parsed the body,
-    else (a path no API claims, whose body nothing else reads) the body read here, once."""
+    else (a path no API claims) the body's value as `read()` gives it, looked at once."""
     if flow.stream is None:
         try:
-            flow.stream = b'"stream"' in body and asks_to_stream(codec.loads(body))
+            flow.stream = b'"stream"' in body and asks_to_stream(read())
         except (ValueError, UnicodeDecodeError, RecursionError):
             flow.stream = False
     return flow.stream
