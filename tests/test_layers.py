@@ -218,14 +218,20 @@ def test_the_module_checks_see_a_missing_one():
     assert [n for n in named_paths(doc) if not exists(n)] == ["engine/gone.py", "proxy.nowhere"]
 
 
-def layer_rows(doc: str) -> list[tuple[str, set[str]]]:
-    """The layers table's rows: each layer and the modules its second column names. Pure."""
+def table_rows(doc: str, first: str, module: str) -> list[tuple[str, set[str]]]:
+    """The rows of a table whose first column matches `first` (one group, the folder's name): each folder and the
+    modules its second column names, as `module` finds them. Pure."""
     rows = []
     for line in doc.splitlines():
-        row = re.match(r"\| `(\w+)/` \| (.*?) \| ", line)
+        row = re.match(rf"\| {first} \| (.*?) \| ", line)
         if row:
-            rows.append((row.group(1), set(re.findall(r"`(\w+(?:\.py|/))`", row.group(2)))))
+            rows.append((row.group(1), set(re.findall(module, row.group(2)))))
     return rows
+
+
+def layer_rows(doc: str) -> list[tuple[str, set[str]]]:
+    """The layers table's rows: each layer and the modules and sub-packages its second column names. Pure."""
+    return table_rows(doc, r"`(\w+)/`", r"`(\w+(?:\.py|/))`")
 
 
 def test_the_layers_table_lists_each_layer_in_order_with_exactly_its_modules():
@@ -240,12 +246,7 @@ def test_the_layers_table_lists_each_layer_in_order_with_exactly_its_modules():
 def room_rows(doc: str) -> list[tuple[str, set[str]]]:
     """The backends rooms table's rows (`backends/search/` ...): each room and the modules its second column names.
     Pure."""
-    rows = []
-    for line in doc.splitlines():
-        row = re.match(r"\| `backends/(\w+)/` \| (.*?) \| ", line)
-        if row:
-            rows.append((row.group(1), set(re.findall(r"`(\w+\.py)`", row.group(2)))))
-    return rows
+    return table_rows(doc, r"`backends/(\w+)/`", r"`(\w+\.py)`")
 
 
 def test_the_rooms_table_lists_each_backends_room_in_order_with_exactly_its_modules():

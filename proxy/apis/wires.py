@@ -17,6 +17,6 @@ RELAY = Wire("relay")  # vLLM's own paths and the proxy's: OpenAI's shape, as vL
 WIRES = {w.api: w for w in (chat.WIRE, messages.WIRE, responses.WIRE, alpha_search.WIRE, mcp.WIRE)}
 
 
-def wire_of(path: str) -> Wire:
-    """The wire of a request path's route. Pure."""
-    return WIRES.get(routes.api_of(path), RELAY)
+def wire_of(route: routes.Route) -> Wire:
+    """The wire of a route. Pure."""
+    return WIRES.get(route.api, RELAY)

@@ -64,6 +64,7 @@ class Flow:
     """One request, from the edge to its last body byte."""
     method: str
     path: str                            # the whole path (proxy/http/app.py's WholePath has folded SCRIPT_NAME in)
+    route: routes.Route                  # the route the path falls under, found once at the edge
     wire: Wire                           # its route's wire: how its clients are told errors (proxy/apis/wires.py)
     key_name: str = ANONYMOUS            # whose key (proxy/http/team.py); ANONYMOUS without keys
     cache_salt: str | None = None        # the key's prefix-cache salt, with a keys file: every generation call carries it
@@ -74,10 +75,6 @@ class Flow:
     usage_unseen: dict | None = None     # a stream's usage the client did not ask to see, kept for its key's tokens per day
     body_bytes: int = 0                  # the size of its body: a stream whose usage never comes is charged its prompt by it
     stream: bool | None = None           # its body's `"stream": true`, set where the body was parsed; None until then
-
-    @property
-    def route(self) -> routes.Route:
-        return routes.route_of(self.path)
 
     @property
     def metered(self) -> bool:

@@ -31,8 +31,9 @@ class RequestFlow:
     def __call__(self, environ, start_response):
         started = time.monotonic()
         method, path = environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")
-        flow = environ[FLOW] = Flow(method, path, wire_of(path))
-        if _answers_from_the_model(method, path):
+        route = routes.route_of(path)
+        flow = environ[FLOW] = Flow(method, path, route, wire_of(route))
+        if _answers_from_the_model(method, path, route):
             # Every model answer is read for its prompt and cached tokens (the metrics, the access log, a key's day).
             flow.scan = UsageScan()
         status = ["-"]
@@ -46,10 +47,10 @@ class RequestFlow:
         return _Body(self.app(environ, sr), flow, started, status, self.events)
 
 
-def _answers_from_the_model(method: str, path: str) -> bool:
+def _answers_from_the_model(method: str, path: str, route: routes.Route) -> bool:
     """A POST to vLLM's APIs (relayed, or the search loop's): not the proxy's own routes, nor a token count
     (Messages' count_tokens answers input_tokens too, for no prefill)."""
-    return method == "POST" and routes.route_of(path).generates and not path.endswith("/count_tokens")
+    return method == "POST" and route.generates and not path.endswith("/count_tokens")
 
 
 class _Body:

@@ -19,6 +19,7 @@ from gunicorn.http.message import Request
 from gunicorn.workers import base
 
 from proxy.apis.wires import wire_of
+from proxy.core import routes
 
 _path: ContextVar[str] = ContextVar("gunicorn_error_path", default="")
 _original_handle_error = base.Worker.handle_error
@@ -52,7 +53,7 @@ def error_response(path: str, status: int, reason: str, message: str) -> bytes:
     """The whole HTTP answer gunicorn sends for its own error, as JSON in the path's shape. Pure."""
     if status == 501:  # Transfer-Encoding gunicorn does not implement: the client's request, not the server
         status, reason = 400, "Bad Request"
-    body = wire_of(path).error_bytes(status, message or reason)
+    body = wire_of(routes.route_of(path)).error_bytes(status, message or reason)
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n")
     return head.encode("latin-1") + body
