@@ -398,6 +398,25 @@ def test_bodies_over_the_limit_are_413(start_proxy, backend, target, how):
     assert backend.received == []
 
 
+@pytest.mark.parametrize("target", [CHAT, "/v1/messages", "/v1/responses", "/v1/alpha/search", "/v1/other"])
+@pytest.mark.parametrize("sent", [0, 100, 4999])
+def test_a_body_shorter_than_its_content_length_is_a_400(proxy, backend, target, sent):
+    """A client that stops sending (it hung up its side, or its length is wrong): the body is read in one call of the
+    announced length, and what came short of it is the client's framing, in the route's shape; vLLM never sees half a
+    request."""
+    body = (b'{"messages": [], "x": "' + b"a" * 6000)[:sent]
+    s = send_raw(proxy, b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
+                 % target.encode(), body)
+    s.shutdown(socket.SHUT_WR)
+    resp = http.client.HTTPResponse(s)
+    resp.begin()
+    status, doc = resp.status, json.loads(resp.read())
+    s.close()
+    assert status == 400 and f"ended after {sent} of the 5000 bytes" in doc["error"]["message"]
+    assert (doc.get("type") == "error") == target.startswith("/v1/messages")
+    assert backend.received == []
+
+
 # ---- BACKEND_API_KEY stays between the proxy and vLLM --------------------------------------
 
 SECRET = "sk-backend-SECRET-0123456789"
