@@ -33,6 +33,14 @@ RUN mkdir -p /var/lib/proxy && chown coding-stack /var/lib/proxy
 # with keys keeps usage here, which lasts as long as a volume mounted on the folder (compose mounts one).
 ENV PROXY_STATE_DB=/var/lib/proxy/state.sqlite3
 
+# glibc's malloc asks for transparent huge pages (madvise) for its big blocks. Decoding a body over ~2.7 MB (a late
+# turn of a long agent session), orjson reserves a working buffer 12 times its size (37 MB at 3.1 MB): above the 32 MB
+# up to which glibc reuses freed memory, so it is mapped anew on every request, ~1,200 page faults in 4 KiB pages and
+# ~380 in huge ones: 1-4 ms less at 3 MB, nothing at 1 MB, ~10 MB more resident per worker (docs/performance.md, "A
+# body read in one call"). Read by glibc when gunicorn starts; the tests' proxies take this line too
+# (standins/proxy_process.py). With THP off on the host (`never`) it changes nothing.
+ENV GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+
 COPY gunicorn.conf.py proxy-passthrough.py ./
 COPY proxy/ ./proxy/
 

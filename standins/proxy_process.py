@@ -7,6 +7,7 @@ and scripts/capture_agent_wire.py all start their proxies here, so each runs the
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,17 @@ from pathlib import Path
 from .procfs import children, wait_serving
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# The image's ENV that changes how the process runs rather than what it is told (glibc's malloc tunables): a proxy
+# started here takes it from its checkout's Dockerfile, so it allocates memory as that checkout's image does.
+IMAGE_ENV = ("GLIBC_TUNABLES",)
+
+
+def image_env(checkout: Path = ROOT) -> dict[str, str]:
+    """IMAGE_ENV's values as `checkout`'s Dockerfile sets them (an older checkout's may set none)."""
+    text = (checkout / "Dockerfile").read_text()
+    return {name: m.group(1) for name in IMAGE_ENV if (m := re.search(rf"^ENV {name}=(\S+)$", text, re.M))}
 
 
 class ProxyProcess:
@@ -37,7 +49,7 @@ class ProxyProcess:
         self.metrics_dir.mkdir(parents=True)
         # And its own state folder: PROXY_STATE_DB's default is a lasting file under XDG_STATE_HOME, which two
         # proxies (or two runs) must not share unless a test says so.
-        full_env = {**os.environ, "PROXY_BIND": "127.0.0.1:0", "LOG_LEVEL": "info",
+        full_env = {**os.environ, **image_env(cwd), "PROXY_BIND": "127.0.0.1:0", "LOG_LEVEL": "info",
                     "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir),
                     "XDG_STATE_HOME": str(log_path.with_suffix(".state")), **env}
         # Its own session: the master's pid is then its process group's id, and stop() signals that group (the master

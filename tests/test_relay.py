@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from standins.proxy_process import ROOT
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
 from standins.vllm_wire import SSE_HEADERS, completion, error_reply, json_reply, sse_reply, stream_frames, tool_call
@@ -190,6 +191,16 @@ def test_a_large_prompt_passes(proxy, backend):
     status, _, data = raw_request(proxy.url, "POST", "/v1/chat/completions", body)
     assert status == 200 and json.loads(data)["choices"][0]["message"]["content"] == "ok"
     assert backend.received[0].json()["messages"][0]["content"] == prompt
+
+
+def test_the_proxy_runs_with_the_images_malloc_settings(proxy):
+    """The tests' proxies allocate memory as the image's (standins/proxy_process.py reads the Dockerfile's ENV): its
+    workers have glibc's tunables, whatever the environment of the test run."""
+    want = re.search(r"^ENV GLIBC_TUNABLES=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
+    assert want is not None
+    for pid in proxy.workers():
+        environ = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
+        assert environ[b"GLIBC_TUNABLES"] == want.group(1).encode()
 
 
 @pytest.mark.parametrize("target, headers, status", [
