@@ -6,6 +6,7 @@ Run: tests/run.sh tests/test_decode_once.py
 """
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -15,7 +16,7 @@ from proxy.core.config import Config
 from proxy.http.app import create_app
 from standins import anthropic_wire, responses_wire
 from standins.scripted_backend import Reply
-from standins.vllm_wire import compact, completion
+from standins.vllm_wire import compact, completion, sse_reply, stream_frames
 
 SYSTEM = "You are a coding agent."
 CHAT = {"model": "foundation", "messages": [
@@ -104,3 +105,49 @@ def test_one_pass_over_a_messages_history_answers_its_readers(messages, kinds, b
     found = survey({"messages": messages})
     assert found == History(frozenset(kinds), broken, cited)
     assert has_server_blocks({"messages": messages}, found) is ("web_search_tool_result" in kinds)
+
+
+@pytest.mark.parametrize("path, body, answer, inject, unchanged", CASES,
+                         ids=[f"{p.rsplit('/', 1)[1]}-{'tools' if t else 'relay'}" for p, _, _, t, _ in CASES])
+def test_a_request_is_freed_when_it_ends_not_by_the_collector(backend, searxng, tmp_path, path, body, answer, inject,
+                                                              unchanged):
+    """A request's Exchange, its body and the history decoded from it are freed by reference counting when the request
+    ends. Held in a cycle (the client watch's callback held the Exchange that held the watch), they stayed until the
+    garbage collector's next pass, which then walked every object of the history: a fifth of a relayed megabyte's
+    CPU in a worker (docs/performance.md, "A body read in one call")."""
+    from proxy.engine.exchange import Exchange
+    backend.script(Reply(body=answer))
+    client = app_for(backend, searxng, tmp_path, inject)
+    gc.collect()
+    gc.disable()
+    try:
+        resp = client.post(path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        assert resp.status_code == 200, resp.data[:500]
+        resp.close()
+        left = [type(o).__name__ for o in gc.get_objects() if isinstance(o, (Exchange, codec.Decoded))]
+    finally:
+        gc.enable()
+    assert left == []
+
+
+@pytest.mark.parametrize("path, body, inject", [
+    ("/v1/chat/completions", {**CHAT, "stream": True}, False),
+    ("/v1/chat/completions", {**CHAT, "stream": True}, True),
+    ("/v1/messages", {**MESSAGES, "stream": True, "tools": [WEB_SEARCH]}, True),
+], ids=["chat-relay", "chat-tools", "messages-tools"])
+def test_a_streamed_request_is_freed_when_it_ends(backend, searxng, tmp_path, path, body, inject):
+    """As above, for streams: the relay's generator and the search loop's hold the Exchange until the last event."""
+    from proxy.engine.exchange import Exchange
+    backend.script(anthropic_wire.stream_reply([anthropic_wire.text("Done.")]) if path == "/v1/messages"
+                   else sse_reply(stream_frames(content=["Done."], finish_reason="stop")))
+    client = app_for(backend, searxng, tmp_path, inject)
+    gc.collect()
+    gc.disable()
+    try:
+        resp = client.post(path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        assert resp.status_code == 200 and b"Done." in resp.get_data()
+        resp.close()
+        left = [type(o).__name__ for o in gc.get_objects() if isinstance(o, (Exchange, codec.Decoded))]
+    finally:
+        gc.enable()
+    assert left == []

@@ -66,7 +66,11 @@ class Exchange:
 
     def watch_client(self) -> ClientWatch:
         """Start watching the client for the rest of this request (stop() it at the end)."""
-        self.watch = ClientWatch(self.environ, lambda aborted: self.emit(ClientLeft(aborted)))
+        # The callback holds the hub and the flow, not this Exchange: the Exchange holds the watch, and a cycle through
+        # it would keep the request's body and its decoded history (megabytes, tens of thousands of objects) alive
+        # until the garbage collector's next full pass, which then walks them all (docs/performance.md).
+        events, flow = self.services.events, self.flow
+        self.watch = ClientWatch(self.environ, lambda aborted: events.emit(flow, ClientLeft(aborted)))
         return self.watch
 
     def emit(self, event) -> None:
