@@ -86,6 +86,15 @@ def post_fork(server, worker):
     gunicorn_errors.install()
 
 
+def post_worker_init(worker):
+    # What the worker has loaded by now (Flask, gevent, lxml, the proxy's modules and tables) lives as long as it does.
+    # Frozen, it is left out of the garbage collector's full passes, which the tens of thousands of objects a long
+    # history decodes into set off: without it each such pass walked the whole worker (docs/performance.md, "A body
+    # read in one call").
+    import gc
+    gc.freeze()
+
+
 def on_starting(server):
     if private_metrics_dir:
         server.log.info("metrics: %d workers and no PROMETHEUS_MULTIPROC_DIR: they sum their metrics through %s, "

@@ -172,6 +172,18 @@ def test_gunicorn_takes_its_settings_from_config(tmp_path, env, settings):
     assert {k: printed.get(k) for k in settings} == settings
 
 
+def test_a_worker_freezes_what_it_has_loaded(tmp_path):
+    """gunicorn.conf.py's post_worker_init moves the objects a worker has made by then out of the garbage collector's
+    full passes, which a long history's decode sets off (docs/performance.md, "A body read in one call")."""
+    clean = {k: v for k, v in os.environ.items() if not k.isupper() or k in ("PATH", "HOME", "LANG")}
+    code = ("import gc, runpy; conf = runpy.run_path('gunicorn.conf.py'); import proxy.http.app; "
+            "before = gc.get_freeze_count(); conf['post_worker_init'](None); print(before, gc.get_freeze_count())")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**clean, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
+    before, after = map(int, proc.stdout.split())
+    assert before == 0 and after > 10_000, proc.stderr
+
+
 @pytest.mark.parametrize("name, value, message", [
     ("PROXY_WORKERS", "two", "PROXY_WORKERS must be a whole number, not 'two'"),
     ("PROXY_WORKERS", "0", "PROXY_WORKERS must be above 0, not 0"),
