@@ -18,7 +18,7 @@ from proxy.engine.events import BackendRetried, ClientLeft, UrlRefused
 from proxy.engine.flow import ANONYMOUS, Flow, flow_of
 from proxy.engine.relay import relay
 from proxy.engine.relay import response_headers as response_headers  # the APIs' and the loop's, through this façade
-from proxy.engine.retry import STALE, gateway_gone, retry_reason
+from proxy.engine.retry import send
 from proxy.engine.services import Services
 from proxy.engine.watch import Call, ClientWatch
 from proxy.tools.client_reads import client_of
@@ -113,8 +113,7 @@ class Exchange:
         throughout; raises UpstreamError. The caller ends the call when it is done with it.
         A generation call waits for its seat in the fair queue first (here, blocking, unless the loop waited
         with a stream's keep-alives already); a client that leaves meanwhile gives up its place. A failed attempt
-        goes again as retry_reason says (the proxy's one retry policy), keeping the seat: it is the same call to the
-        card, not a new arrival."""
+        goes again as the proxy's one retry policy says (proxy/engine/retry.py's send)."""
         salt = self.flow.cache_salt
         if salt and body and method == "POST" and vllm_path(target) in SALTED:
             body = salted(body, salt)
@@ -124,33 +123,8 @@ class Exchange:
             if not seat.wait(lambda: watch is not None and watch.gone):
                 raise UpstreamError("unreachable", "the client left while queued for the model")
             self.seat, self.served = None, True
-        tried: set[str] = set()
-        while True:
-            call = Call(self.watch, seat)
-            try:
-                # every retry on a new connection: a pooled one may be the next stale one
-                call._response = self.services.backend.request(method, target, body, headers, on_open=call.opened,
-                                                               fresh=bool(tried))
-            except UpstreamError as e:
-                reason = None if call.aborted else retry_reason(e, None, tried)
-                if reason is None:
-                    call.end()
-                    raise
-                why = str(e)
-            except BaseException:
-                call.end()
-                raise
-            else:
-                gone = call.response.status if gateway_gone(call.response) else None
-                reason = None if call.aborted else retry_reason(None, gone, tried)
-                if reason is None:
-                    return call
-                why = f"a gateway answered {gone}"
-            call.seat = None  # kept for the retry
-            call.end()  # a gateway's answer unread: the connection closes, and its short error body goes with it
-            tried.add(STALE if reason == STALE else "failed")
-            if reason != STALE:
-                self._retrying(method, target, why, reason)
+        return send(self.services.backend, method, target, body, headers, self.watch, seat,
+                    lambda why, reason: self._retrying(method, target, why, reason))
 
     def _retrying(self, method: str, target: str, why: str, reason: str) -> None:
         log.warning("%s %s: %s; trying once more", method, target.split("?", 1)[0], why)
