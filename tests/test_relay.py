@@ -184,6 +184,27 @@ def test_body_over_the_limit_is_413(start_proxy, backend):
     assert backend.received == []
 
 
+@pytest.mark.parametrize("target", ["/v1/chat/completions", "/v1/completions"])
+def test_requests_pipelined_on_one_connection_each_keep_their_body(proxy, backend, target):
+    """Two requests written in one go (HTTP/1.1 pipelining): the first body is read in one call of its length, and
+    the bytes behind it stay the second request's, whole."""
+    bodies = [json.dumps({"model": "foundation", "messages": [{"role": "user", "content": c * 70_000}]}).encode()
+              for c in "ab"]
+    backend.script(json_reply(completion(content="one")), json_reply(completion(content="two")))
+    u = urllib.parse.urlsplit(proxy.url)
+    with socket.create_connection((u.hostname, u.port), timeout=20) as s:
+        s.sendall(b"".join(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                           % (target.encode(), len(b)) + b for b in bodies))
+        answers = []
+        for _ in bodies:
+            resp = http.client.HTTPResponse(s)
+            resp.begin()
+            answers.append((resp.status, json.loads(resp.read())["choices"][0]["message"]["content"]))
+    assert answers == [(200, "one"), (200, "two")]
+    # chat's body gains the proxy's tools on its way; its messages, like /v1/completions' whole body, are the client's
+    assert [r.json()["messages"] for r in backend.received] == [json.loads(b)["messages"] for b in bodies]
+
+
 def test_a_large_prompt_passes(proxy, backend):
     backend.script(json_reply(completion(content="ok")))
     prompt = "word " * 250_000  # about a 250k-token prompt
