@@ -205,6 +205,20 @@ def test_requests_pipelined_on_one_connection_each_keep_their_body(proxy, backen
     assert [r.json()["messages"] for r in backend.received] == [json.loads(b)["messages"] for b in bodies]
 
 
+def test_curl_posting_a_body_over_a_megabyte_waits_for_100_continue_and_gets_through(proxy, backend, tmp_path):
+    """curl asks `Expect: 100-continue` before a body over 1 MiB and sends it only once told to; gunicorn answers that
+    before the app reads the body in one call of its length."""
+    body = json.dumps({"model": "foundation", "prompt": "word " * 250_000}).encode()
+    (tmp_path / "body.json").write_bytes(body)
+    backend.script(json_reply({"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "ok"}]}))
+    run = subprocess.run(["curl", "-sS", "-v", "--max-time", "20", "-H", "Content-Type: application/json",
+                          "--data-binary", f"@{tmp_path / 'body.json'}", proxy.url + "/v1/completions"],
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0 and json.loads(run.stdout)["choices"][0]["text"] == "ok", run.stderr[-500:]
+    assert "Expect: 100-continue" in run.stderr and "HTTP/1.1 100 Continue" in run.stderr
+    assert backend.received[0].body == body
+
+
 def test_a_large_prompt_passes(proxy, backend):
     backend.script(json_reply(completion(content="ok")))
     prompt = "word " * 250_000  # about a 250k-token prompt
