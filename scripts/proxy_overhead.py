@@ -24,6 +24,7 @@ module, as scripts.proxy_overhead (see __getattr__ below).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -327,6 +328,21 @@ def _stat_cpu(pid: int) -> float:
 
 
 # ---- the measurements
+
+@contextlib.contextmanager
+def processes(workdir: Path, script: str, *started):
+    """The run's processes as a list the block adds to, each stopped, the last started first, when it ends; a failure
+    says where their logs are. scripts/proxy_overhead_sizes.py's too."""
+    procs: list = list(started)
+    try:
+        yield procs
+    except BaseException:
+        print(f"{script}: logs of the processes are in {workdir}", file=sys.stderr)
+        raise
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
 
 def pct(values, p: float) -> float:
     """Nearest-rank percentile: with a few hundred samples p99 is one of the few worst, not an interpolation."""
@@ -704,8 +720,7 @@ def main():
     workdir = Path(tempfile.mkdtemp(prefix="proxy-overhead-"))
     started = time.monotonic()
     backend = Backend(workdir)
-    procs: list[Backend | Proxy] = [backend]
-    try:
+    with processes(workdir, "proxy_overhead.py", backend) as procs:
         # Metrics on in a multiprocess folder, as the image runs them; the search cache off (case 8 measures it),
         # so case 5's proxied loops search SearXNG as often as its direct replay does.
         env = {"BACKEND_URL": backend.url, "SEARXNG_URL": backend.searxng_url, "LOG_LEVEL": args.log_level,
@@ -734,12 +749,6 @@ def main():
             cached = Proxy("cache", {**env, "SEARCH_CACHE_TTL": "600"}, gargs, args.variant, workdir)
             procs.append(cached)
             results["search_cache"] = phase_cache(backend, cached, proxy, args.cache_loops, 2)
-    except BaseException:
-        print(f"proxy_overhead.py: logs of the processes are in {workdir}", file=sys.stderr)
-        raise
-    finally:
-        for p in reversed(procs):
-            p.stop()
     import gunicorn  # noqa: PLC0415 (only for the version in the report)
     meta = {"python": platform.python_version(), "gunicorn": gunicorn.__version__, "cpus": os.cpu_count(),
             "worker_class": args.worker_class or "gevent (gunicorn.conf.py)", "threads": args.threads,
@@ -795,9 +804,8 @@ def compare(args, gargs: list[str], only: set[str]) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="proxy-overhead-"))
     started = time.monotonic()
     backend = Backend(workdir)
-    procs: list[Backend | Proxy] = [backend]
     figures: dict = {"before": {}, "after": {}}
-    try:
+    with processes(workdir, "proxy_overhead.py", backend) as procs:
         env = {"BACKEND_URL": backend.url, "SEARXNG_URL": backend.searxng_url, "LOG_LEVEL": args.log_level,
                "SEARCH_CACHE_TTL": "0"}
         sides: dict[str, tuple[Proxy, Proxy | None]] = {}
@@ -831,12 +839,6 @@ def compare(args, gargs: list[str], only: set[str]) -> None:
                 for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
                     figures[side].setdefault(case, []).append(run(*sides[side]))
                     print(f"{case} round {i + 1} {side}: done", file=sys.stderr, flush=True)
-    except BaseException:
-        print(f"proxy_overhead.py: logs of the processes are in {workdir}", file=sys.stderr)
-        raise
-    finally:
-        for p in reversed(procs):
-            p.stop()
     rev = subprocess.run(["git", "-C", str(other), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     print(f"proxy overhead, before ({other}, {rev.stdout.strip() or '?'}) and after (this checkout); "
           f"{os.cpu_count()} CPUs, {args.ab_rounds} runs of each case per side, alternating; "

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scripts.proxy_overhead import FAILURES, Backend, Client, Proxy, interleaved_fairly, pct
+from scripts.proxy_overhead import FAILURES, Backend, Client, Proxy, interleaved_fairly, pct, processes
 
 APIS = ("chat", "messages", "responses")
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
@@ -196,9 +196,8 @@ def main():
     started = time.monotonic()
     load = os.getloadavg()
     backend = Backend(workdir)
-    procs: list = [backend]
     results = []
-    try:
+    with processes(workdir, "proxy_overhead_sizes.py", backend) as procs:
         env = {"BACKEND_URL": backend.url, "SEARXNG_URL": backend.searxng_url, "LOG_LEVEL": args.log_level,
                "SEARCH_CACHE_TTL": "0"}
         for mode in modes:
@@ -211,12 +210,6 @@ def main():
                     print(f"{mode} {api} {mb} MB: done", file=sys.stderr, flush=True)
             for p in proxies.values():  # one mode's proxies at a time: the machine has few cores
                 p.stop()
-    except BaseException:
-        print(f"proxy_overhead_sizes.py: logs of the processes are in {workdir}", file=sys.stderr)
-        raise
-    finally:
-        for p in reversed(procs):
-            p.stop()
     after = os.getloadavg()
     sides = ["before", "after"] if against is not None else ["proxy"]
     print(f"proxy overhead by body size: {os.cpu_count()} CPUs, load average {load[0]:.2f} before the run and "
