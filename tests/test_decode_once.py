@@ -115,19 +115,24 @@ def test_a_request_is_freed_when_it_ends_not_by_the_collector(backend, searxng, 
     ends. Held in a cycle (the client watch's callback held the Exchange that held the watch), they stayed until the
     garbage collector's next pass, which then walked every object of the history: a fifth of a relayed megabyte's
     CPU in a worker (docs/performance.md, "A body read in one call")."""
-    from proxy.engine.exchange import Exchange
     backend.script(Reply(body=answer))
-    client = app_for(backend, searxng, tmp_path, inject)
+    assert left_by_one_request(app_for(backend, searxng, tmp_path, inject), path, body) == []
+
+
+def left_by_one_request(client, path: str, body: dict) -> list[str]:
+    """The Exchanges and decoded bodies still alive once one request has ended, with the collector off: only
+    reference counting has freed anything."""
+    from proxy.engine.exchange import Exchange
     gc.collect()
     gc.disable()
     try:
         resp = client.post(path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-        assert resp.status_code == 200, resp.data[:500]
+        data = resp.get_data()
+        assert resp.status_code == 200 and b"Done." in data, data[:500]
         resp.close()
-        left = [type(o).__name__ for o in gc.get_objects() if isinstance(o, (Exchange, codec.Decoded))]
+        return [type(o).__name__ for o in gc.get_objects() if isinstance(o, (Exchange, codec.Decoded))]
     finally:
         gc.enable()
-    assert left == []
 
 
 @pytest.mark.parametrize("path, body, inject", [
@@ -137,17 +142,6 @@ def test_a_request_is_freed_when_it_ends_not_by_the_collector(backend, searxng, 
 ], ids=["chat-relay", "chat-tools", "messages-tools"])
 def test_a_streamed_request_is_freed_when_it_ends(backend, searxng, tmp_path, path, body, inject):
     """As above, for streams: the relay's generator and the search loop's hold the Exchange until the last event."""
-    from proxy.engine.exchange import Exchange
     backend.script(anthropic_wire.stream_reply([anthropic_wire.text("Done.")]) if path == "/v1/messages"
                    else sse_reply(stream_frames(content=["Done."], finish_reason="stop")))
-    client = app_for(backend, searxng, tmp_path, inject)
-    gc.collect()
-    gc.disable()
-    try:
-        resp = client.post(path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-        assert resp.status_code == 200 and b"Done." in resp.get_data()
-        resp.close()
-        left = [type(o).__name__ for o in gc.get_objects() if isinstance(o, (Exchange, codec.Decoded))]
-    finally:
-        gc.enable()
-    assert left == []
+    assert left_by_one_request(app_for(backend, searxng, tmp_path, inject), path, body) == []

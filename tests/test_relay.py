@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from standins.proxy_process import ROOT
+from standins.proxy_process import image_env
 from standins.rawhttp import raw_request
 from standins.scripted_backend import Reply
 from standins.vllm_wire import SSE_HEADERS, completion, error_reply, json_reply, sse_reply, stream_frames, tool_call
@@ -231,11 +231,10 @@ def test_a_large_prompt_passes(proxy, backend):
 def test_the_proxy_runs_with_the_images_malloc_settings(proxy):
     """The tests' proxies allocate memory as the image's (standins/proxy_process.py reads the Dockerfile's ENV): its
     workers have glibc's tunables, whatever the environment of the test run."""
-    want = re.search(r"^ENV GLIBC_TUNABLES=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
-    assert want is not None
+    want = image_env()["GLIBC_TUNABLES"]  # test_compose.py's test_dockerfile checks the line's value
     for pid in proxy.workers():
         environ = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
-        assert environ[b"GLIBC_TUNABLES"] == want.group(1).encode()
+        assert environ[b"GLIBC_TUNABLES"] == want.encode()
 
 
 @pytest.mark.parametrize("target, headers, status", [
