@@ -43,7 +43,6 @@ class Exchange:
     ledger: Ledger | None = None     # the URLs its fetches may read, from the client's body (each API's handler)
     seat: Seat | None = None         # its ticket in the fair queue for the next call, taken ahead by the loop
     served: bool = False             # a generation call of this request has run: later ones are resumed turns
-    decoded: codec.Decoded | None = None  # the body's JSON, decoded once (the session key's reading, in http/app.py)
     flow: Flow = field(init=False)   # the request's flow (proxy/engine/flow.py), which the edge made
 
     def __post_init__(self):
@@ -55,9 +54,9 @@ class Exchange:
 
     def json(self):
         """The client's body decoded, once for every reader of this request; raises as codec.loads does."""
-        if self.decoded is None:
-            self.decoded = codec.Decoded(self.body)
-        return self.decoded.value()
+        if self.flow.body is None:
+            self.flow.body = codec.Decoded(self.body)
+        return self.flow.body.value()
 
     def relay(self, body: bytes | None = None) -> Response:
         """Send this request on to vLLM unchanged (or with `body` instead of the client's) and

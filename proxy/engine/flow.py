@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from proxy.backends.state.teamstore import Admitted
-from proxy.core import routes
+from proxy.core import codec, routes
 from proxy.core.errors import Wire
 from proxy.engine.events import ClientLeft, RoundDone, UrlRefused
 from proxy.tools import registry
@@ -75,6 +75,10 @@ class Flow:
     usage_unseen: dict | None = None     # a stream's usage the client did not ask to see, kept for its key's tokens per day
     body_bytes: int = 0                  # the size of its body: a stream whose usage never comes is charged its prompt by it
     stream: bool | None = None           # its body's `"stream": true`, set where the body was parsed; None until then
+    # Its body and the body's JSON, decoded at most once for every reader (the session key, the API's handler). Held
+    # here, to the request's end, so the history's tens of thousands of objects are freed after the answer has gone
+    # out rather than between vLLM's answer and the client's (docs/performance.md, "Freed after the answer").
+    body: codec.Decoded | None = None
 
     @property
     def metered(self) -> bool:

@@ -92,13 +92,13 @@ def create_app(cfg: Config) -> Flask:
 
     def exchange() -> Exchange:
         body = request_body(cfg)
-        decoded = codec.Decoded(body)  # read by the session key and the API's handler, decoded once
+        decoded = flow_of(request.environ).body = codec.Decoded(body)  # the session key's and the handler's
         headers = outbound_headers(request.headers.items(), cfg, team.guarded)
         # Every request to vLLM (the relay's and each turn of the search loop, which reuse these headers) names its
         # session, so a router in front of several workers keeps the session on one (compose.scale.yaml).
         key = affinity.session_key(request.headers.items(), decoded, session_secret())
         headers = [(n, v) for n, v in headers if n.lower() != "x-session-id"] + [(affinity.HEADER, key)]
-        return Exchange(services, body, headers, raw_target(), request.environ, decoded=decoded)
+        return Exchange(services, body, headers, raw_target(), request.environ)
 
     @app.route(routes.CHAT, methods=["POST"])
     def chat_completions():
