@@ -33,13 +33,15 @@ RUN mkdir -p /var/lib/proxy && chown coding-stack /var/lib/proxy
 # with keys keeps usage here, which lasts as long as a volume mounted on the folder (compose mounts one).
 ENV PROXY_STATE_DB=/var/lib/proxy/state.sqlite3
 
-# glibc's malloc asks for transparent huge pages (madvise) for its big blocks. Decoding a body over ~2.7 MB (a late
-# turn of a long agent session), orjson reserves a working buffer 12 times its size (37 MB at 3.1 MB): above the 32 MB
-# up to which glibc reuses freed memory, so it is mapped anew on every request, ~1,200 page faults in 4 KiB pages and
-# ~380 in huge ones: 1-4 ms less at 3 MB, nothing at 1 MB, ~10 MB more resident per worker (docs/performance.md, "A
-# body read in one call"). Read by glibc when gunicorn starts; the tests' proxies take this line too
-# (standins/proxy_process.py). With THP off on the host (`never`) it changes nothing.
-ENV GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+# glibc's malloc keeps a worker's big freed blocks for the next request instead of handing them back at once. Decoding a
+# body over ~2.7 MB (a late turn of a long agent session), orjson reserves a working buffer 12 times its size (37 MB
+# at 3.1 MB): above the 32 MB up to which glibc reuses mapped memory, so by default it was mapped anew, and faulted in
+# page by page, on every such request. With no mmap for malloc (mmap_max=0) it comes from the heap, and a heap top of
+# up to 128 MB stays for reuse (trim_threshold): 1-1.7 ms less at 3.1 MB, ~10-40 MB more resident per worker after
+# big requests; what is freed above 128 MB goes back. Huge pages (hugetlb=1) where the heap grows. docs/performance.md,
+# "Freed after the answer, and big blocks kept". Read by glibc when gunicorn starts; the tests' proxies take this line
+# too (standins/proxy_process.py).
+ENV GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=134217728
 
 COPY gunicorn.conf.py proxy-passthrough.py ./
 COPY proxy/ ./proxy/
