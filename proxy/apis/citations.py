@@ -217,14 +217,14 @@ def anthropic_shape(documents: bool):
 def without_citations(messages: list) -> list:
     """Anthropic messages with text blocks' `citations` taken off (an earlier answer sent back): vLLM's Messages
     route has no such field, and the model reads the markers still in the text."""
-    out = []
+    out, changed = [], False
     for msg in messages:
         content = msg.get("content") if isinstance(msg, dict) else None
         if isinstance(content, list) and any(isinstance(b, dict) and "citations" in b for b in content):
-            msg = {**msg, "content": [{k: v for k, v in b.items() if k != "citations"} if isinstance(b, dict) else b
-                                      for b in content]}
+            msg, changed = {**msg, "content": [{k: v for k, v in b.items() if k != "citations"}
+                                               if isinstance(b, dict) else b for b in content]}, True
         out.append(msg)
-    return out
+    return out if changed else messages  # the same list when nothing changed: codec.encoded_over reuses its bytes
 
 
 def without_annotations(items):
@@ -232,13 +232,14 @@ def without_annotations(items):
     the model's business), or chat messages without `annotations`; anything else as sent."""
     if not isinstance(items, list):
         return items
-    out = []
+    out, changed = [], False
     for item in items:
         if isinstance(item, dict) and item.get("annotations") is not None and item.get("role") == "assistant":
-            item = {k: v for k, v in item.items() if k != "annotations"}  # a chat message
+            item, changed = {k: v for k, v in item.items() if k != "annotations"}, True  # a chat message
         content = item.get("content") if isinstance(item, dict) else None
         if isinstance(content, list) and any(isinstance(p, dict) and p.get("annotations") for p in content):
-            item = {**item, "content": [{**p, "annotations": []} if isinstance(p, dict) and p.get("annotations") else p
-                                        for p in content]}
+            item, changed = {**item, "content": [{**p, "annotations": []}
+                                                 if isinstance(p, dict) and p.get("annotations") else p
+                                                 for p in content]}, True
         out.append(item)
-    return out
+    return out if changed else items  # the same list when nothing changed: codec.encoded_over reuses its bytes

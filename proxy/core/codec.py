@@ -42,14 +42,16 @@ _UNREAD = object()
 class Decoded:
     """A request body and its JSON, decoded at most once however many readers ask for it (the session key, the API's
     handler): a 1 MB agent history takes a millisecond or more to decode. The value is shared, so a reader that
-    changes it (a handler making vLLM's request) goes last."""
+    changes it (a handler making vLLM's request) goes last; `members` keeps the object's members as they were decoded,
+    whatever a handler later sets on it, for encoded_over."""
 
-    __slots__ = ("raw", "_value", "_error")
+    __slots__ = ("raw", "_value", "_error", "members")
 
     def __init__(self, raw: bytes):
         self.raw = raw
         self._value = _UNREAD
         self._error: BaseException | None = None
+        self.members: dict | None = None  # a shallow copy of the object as decoded (None: not read, or not an object)
 
     def value(self):
         """The body's JSON; raises what loads() raised (ValueError, UnicodeDecodeError, RecursionError) every time."""
@@ -58,9 +60,79 @@ class Decoded:
                 self._value = loads(self.raw)
             except (ValueError, RecursionError) as e:
                 self._value, self._error = None, e
+            if isinstance(self._value, dict):
+                self.members = dict(self._value)  # a dozen keys: the history stays shared, not copied
         if self._error is not None:
             raise self._error
         return self._value
+
+
+# How many places a member's key is tried at, from the end, before encoding the whole body after all.
+_CUT_TRIES = 8
+
+
+def encoded_over(new, client: Decoded | None) -> bytes:
+    """`new` as JSON, written over the client's body it was made from: the client's own bytes for the run of leading
+    members `new` still holds (the same objects, so a 1 MB history is not encoded again: half a millisecond), then
+    the rest encoded. dumps(new) when nothing leads unchanged, or where the run ends cannot be told cheaply.
+
+    The cut is only taken where it is certain: the members after it, read back from the client's bytes, must be
+    exactly the ones the body was decoded with after the run, and what they close must be the whole body. Meaning is
+    as dumps(new) gives it for every parser that keeps the last of duplicate keys (vLLM's); a key the client itself
+    sent twice inside the run stays twice. The run's objects must not have been changed in place: every API's rewrite
+    copies what it changes, and returns what it left alone as the same object (tests/test_codec_over.py for the cut,
+    tests/test_decode_once.py for each API's first turn)."""
+    if client is None or not client.members or not isinstance(new, dict):
+        return dumps(new)
+    members = client.members
+    keys = list(members)
+    kept = 0
+    for key in keys:
+        if key not in new or new[key] is not members[key]:
+            break
+        kept += 1
+    cut = _cut_after(client.raw, members, keys, kept) if kept else None
+    if cut is None:
+        return dumps(new)
+    leading = set(keys[:kept])
+    rest = {k: v for k, v in new.items() if k not in leading}
+    return client.raw[:cut] + (b"," + dumps(rest)[1:] if rest else b"}")
+
+
+def _cut_after(raw: bytes, members: dict, keys: list, kept: int) -> int | None:
+    """Where in `raw` (a JSON object decoded as `members`, its keys in order `keys`) the first `kept` members end, or
+    None when that cannot be told without reading most of the body again."""
+    if kept == len(keys):
+        last = _before_space(raw, len(raw))
+        return _before_space(raw, last - 1) if raw[last - 1:last] == b"}" else None
+    following = keys[kept:]
+    wanted = {k: members[k] for k in following}
+    needle = dumps(following[0])  # the next member's key as the client most likely wrote it
+    end = len(raw)
+    for _ in range(_CUT_TRIES):
+        at = raw.rfind(needle, 0, end)
+        if at < 0:
+            return None
+        end = at
+        comma = _before_space(raw, at)  # the byte after the key's separator, if it is one
+        if comma == 0 or raw[comma - 1:comma] != b",":
+            continue
+        if 2 * (len(raw) - comma) > len(raw):
+            return None  # the rest is most of the body: reading it again saves nothing
+        try:
+            read = loads(b"{" + raw[comma:])
+        except (ValueError, RecursionError):
+            continue  # a key of the same name inside a later member
+        if read == wanted:
+            return comma - 1
+    return None
+
+
+def _before_space(raw: bytes, end: int) -> int:
+    """Where the JSON whitespace that ends at `end` starts (slicing a megabyte to strip it would copy it)."""
+    while end and raw[end - 1] in b" \t\r\n":
+        end -= 1
+    return end
 
 
 def as_dict(value) -> dict:

@@ -136,7 +136,8 @@ class Exchange:
         # is: the client's Accept-Encoding would let a compressing gateway in front of vLLM send gzip the loop
         # cannot parse. What the client gets is written by the proxy, uncompressed, as vLLM's own answers are.
         headers += [("Content-Type", "application/json"), ("Accept-Encoding", "identity")]
-        call = self.call("POST", path, codec.dumps(payload), headers)
+        # The first turn's body is mostly the client's (its history, as sent): written over the client's bytes.
+        call = self.call("POST", path, codec.encoded_over(payload, self.flow.body), headers)
         try:
             # A gateway may compress all the same: undone within the body limit, so the loop still reads JSON and SSE.
             call.response.decode_content(self.cfg.max_body_bytes)

@@ -271,8 +271,6 @@ def rewrite(body: dict, cite: bool = True, kept: Kept = no_kept,
         out["messages"] = rewrite_history(body["messages"], names, cite, kept)
     if served or history.cited:
         out["messages"] = citations.without_citations(out["messages"])  # an earlier answer's cited text blocks
-    else:
-        out["messages"] = list(out["messages"])  # a list of its own, as without_citations would have made
     return out, plan
 
 

@@ -309,6 +309,8 @@ def kept_call(item: dict, kept: Kept) -> tuple[str, str, str] | None:
 def replay(items: list, plan: ResponsesPlan, kept: Kept = lambda _: None) -> list:
     """web_search_call items (which vLLM rejects) as the function_call and output pair vLLM takes: the very call
     and result the model read when it ran, while `kept` has them; else what the client kept of it."""
+    if not any(map(is_replayed_search, items)):
+        return items  # the same list: codec.encoded_over reuses its bytes
     out = []
     for i, item in enumerate(items):
         if not is_replayed_search(item):
