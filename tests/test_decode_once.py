@@ -110,6 +110,45 @@ def test_one_pass_over_a_messages_history_answers_its_readers(messages, kinds, b
     assert has_server_blocks({"messages": messages}, found) is ("web_search_tool_result" in kinds)
 
 
+BROKEN_CALL = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"cut": '}}
+
+
+@pytest.mark.parametrize("messages, typed, broken, annotated", [
+    ([], True, False, False),
+    (CHAT["messages"], True, False, False),
+    ([{"role": "assistant", "content": None, "tool_calls": [BROKEN_CALL]}], True, True, False),
+    ([{"role": "assistant", "content": "x", "annotations": [{"type": "url_citation"}]}], True, False, True),
+    ([{"role": "user", "content": "x", "annotations": [{"type": "url_citation"}]}], True, False, False),
+    ([{"role": "user", "content": [{"type": "text", "text": "x", "annotations": [{"a": 1}]}]}], True, False, True),
+    ([{"role": ["not", "a", "string"]}], False, False, False),
+    (["not a message", {"role": "user", "content": "x"}], False, False, False),
+])
+def test_one_pass_over_a_chat_history_answers_its_readers(messages, typed, broken, annotated):
+    """The survey the chat handler makes once, instead of the checks, the mending and the citations' reader each
+    walking every message."""
+    from proxy.apis.chat.rules import Survey, survey
+    assert survey({"messages": messages}) == Survey(typed, broken, annotated)
+
+
+@pytest.mark.parametrize("items, typed, replays, broken, annotated", [
+    ("a string", True, False, False, False),
+    (RESPONSES["input"], True, False, False, False),
+    ([{"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search"}}],
+     True, True, False, False),
+    ([{"type": "function_call", "name": "f", "call_id": "c", "arguments": "not json"}], True, False, True, False),
+    ([{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "x",
+                                                            "annotations": [{"type": "url_citation"}]}]}],
+     True, False, False, True),
+    ([{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "x", "annotations": []}]}],
+     True, False, False, False),
+    ([{"type": "function_call", "call_id": 7}], False, False, False, False),
+    ([["not", "an", "item"]], False, False, False, False),
+])
+def test_one_pass_over_a_responses_input_answers_its_readers(items, typed, replays, broken, annotated):
+    from proxy.apis.responses.request import Survey, survey
+    assert survey({"input": items}) == Survey(typed, replays, broken, annotated)
+
+
 @pytest.mark.parametrize("path, body, answer, inject, unchanged", CASES,
                          ids=[f"{p.rsplit('/', 1)[1]}-{'tools' if t else 'relay'}" for p, _, _, t, _ in CASES])
 def test_a_request_is_freed_when_it_ends_not_by_the_collector(backend, searxng, tmp_path, path, body, answer, inject,

@@ -227,6 +227,16 @@ def without_citations(messages: list) -> list:
     return out if changed else messages  # the same list when nothing changed: codec.encoded_over reuses its bytes
 
 
+def annotated(item) -> bool:
+    """Whether a chat message or Responses input item carries annotations without_annotations takes off. Pure."""
+    if not isinstance(item, dict):
+        return False
+    if item.get("annotations") is not None and item.get("role") == "assistant":
+        return True
+    content = item.get("content")
+    return isinstance(content, list) and any(isinstance(p, dict) and p.get("annotations") for p in content)
+
+
 def without_annotations(items):
     """Responses input items with output_text annotations emptied (the list is required, its entries are not
     the model's business), or chat messages without `annotations`; anything else as sent."""

@@ -57,10 +57,11 @@ def _mend_messages(body: dict, field: str, broken, mend) -> dict | None:
 
 def chat(body: dict) -> dict | None:
     """A chat request with its assistant messages' tool_calls mended, or None when none needed it."""
-    return _mend_messages(body, "tool_calls", _chat_call_broken, _chat_call)
+    return _mend_messages(body, "tool_calls", chat_call_broken, _chat_call)
 
 
-def _chat_call_broken(call: object) -> bool:
+def chat_call_broken(call: object) -> bool:
+    """Whether a chat tool call's arguments need mending. Pure but for the cache of arguments seen to parse."""
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict):
         return False
@@ -71,7 +72,7 @@ def _chat_call_broken(call: object) -> bool:
 
 
 def _chat_call(call: object) -> object:
-    if not _chat_call_broken(call):
+    if not chat_call_broken(call):
         return call
     assert isinstance(call, dict)
     function = call["function"]

@@ -18,11 +18,13 @@ from proxy.apis import citations, mend
 from proxy.apis.chat.given import given
 from proxy.apis.chat.presentation import offered
 from proxy.apis.chat.rules import (
+    Survey,
     add_usage,
     assistant_turn,
     completion_calls,
     is_proxy_call,
     next_request,
+    survey,
     tool_request,
     tool_results,
     tools_to_inject,
@@ -50,10 +52,11 @@ def handle(ex: Exchange) -> Response:
         # `[[[[...` a few thousand deep: the client's mistake, not a 500.
         return error_response(400, "Request body is not valid JSON: it is nested too deeply.")
     ex.flow.stream = asks_to_stream(body)  # the relay's queue reads it: the body is not parsed again
-    problem = validate(body)
+    history = survey(body)  # one pass over the messages, for the checks, the mending and the rewrite
+    problem = validate(body, history)
     if problem:
         return error_response(400, problem[0], param=problem[1])
-    mended = mend.chat(body)
+    mended = mend.chat(body) if history.broken_calls else None  # arguments only: the survey still holds
     body = mended or body
     ours = tools_to_inject(body, offered(ex.cfg))
     if not ours:
@@ -63,8 +66,8 @@ def handle(ex: Exchange) -> Response:
     if body.get("stream"):
         if ex.cfg.stream_search == "client":
             return ex.relay(codec.dumps(body))
-        return loop.run(ex, StreamedChat(ex, body, ours))
-    return loop.run(ex, PlainChat(ex, body, ours))
+        return loop.run(ex, StreamedChat(ex, body, ours, history))
+    return loop.run(ex, PlainChat(ex, body, ours, history))
 
 
 class _Chat:
@@ -75,8 +78,9 @@ class _Chat:
     first_turn = None
     headers: list = []
 
-    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...]):
-        body = {**body, "messages": citations.without_annotations(body["messages"])}  # an earlier answer's, sent back
+    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...], history: Survey):
+        if history.annotated:  # an earlier answer's, sent back
+            body = {**body, "messages": citations.without_annotations(body["messages"])}
         self.session = ex.session()
         self.request = body
         self.sources = loop.sources_for(ex)
@@ -217,8 +221,8 @@ class StreamedChat(_Chat):
     name = "chat stream"
     stream = True
 
-    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...]):
-        super().__init__(ex, body, ours)
+    def __init__(self, ex: Exchange, body: dict, ours: tuple[str, ...], history: Survey):
+        super().__init__(ex, body, ours, history)
         self.ident = self.created = self.model = None  # the first turn's, which every later chunk takes
         self.flow = ex.flow
         given_options = body.get("stream_options")

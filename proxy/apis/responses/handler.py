@@ -30,7 +30,15 @@ from proxy.apis.responses.output import (
     visible_output,
     web_search_item,
 )
-from proxy.apis.responses.request import ResponsesPlan, first_request, make_plan, needs_rewrite, refusal, validate
+from proxy.apis.responses.request import (
+    ResponsesPlan,
+    first_request,
+    make_plan,
+    needs_rewrite,
+    refusal,
+    survey,
+    validate,
+)
 from proxy.apis.responses.stream import ClientStream, ResponsesTurn
 from proxy.core import codec, routes
 from proxy.core.errors import error_response
@@ -47,16 +55,17 @@ def handle(ex: Exchange) -> Response:
     except (ValueError, UnicodeDecodeError):
         return ex.relay()  # not ours to judge: vLLM answers it in its own words
     ex.flow.stream = asks_to_stream(body)  # the relay's queue reads it: the body is not parsed again
-    mended = mend.responses(body) if isinstance(body, dict) else None
+    history = survey(body)  # one pass over the input, for the mending, the checks and the rewrite
+    mended = mend.responses(body) if history.broken_calls else None  # arguments only: the survey still holds
     body = mended or body
-    if not isinstance(body, dict) or not needs_rewrite(body):
+    if not isinstance(body, dict) or not needs_rewrite(body, history):
         return ex.relay(codec.dumps(body)) if mended else ex.relay()
-    problem = validate(body) or refusal(body)
+    problem = validate(body, history) or refusal(body)
     if problem:
         return error_response(400, problem[0], param=problem[1])
     plan = make_plan(body, ex.cfg.searxng_results, ex.cfg.inject_web_fetch)
     # What the model read is kept by ws_ id under the key that ran it: another member's ids replay nothing.
-    request = first_request(body, plan, lambda id_: ex.services.kept.get(ex.flow.owned(id_)))
+    request = first_request(body, plan, lambda id_: ex.services.kept.get(ex.flow.owned(id_)), history)
     if not plan.hosted:
         # History only: the model has no search tool this time, so vLLM's answer is final.
         return ex.relay(codec.dumps(request))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from proxy.apis import citations
+from proxy.apis import citations, mend
 from proxy.apis.responses.presentation import HOSTED_ACTIONS, HOSTED_TYPES, first_row, row_for_action
 from proxy.core import codec
 from proxy.core import validate as V
@@ -63,6 +63,45 @@ class ResponsesPlan:
         return tuple(self.functions)
 
 
+@dataclass(frozen=True)
+class Survey:
+    """What the handler's readers ask of a request's `input`, found in one pass over its items (a 1 MB history holds
+    ~600, and each reader walking them again cost a tenth of a millisecond): whether every item is an object whose
+    string fields are strings (else validate names the first that is not), whether it replays a web_search_call,
+    whether a function_call's arguments need mending (mend.responses), whether annotations need taking off."""
+    typed: bool = True
+    replays: bool = False
+    broken_calls: bool = False
+    annotated: bool = False
+
+
+_STRING_OR_NULL = (str, type(None))
+
+
+def survey(body) -> Survey:
+    """The Survey of a Responses body (a string `input`, or anything but an object, has nothing to find). Pure."""
+    items = body.get("input") if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        return Survey()
+    typed, replays, broken, noted = True, False, False, False
+    ok = _STRING_OR_NULL
+    for item in items:
+        if not isinstance(item, dict):
+            typed = False
+            continue
+        get = item.get
+        kind = get("type")
+        if not (isinstance(kind, ok) and isinstance(get("role"), ok) and isinstance(get("id"), ok)
+                and isinstance(get("call_id"), ok) and isinstance(get("name"), ok) and isinstance(get("status"), ok)):
+            typed = False
+        if kind == "web_search_call":
+            replays = True
+        elif kind == "function_call" and not broken:
+            broken = mend.mended_arguments(get("arguments")) is not None
+        noted = noted or citations.annotated(item)
+    return Survey(typed, replays, broken, noted)
+
+
 def is_hosted(tool) -> bool:
     return V.kind(tool) in HOSTED_TYPES
 
@@ -71,8 +110,9 @@ def is_replayed_search(item) -> bool:
     return isinstance(item, dict) and item.get("type") == "web_search_call"
 
 
-def validate(body) -> tuple[str, str | None] | None:
-    """(message, param) when the body is not a Responses request the proxy can read, else None."""
+def validate(body, history: Survey | None = None) -> tuple[str, str | None] | None:
+    """(message, param) when the body is not a Responses request the proxy can read, else None (`history`: its
+    survey, when made already)."""
     if not isinstance(body, dict):
         return "The request body must be a JSON object.", None
     if not isinstance(body.get("input"), (str, list)):
@@ -85,15 +125,17 @@ def validate(body) -> tuple[str, str | None] | None:
     include = body.get("include")
     if include is not None and not isinstance(include, list):
         return "`include` must be an array of strings.", "include"
+    history = history or survey(body)
     try:
-        V.input_items(body["input"])
-        _check_types(body)
+        if not history.typed:
+            V.input_items(body["input"])  # names the first item that is not as the survey found
+        _check_types(body, history)
     except V.Invalid as e:
         return e.openai_message, e.param
     return None
 
 
-def _check_types(body: dict) -> None:
+def _check_types(body: dict, history: Survey) -> None:
     """The fields the rewrite reads (tool types and names, the hosted tool's filters, tool_choice,
     replayed web_search_call items) are of the JSON type it reads them as, or V.Invalid names
     the first that is not."""
@@ -111,7 +153,7 @@ def _check_types(body: dict) -> None:
         if choice.get("type") == "allowed_tools":
             for j, tool in enumerate(V.objects(choice.get("tools"), "tool_choice.tools")):
                 V.fields(tool, f"tool_choice.tools[{j}]", type=V.string)
-    for i, item in enumerate(body["input"] if isinstance(body["input"], list) else ()):
+    for i, item in enumerate(body["input"] if history.replays else ()):
         if is_replayed_search(item):
             V.fields(item, f"input[{i}]", id=V.string, status=V.string)
             action = V.obj(item.get("action"), f"input[{i}].action")
@@ -119,12 +161,12 @@ def _check_types(body: dict) -> None:
                      url=V.string, pattern=V.string, sources=V.objects)
 
 
-def needs_rewrite(body: dict) -> bool:
-    """A hosted web search tool is offered, or the history replays a web_search_call."""
+def needs_rewrite(body: dict, history: Survey | None = None) -> bool:
+    """A hosted web search tool is offered, or the history replays a web_search_call (`history`: its survey)."""
     tools = body.get("tools")
     if isinstance(tools, list) and any(is_hosted(t) for t in tools):
         return True
-    return isinstance(body.get("input"), list) and any(is_replayed_search(i) for i in body["input"])
+    return (history or survey(body)).replays
 
 
 def refusal(body: dict) -> tuple[str, str] | None:
@@ -309,8 +351,6 @@ def kept_call(item: dict, kept: Kept) -> tuple[str, str, str] | None:
 def replay(items: list, plan: ResponsesPlan, kept: Kept = lambda _: None) -> list:
     """web_search_call items (which vLLM rejects) as the function_call and output pair vLLM takes: the very call
     and result the model read when it ran, while `kept` has them; else what the client kept of it."""
-    if not any(map(is_replayed_search, items)):
-        return items  # the same list: codec.encoded_over reuses its bytes
     out = []
     for i, item in enumerate(items):
         if not is_replayed_search(item):
@@ -326,11 +366,15 @@ def replay(items: list, plan: ResponsesPlan, kept: Kept = lambda _: None) -> lis
     return out
 
 
-def first_request(body: dict, plan: ResponsesPlan, kept: Kept = lambda _: None) -> dict:
-    """The body vLLM gets on the first turn; every field not named here as the client sent it."""
+def first_request(body: dict, plan: ResponsesPlan, kept: Kept = lambda _: None, history: Survey | None = None) -> dict:
+    """The body vLLM gets on the first turn; every field not named here as the client sent it (`history`: the body's
+    survey, when made already). An input it leaves alone stays the same list, so codec.encoded_over sends its bytes."""
     out = dict(body)
-    if isinstance(body.get("input"), list):
-        out["input"] = replay(citations.without_annotations(body["input"]), plan, kept)
+    history = history or survey(body)
+    if history.annotated:
+        out["input"] = citations.without_annotations(body["input"])
+    if history.replays:
+        out["input"] = replay(out["input"], plan, kept)
     if isinstance(body.get("include"), list):
         out["include"] = rewrite_include(body["include"])
     if plan.hosted:
