@@ -718,8 +718,11 @@ def test_round_robin_against_token_weighting_with_two_busy_keys(team, paced, tmp
     print("\nshare of the card's time, two keys always waiting (0.8 s requests against 0.1 s ones):")
     for name in ("heavy", "light"):
         print(f"  {name}: round_robin {rr.get(name, 0):.0%}, tokens {tokens.get(name, 0):.0%}")
-    # Each policy does what it says: turns alike (so the long requests take most of the time), or tokens alike.
-    assert rr["heavy"] > 0.7 and tokens["light"] > rr["light"] + 0.1, (rr, tokens)
+    # Each policy does what it says: turns alike (so the long requests take most of the time), or tokens alike. How
+    # much more the light key gets by tokens depends on the timing of the runs (14-16 points in most, 9 in one of
+    # seven on the development machine: its usage is added when its answer has gone, a moment after its seat is
+    # free); a tokens policy that did nothing gives the same share as round robin.
+    assert rr["heavy"] > 0.7 and tokens["light"] > rr["light"] + 0.05, (rr, tokens)
     assert min(rr.values()) > 0 and min(tokens.values()) > 0, "a key never got the card"
 
 
