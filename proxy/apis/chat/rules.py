@@ -46,7 +46,8 @@ def survey(body) -> Survey:
             typed = False
         calls = m.get("tool_calls")
         broken = broken or (isinstance(calls, list) and any(map(mend.chat_call_broken, calls)))
-        noted = noted or citations.annotated(m)
+        if not noted and (m.get("annotations") is not None or isinstance(m.get("content"), list)):  # text: no
+            noted = citations.annotated(m)
     return Survey(typed, broken, noted)
 
 

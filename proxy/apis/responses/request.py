@@ -98,7 +98,8 @@ def survey(body) -> Survey:
             replays = True
         elif kind == "function_call" and not broken:
             broken = mend.mended_arguments(get("arguments")) is not None
-        noted = noted or citations.annotated(item)
+        if not noted and (get("annotations") is not None or isinstance(get("content"), list)):  # a call or output: no
+            noted = citations.annotated(item)
     return Survey(typed, replays, broken, noted)
 
 
