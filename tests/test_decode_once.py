@@ -98,7 +98,7 @@ def test_the_body_is_decoded_once_and_relayed_as_sent(backend, searxng, tmp_path
     ([{"role": "assistant", "content": [{"type": "text", "text": "x", "citations": []},
                                         {"type": "web_search_tool_result", "tool_use_id": "s", "content": []}]}],
      {"text", "web_search_tool_result"}, False, True),
-    ([{"role": "assistant", "content": [{"type": ["not", "a", "string"]}, "not a block"]}, "not a message"],
+    ([{"role": "assistant", "content": [{"type": ["not", "a", "string"]}, "not a block"]}],
      set(), False, False),
 ])
 def test_one_pass_over_a_messages_history_answers_its_readers(messages, kinds, broken, cited):
@@ -108,6 +108,18 @@ def test_one_pass_over_a_messages_history_answers_its_readers(messages, kinds, b
     found = survey({"messages": messages})
     assert found == History(frozenset(kinds), broken, cited)
     assert has_server_blocks({"messages": messages}, found) is ("web_search_tool_result" in kinds)
+
+
+@pytest.mark.parametrize("messages, typed", [
+    ([{"role": "user", "content": "x"}, {"content": "no role"}], True),
+    ([{"role": "user", "content": "x"}, "not a message"], False),
+    ([{"role": 7, "content": "x"}], False),
+])
+def test_the_messages_survey_says_whether_every_message_is_typed(messages, typed):
+    from proxy.apis.messages.request import survey, validate
+    assert survey({"messages": messages}).typed is typed
+    problem = validate({"messages": messages})
+    assert (problem is None) is typed, problem  # and validation names what is wrong only then
 
 
 BROKEN_CALL = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"cut": '}}

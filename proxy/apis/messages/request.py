@@ -43,10 +43,12 @@ def server_specs(body: dict) -> dict[str, dict]:
 class History:
     """What the handler's readers ask of a request's history, found in one pass over its blocks (a 1 MB history holds
     ~30,000, and each reader walking them again cost a fraction of a millisecond): the block types in it, whether a
-    tool_use's input needs mending (mend.messages), whether a block carries citations."""
+    tool_use's input needs mending (mend.messages), whether a block carries citations, whether every message is an
+    object whose role is a string (else validate names the first that is not)."""
     kinds: frozenset[str] = frozenset()
     broken_input: bool = False
     cited: bool = False
+    typed: bool = True
 
 
 def survey(body) -> History:
@@ -54,8 +56,15 @@ def survey(body) -> History:
     msgs = body.get("messages") if isinstance(body, dict) else None
     kinds: set[str] = set()
     broken = cited = False
+    typed = True
     for m in msgs if isinstance(msgs, list) else ():
-        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(m, dict):
+            typed = False
+            continue
+        role = m.get("role")
+        if role is not None and not isinstance(role, str):
+            typed = False
+        content = m.get("content")
         for b in content if isinstance(content, list) else ():
             if not isinstance(b, dict):
                 continue
@@ -64,7 +73,7 @@ def survey(body) -> History:
                 kinds.add(t)
                 broken = broken or (t == "tool_use" and mend.tool_use_broken(b))
             cited = cited or "citations" in b
-    return History(frozenset(kinds), broken, cited)
+    return History(frozenset(kinds), broken, cited, typed)
 
 
 def has_server_blocks(body: dict, history: History | None = None) -> bool:
@@ -77,7 +86,9 @@ def needs_rewrite(body, history: History | None = None) -> bool:
 
 def validate(body: dict, history: History | None = None) -> str | None:
     """What makes a request the proxy must rewrite unusable, or None (`history`: its survey, when made already)."""
-    if not isinstance(body.get("messages"), list) or not all(isinstance(m, dict) for m in body["messages"]):
+    history = history or survey(body)
+    if not isinstance(body.get("messages"), list) or (
+            not history.typed and not all(isinstance(m, dict) for m in body["messages"])):
         return "messages: must be an array of message objects"
     if body.get("tools") is not None and (not isinstance(body["tools"], list)
                                           or not all(isinstance(t, dict) for t in body["tools"])):
@@ -91,7 +102,7 @@ def validate(body: dict, history: History | None = None) -> str | None:
         if problem:
             return problem
     try:
-        _check_types(body, history or survey(body))
+        _check_types(body, history)
     except V.Invalid as e:
         return e.anthropic_message
     return None
@@ -101,7 +112,8 @@ def _check_types(body: dict, history: History) -> None:
     """The fields the rewrite reads (names, ids, domains, tool_choice, replayed server blocks) are of
     the JSON type it reads them as, or V.Invalid names the first that is not."""
     V.boolean(body.get("stream"), "stream")
-    V.roles(body["messages"], "messages", sep=".")  # given() looks roles up
+    if not history.typed:
+        V.roles(body["messages"], "messages", sep=".")  # given() looks roles up
     sub = subrequest(body)
     if sub is not None:  # Claude Code's query goes into SearXNG's URL as the client wrote it
         V.encodable(sub[1], "messages.0.content" + (".0.text" if isinstance(body["messages"][0].get("content"), list) else ""))
