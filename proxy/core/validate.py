@@ -96,20 +96,33 @@ def input_items(value, param: str = "input") -> None:
     them up in tables and match calls to outputs by them (apis/given.py, apis/responses/output.py)."""
     if value is None or isinstance(value, str):
         return
-    ok = _STRING_OR_NULL
     for i, item in enumerate(objects(value, param)):
-        # The check written out, and the path only for an item that fails it: a 1 MB history holds ~12,000 items.
-        get = item.get
-        if not (isinstance(get("type"), ok) and isinstance(get("role"), ok) and isinstance(get("id"), ok)
-                and isinstance(get("call_id"), ok) and isinstance(get("name"), ok) and isinstance(get("status"), ok)):
+        if not typed_item(item):  # the path is built only for an item that fails: a 1 MB history holds ~600
             fields(item, f"{param}[{i}]", **dict.fromkeys(_ITEM_STRINGS, string))
+
+
+def typed_item(item) -> bool:
+    """Whether a Responses input item is an object whose _ITEM_STRINGS fields are strings where present: what
+    input_items asks, as one answer (the Responses survey's, which decides whether input_items runs). Pure."""
+    if not isinstance(item, dict):
+        return False
+    get, ok = item.get, _STRING_OR_NULL
+    # Written out rather than a loop over _ITEM_STRINGS: it runs once per item of every history.
+    return (isinstance(get("type"), ok) and isinstance(get("role"), ok) and isinstance(get("id"), ok)
+            and isinstance(get("call_id"), ok) and isinstance(get("name"), ok) and isinstance(get("status"), ok))
+
+
+def typed_role(message) -> bool:
+    """Whether a message is an object whose `role` is a string where present: what roles() asks of it, as one answer
+    (the chat and Messages surveys', which decide whether roles() runs). Pure."""
+    return isinstance(message, dict) and isinstance(message.get("role"), _STRING_OR_NULL)
 
 
 def roles(messages: list, param: str, sep: str = "[") -> None:
     """Each message's `role` a string when present (each API's readers look it up in tables); `sep` "[" names the
     field OpenAI's way (`messages[0].role`), "." Anthropic's (`messages.0.role`)."""
     for i, msg in enumerate(messages):
-        if isinstance(msg, dict) and not isinstance(msg.get("role"), _STRING_OR_NULL):
+        if isinstance(msg, dict) and not typed_role(msg):
             string(msg.get("role"), f"{param}[{i}].role" if sep == "[" else f"{param}.{i}.role")
 
 

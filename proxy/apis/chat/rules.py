@@ -38,12 +38,9 @@ def survey(body) -> Survey:
     messages = body.get("messages") if isinstance(body, dict) else None
     typed, broken, noted = True, False, False
     for m in messages if isinstance(messages, list) else ():
+        typed = typed and V.typed_role(m)
         if not isinstance(m, dict):
-            typed = False
             continue
-        role = m.get("role")
-        if role is not None and not isinstance(role, str):
-            typed = False
         calls = m.get("tool_calls")
         broken = broken or (isinstance(calls, list) and any(map(mend.chat_call_broken, calls)))
         if not noted and (m.get("annotations") is not None or isinstance(m.get("content"), list)):  # text: no

@@ -58,12 +58,9 @@ def survey(body) -> History:
     broken = cited = False
     typed = True
     for m in msgs if isinstance(msgs, list) else ():
+        typed = typed and V.typed_role(m)
         if not isinstance(m, dict):
-            typed = False
             continue
-        role = m.get("role")
-        if role is not None and not isinstance(role, str):
-            typed = False
         content = m.get("content")
         for b in content if isinstance(content, list) else ():
             if not isinstance(b, dict):

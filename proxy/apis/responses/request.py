@@ -75,25 +75,18 @@ class Survey:
     annotated: bool = False
 
 
-_STRING_OR_NULL = (str, type(None))
-
-
 def survey(body) -> Survey:
     """The Survey of a Responses body (a string `input`, or anything but an object, has nothing to find). Pure."""
     items = body.get("input") if isinstance(body, dict) else None
     if not isinstance(items, list):
         return Survey()
     typed, replays, broken, noted = True, False, False, False
-    ok = _STRING_OR_NULL
     for item in items:
+        typed = typed and V.typed_item(item)
         if not isinstance(item, dict):
-            typed = False
             continue
         get = item.get
         kind = get("type")
-        if not (isinstance(kind, ok) and isinstance(get("role"), ok) and isinstance(get("id"), ok)
-                and isinstance(get("call_id"), ok) and isinstance(get("name"), ok) and isinstance(get("status"), ok)):
-            typed = False
         if kind == "web_search_call":
             replays = True
         elif kind == "function_call" and not broken:
